@@ -85,7 +85,12 @@ def config_error_line(e: BaseException) -> str:
 
 def resolve(spec: str) -> Callable:
     module, func = spec.split(":")
-    return getattr(importlib.import_module(module), func)
+    try:
+        return getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("draftheads"):
+            raise UserError(f"this command is not available in this build ({e.name} is missing)") from None
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
