@@ -127,6 +127,20 @@ class Drafter(nn.Module):
     ) -> Drafter:
         """Load a drafter strictly. With ``target`` (and ``tokenizer``), check the fingerprint and attach."""
         directory = resolve_checkpoint_dir(path_or_repo, revision)
+        from draftheads.heads.convert import detect_layout, import_official
+
+        official = detect_layout(directory)
+        if official is not None:  # an official Medusa/EAGLE layout: convert it for this target
+            return import_official(
+                directory,
+                target,
+                tokenizer,
+                source=str(path_or_repo),
+                revision=revision,
+                map_location=map_location,
+                expected_kind=cls.kind or None,
+                ckpt=official,
+            )
         cfg = read_config(directory)
         kind = cfg.get("kind")
         if kind not in Drafter.registry:
