@@ -1,0 +1,115 @@
+"""Evaluation and generation prompts: ``load_prompts(source) -> list[PromptRow]``.
+
+Sources:
+
+* ``heldout``: the user turns of the embedded held-out split (never trained on);
+* ``humaneval``: the 164 HumanEval problems, phrased as the embedded set phrases them;
+* ``spec_bench``: ``../shared/data/spec_bench/question.jsonl`` (or any path to a Spec-Bench
+  ``question.jsonl``), one or two turns per question;
+* ``gsm8k_test``: ``../shared/data/gsm8k/test.jsonl``;
+* anything ``data.path`` accepts (a local file or folder, a hub id, ``embedded:pydoc``...):
+  the user turns of each row, in every supported format.
+
+Shared data paths are looked up relative to the working directory, then to the repository.
+A missing file is a :class:`UserError` that names the path.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftheads.conf.errors import UserError
+from draftheads.data.embedded import embedded_items, humaneval_items
+from draftheads.data.formats import RowError, check_format, detect_format, to_example
+from draftheads.data.sources import SourceSpec, embedded_rows, raw_rows
+
+SHARED = {
+    "spec_bench": "spec_bench/question.jsonl",
+    "gsm8k_test": "gsm8k/test.jsonl",
+    "gsm8k_train": "gsm8k/train.jsonl",
+    "codealpaca": "codealpaca/code_alpaca_2k.json",
+}
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class PromptRow:
+    """One prompt: the user turns of a conversation (later turns follow the model's answers)."""
+
+    id: str
+    category: str
+    turns: list[str]
+
+
+def shared_path(name: str) -> Path:
+    """``../shared/data/<file>`` for a named shared data set, or a UserError saying where it looked."""
+    rel = Path("..") / "shared" / "data" / SHARED[name]
+    candidates = [Path.cwd() / rel, REPO / rel]
+    for p in candidates:
+        if p.is_file():
+            return p.resolve()
+    raise UserError(
+        f"{name} data is absent: looked for {' and '.join(str(c.resolve()) for c in candidates)}; "
+        f"pass the path to the file instead (e.g. load_prompts('/path/to/{Path(SHARED[name]).name}'))"
+    )
+
+
+def _from_rows(path: str, fmt: str, fields: dict[str, str], category: str) -> list[PromptRow]:
+    spec = SourceSpec(name=path, path=path, format=check_format(fmt), fields=fields)
+    rows = embedded_rows(spec, "all") if spec.embedded else raw_rows(spec)
+    out, skipped, fmt_used, fields_used = [], 0, None if fmt == "auto" else fmt, fields
+    for row_id, row in rows:
+        if isinstance(row, RowError):
+            skipped += 1
+            continue
+        if fmt_used is None:
+            fmt_used, fields_used = detect_format(row.keys(), fields)
+        try:
+            ex = to_example(row, fmt_used, fields_used, row_id)
+        except RowError:
+            skipped += 1
+            continue
+        turns = ex.user_turns()
+        if turns:
+            out.append(PromptRow(ex.id, ex.category or category, turns))
+    if skipped:
+        print(f"load_prompts({path}): skipped {skipped} malformed rows", file=sys.stderr)
+    return out
+
+
+def _renders(tokenizer, row: PromptRow) -> bool:
+    from draftheads.data.chat import generation_prompt
+
+    try:
+        generation_prompt(tokenizer, [{"role": "user", "content": row.turns[0]}])
+    except RowError:
+        return False
+    return True
+
+
+def load_prompts(
+    source: str, max_prompts: int | None = None, tokenizer=None, fmt: str = "auto", fields: dict | None = None
+) -> list[PromptRow]:
+    """The first ``max_prompts`` prompts of ``source``, in a fixed order.
+
+    With ``tokenizer``, prompts its chat template cannot render are left out.
+    """
+    fields = dict(fields or {})
+    if source == "heldout":
+        rows = [PromptRow(it.id, it.component, [it.prompt]) for it in embedded_items("all", "heldout")]
+    elif source == "humaneval":
+        rows = [PromptRow(it.id, "humaneval", [it.prompt]) for it in humaneval_items()]
+    elif source in SHARED:
+        rows = _from_rows(str(shared_path(source)), fmt, fields, source.split("_")[0])
+    else:
+        p = Path(source).expanduser()
+        if p.name == "question.jsonl" and not p.is_file():
+            raise UserError(f"Spec-Bench file {source} is absent; check the path")
+        rows = _from_rows(source, fmt, fields, p.stem if p.exists() else source)
+    if tokenizer is not None:
+        rows = [r for r in rows if _renders(tokenizer, r)]
+    if not rows:
+        raise UserError(f"no prompts in {source}; check the path, data.format and data.fields")
+    return rows[:max_prompts] if max_prompts is not None else rows

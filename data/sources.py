@@ -1,0 +1,129 @@
+"""Reading raw rows: the embedded set, local files and Hugging Face datasets.
+
+A source yields ``(row_id, row)`` pairs where ``row`` is a dict, or a :class:`RowError` for a
+line that could not even be parsed. JSON Lines files are read line by line with the standard
+``json`` module so that one bad line (invalid JSON, bad UTF-8) is a counted, skipped row rather
+than a failed load; every other format (json arrays, parquet, arrow, dataset folders, hub ids)
+goes through ``datasets``.
+
+Held-out rows of user data are chosen by a hash of the row's content
+(``data.heldout_fraction``), so duplicates land on the same side and the split is stable
+under reordering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftheads.conf.errors import UserError
+from draftheads.data.embedded import COMPONENTS, embedded_items
+from draftheads.data.formats import RowError
+
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
+SPLITS = ("train", "heldout")
+
+
+@dataclass
+class SourceSpec:
+    """One source of rows: a path, how to read it, and its weight in a mixture."""
+
+    name: str
+    path: str
+    format: str = "auto"
+    fields: dict[str, str] = field(default_factory=dict)
+    split: str = "train"
+    max_rows: int | None = None
+    weight: float | None = None
+    heldout_fraction: float = 0.0
+
+    @property
+    def embedded(self) -> bool:
+        return self.path == "embedded" or self.path.startswith("embedded:")
+
+
+def check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise UserError(f"split={split!r} is not a data split; use train or heldout")
+    return split
+
+
+def content_heldout(row: dict, fraction: float) -> bool:
+    """Whether a user row is held out: a hash of its content below ``fraction``."""
+    if fraction <= 0:
+        return False
+    key = json.dumps(row, sort_keys=True, ensure_ascii=True, default=str).encode()
+    return int(hashlib.sha256(key).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[str, dict | RowError]]:
+    """Rows of a JSON Lines file; a line that is not valid UTF-8 JSON object is a RowError."""
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f):
+            rid = f"{path.name}:{i + 1}"
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                yield rid, RowError("bad encoding (not UTF-8)")
+                continue
+            except json.JSONDecodeError as e:
+                yield rid, RowError(f"invalid JSON ({e.msg})")
+                continue
+            yield rid, row if isinstance(row, dict) else RowError("row is not an object")
+
+
+def read_with_datasets(path: str, split: str) -> Iterator[tuple[str, dict]]:
+    """Rows of a local json/parquet/arrow file or folder, or of a hub dataset, via ``datasets``."""
+    import datasets
+
+    p = Path(path).expanduser()
+    try:
+        if p.is_file():
+            ds = datasets.load_dataset(LOCAL_SUFFIXES[p.suffix], data_files=str(p), split="train")
+        else:
+            ds = datasets.load_dataset(str(p) if p.is_dir() else path, split=split)
+    except UserError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"cannot load data.path={path} ({first}); give a local json/jsonl/parquet/arrow file "
+            "or folder, or a reachable Hugging Face dataset id"
+        ) from None
+    name = p.name if p.exists() else path
+    for i, row in enumerate(ds):
+        yield f"{name}:{i}", row
+
+
+def raw_rows(spec: SourceSpec) -> Iterator[tuple[str, dict | RowError]]:
+    """The raw rows of a non-embedded source, in file order."""
+    p = Path(spec.path).expanduser()
+    if p.is_file():
+        if p.suffix not in LOCAL_SUFFIXES:
+            raise UserError(
+                f"data.path={spec.path}: unsupported file type {p.suffix!r}; use .jsonl, .json, .parquet or .arrow"
+            )
+        return read_jsonl(p) if p.suffix == ".jsonl" else read_with_datasets(str(p), spec.split)
+    if p.is_dir():
+        return read_with_datasets(str(p), spec.split)
+    if spec.path.startswith((".", "/", "~")) or p.suffix in LOCAL_SUFFIXES:
+        raise UserError(f"data.path={spec.path} does not exist; check the path")
+    return read_with_datasets(spec.path, spec.split)
+
+
+def embedded_component(path: str) -> str:
+    component = path.split(":", 1)[1] if ":" in path else "all"
+    if component != "all" and component not in COMPONENTS:
+        raise UserError(f"data.path={path} is unknown; use embedded or embedded:{'|'.join(COMPONENTS)}")
+    return component
+
+
+def embedded_rows(spec: SourceSpec, split: str) -> Iterator[tuple[str, dict]]:
+    """Embedded items of one side of the fixed split, as OpenAI-messages rows."""
+    for item in embedded_items(embedded_component(spec.path), split):
+        yield item.id, {"id": item.id, "category": item.component, "messages": item.messages()}
