@@ -1,0 +1,194 @@
+"""Export to vLLM and SGLang: every (drafter, engine) pair passes the engine spec table, renames
+exactly, round-trips through the importer, and every unsupported case is one clear line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema import Config
+from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
+from draftheads.heads.config import TargetConfig
+from draftheads.heads.export import FORMATS, export, export_drafter, validate_export
+from safetensors.torch import load_file, save_file
+
+
+def randomize(d: Drafter, seed: int = 0) -> Drafter:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return d
+
+
+def eagle(model, fp, version: int, **kw) -> EagleDrafter:
+    extra = {"draft_vocab_size": 300} if version == 3 else {}
+    d = EagleDrafter(fp, target_config=model.config.to_dict(), version=version, **extra, **kw)
+    randomize(d)
+    if version == 3:
+        d.set_vocab(torch.arange(0, 3000, 10))
+    return d.attach(model)
+
+
+def config_for(heads, engine: str, out) -> Config:
+    cfg = Config(heads=str(heads), format=engine, out=str(out))
+    cfg.target = TargetConfig(name_or_path="tiny-llama", tiny="llama")
+    return cfg
+
+
+def read(out) -> tuple[dict, dict[str, torch.Tensor]]:
+    return json.loads((out / "config.json").read_text()), load_file(str(out / "model.safetensors"))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_eagle3_export_renames_and_round_trips(tmp_path, tiny_llama, engine):
+    model, tok, fp = tiny_llama
+    d = eagle(model, fp, 3, feature_layers=[1, 2, 3])
+    out = export_drafter(d, engine, tmp_path / engine)
+    cfg, sd = read(out)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 300
+    assert cfg["num_hidden_layers"] == 1 and cfg["target_hidden_size"] == 64
+    if engine == "vllm":  # vLLM: layer inputs, as ours; SGLang: layer outputs (it captures id + 1)
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and "eagle_config" not in cfg
+    else:
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    own = d.state_dict()
+    assert torch.equal(sd["midlayer.hidden_norm.weight"], own["hidden_norm.weight"])
+    assert torch.equal(sd["midlayer.self_attn.q_proj.weight"], own["layers.0.self_attn.q_proj.weight"])
+    assert sd["midlayer.self_attn.q_proj.weight"].shape == (64, 128)  # q/k/v read concat(emb, feature)
+    assert sd["d2t"].dtype == torch.int64 and sd["t2d"].dtype == torch.bool
+    assert torch.equal(torch.arange(300) + sd["d2t"], torch.arange(0, 3000, 10))
+    # The export is itself an official EAGLE-3 layout: importing it gives the same drafter back.
+    back = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    assert back.feature_layers() == [1, 2, 3]
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in own.items())
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_eagle1_export(tmp_path, tiny_llama, engine):
+    model, tok, fp = tiny_llama
+    d = eagle(model, fp, 1, num_decoder_layers=2)
+    if engine == "vllm":
+        with torch.no_grad():
+            d.fc.bias.zero_()  # vLLM's fc has no bias; a zero one can be dropped exactly
+    out = export_drafter(d, engine, tmp_path / engine)
+    cfg, sd = read(out)
+    assert cfg["architectures"] == (["LlamaForCausalLM"] if engine == "vllm" else ["LlamaForCausalLMEagle"])
+    assert sd["fc.weight"].shape == (64, 128) and ("fc.bias" in sd) == (engine == "sglang")
+    assert "layers.0.input_layernorm.weight" not in sd and "layers.1.input_layernorm.weight" in sd
+    back = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in d.state_dict().items())
+
+
+def test_vllm_refuses_a_nonzero_eagle_fc_bias(tmp_path, tiny_llama):
+    model, _, fp = tiny_llama
+    with pytest.raises(UserError, match="silently drops fc.bias.*format=sglang"):
+        export_drafter(eagle(model, fp, 1), "vllm", tmp_path)
+
+
+@pytest.mark.parametrize("lm_head", ["shared", "copy"])
+def test_medusa_vllm_export_through_the_cli_entry(tmp_path, tiny_llama, lm_head, capsys):
+    model, tok, fp = tiny_llama
+    d = randomize(MedusaHeads(fp, num_heads=3, num_layers=2, lm_head=lm_head)).attach(model)
+    d.save_pretrained(tmp_path / "heads")
+    out = export(config_for(tmp_path / "heads", "vllm", tmp_path / "vllm"))
+    assert "vllm serve tiny-llama --speculative-config" in capsys.readouterr().out
+    cfg, sd = read(out)
+    assert cfg["model_type"] == "medusa" and cfg["architectures"] == ["MedusaModel"]
+    assert (cfg["num_heads"], cfg["num_hidden_layers"], cfg["medusa_fc_bias"]) == (3, 2, True)
+    # vLLM's ResidualBlock: x + SiLU(layer(x)) per layer, then lm_heads[i]; same logits as ours.
+    h = torch.randn(1, 4, 64)
+    ours = d(h)
+    for i in range(3):
+        x = h
+        for j in range(2):
+            x = x + F.silu(
+                F.linear(x, sd[f"blocks.{i}.layers.{j}.weight"], sd[f"blocks.{i}.layers.{j}.bias"])
+            )
+        torch.testing.assert_close(F.linear(x, sd[f"lm_heads.{i}.weight"]), ours[i])
+    if lm_head == "shared":
+        assert torch.equal(sd["lm_heads.2.weight"], model.lm_head.weight)
+
+
+def test_exporting_an_official_checkpoint_imports_it_first(tmp_path, tiny_llama):
+    model, _, fp = tiny_llama
+    src = tmp_path / "official"
+    src.mkdir()
+    sd = {"0.0.linear.weight": torch.randn(64, 64), "0.0.linear.bias": torch.randn(64)}
+    save_file(sd, str(src / "medusa_lm_head.safetensors"))
+    out = export(config_for(src, "vllm", tmp_path / "vllm"))
+    _, got = read(out)
+    assert torch.equal(got["blocks.0.layers.0.weight"], sd["0.0.linear.weight"])
+    assert torch.equal(got["lm_heads.0.weight"], model.lm_head.weight)
+
+
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("sglang-medusa", "SGLang has no Medusa support"),
+        ("bad-format", "format=trt is not supported"),
+        ("eagle3-final-layer", "cannot be served"),
+        ("eagle3-two-layers", "have one layer"),
+        ("qwen2-layers", "only drafters for Llama/Mistral-style targets"),
+        ("shared-unattached", "load the target to export them"),
+        ("missing-args", "needs heads=DIR format=vllm|sglang out=DIR"),
+    ],
+)
+def test_export_refusals_are_one_line(tmp_path, tiny_llama, case, match):
+    model, _, fp = tiny_llama
+    with pytest.raises(UserError, match=match) as e:
+        if case == "sglang-medusa":
+            export_drafter(MedusaHeads(fp, num_heads=2).attach(model), "sglang", tmp_path)
+        elif case == "bad-format":
+            export_drafter(eagle(model, fp, 3), "trt", tmp_path)
+        elif case == "eagle3-final-layer":
+            export_drafter(eagle(model, fp, 3, feature_layers=[1, 2, 4]), "vllm", tmp_path)
+        elif case == "eagle3-two-layers":
+            export_drafter(eagle(model, fp, 3, num_decoder_layers=2), "sglang", tmp_path)
+        elif case == "qwen2-layers":
+            from draftheads.heads.target import TINY_CONFIGS
+
+            qwen = {**TINY_CONFIGS["qwen2"], "vocab_size": fp.vocab_size}
+            d = EagleDrafter(fp, target_config=qwen, version=1)
+            export_drafter(d, "sglang", tmp_path)
+        elif case == "shared-unattached":
+            export_drafter(MedusaHeads(fp, num_heads=2), "vllm", tmp_path)
+        else:
+            export(Config(heads=str(tmp_path), format="vllm"))
+    assert "\n" not in str(e.value)
+
+
+def test_validator_rejects_what_the_engine_would_misload(tmp_path, tiny_llama):
+    model, _, fp = tiny_llama
+    out = export_drafter(eagle(model, fp, 3), "sglang", tmp_path / "x")
+    cfg, sd = read(out)
+
+    def check(cfg, sd, match):
+        d = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        save_file(sd, str(d / "model.safetensors"))
+        with pytest.raises(UserError, match=match):
+            validate_export(d, "sglang")
+
+    check(cfg, {k: v for k, v in sd.items() if k != "d2t"}, "missing d2t")
+    check(cfg, {**sd, "fc.bias": torch.zeros(64)}, r"unexpected fc.bias \(the engine would skip it\)")
+    check(cfg, {**sd, "norm.weight": torch.ones(65)}, r"norm.weight has shape \(65,\)")
+    check(cfg, {**sd, "d2t": sd["d2t"].int()}, "d2t has dtype torch.int32")
+    check({k: v for k, v in cfg.items() if k != "draft_vocab_size"}, sd, "lacks draft_vocab_size")
+    check({**cfg, "architectures": ["LlamaForCausalLM"]}, sd, "not a sglang drafter format")
+    with pytest.raises(UserError, match="must not set eagle_config for vllm"):
+        validate_export(out, "vllm")
+
+
+def test_spec_table_covers_every_engine_method():
+    assert set(FORMATS) == {
+        ("vllm", "eagle"),
+        ("sglang", "eagle"),
+        ("vllm", "eagle3"),
+        ("sglang", "eagle3"),
+        ("vllm", "medusa"),
+    }
