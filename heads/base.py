@@ -116,6 +116,14 @@ class Drafter(nn.Module):
         )
         return out
 
+    def push_to_hub(
+        self, repo_id: str, private: bool = False, revision: str | None = None, **kwargs: Any
+    ) -> str:
+        """Upload this drafter with a model card (see :mod:`draftheads.heads.hub`); returns the commit URL."""
+        from draftheads.heads.hub import push_drafter
+
+        return push_drafter(self, repo_id, private=private, revision=revision, **kwargs)
+
     @classmethod
     def from_pretrained(
         cls,

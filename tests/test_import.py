@@ -255,8 +255,8 @@ def test_imported_drafter_decodes_exactly_like_the_target(tmp_path, tiny_llama, 
     target = target_for(name, model)
     drafter = Drafter.from_pretrained(d, target=target, tokenizer=tok)
     ids = tok("The capital of France is", return_tensors="pt").input_ids
-    ref = target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
-    out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=12)
+    ref = target.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+    out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=6)
     out = getattr(out, "sequences", out)
     assert torch.equal(out, ref)
 
