@@ -42,7 +42,7 @@ class FeaturesConfig:
     batch_tokens: int = 4096
     target_next: bool = False
     topk: int = 0
-    shard_mb: int = 512
+    shard_mb: float = 512.0
 
 
 @dataclass

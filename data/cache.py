@@ -1,0 +1,313 @@
+"""Offline feature cache: run the frozen target once over a prepared dataset, read it back.
+
+Layout of a cache directory::
+
+    manifest.json          target fingerprint, layer ids, dtype, feature dim, token counts, shards
+    shard-00000.safetensors
+    ...
+
+Each shard holds a contiguous range of dataset rows, flattened: ``offsets [n+1]`` (int64),
+``input_ids [N]`` (int32), ``loss_mask [N]`` (uint8), ``features [N, F]`` (``dtype``), and
+optionally ``target_next [N]`` (the target's argmax next token at each position, int32) and
+``topk_ids / topk_logits [N, k]``. Row ``i`` of the cache is row ``i`` of the dataset.
+
+The builder batches rows of similar length (sorted within a shard, packed up to
+``batch_tokens`` padded tokens per forward), prints the expected disk size before starting,
+writes each shard atomically and resumes: a rerun with the same plan skips finished shards.
+:class:`FeatureCache` refuses a cache built for another target or another layer set.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from draftheads.conf.errors import UserError
+from draftheads.data.features import target_features
+from draftheads.heads.target import TargetFingerprint, fingerprint
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch.utils.data import Dataset
+
+MANIFEST = "manifest.json"
+CACHE_VERSION = 1
+STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def bytes_per_token(feature_dim: int, dtype: str, topk: int, target_next: bool) -> int:
+    """Disk bytes per token: features, ids (4), mask (1), optional labels (4) and top-k (8 each)."""
+    size = torch.tensor([], dtype=STORE_DTYPES[dtype]).element_size()
+    return feature_dim * size + 4 + 1 + (4 if target_next else 0) + 8 * topk
+
+
+def plan_shards(lengths: list[int], token_bytes: int, shard_mb: float) -> list[tuple[int, int]]:
+    """Contiguous row ranges ``[a, b)`` of about ``shard_mb`` MB each."""
+    limit = max(1, int(shard_mb * 2**20))
+    plan, start, acc = [], 0, 0
+    for i, n in enumerate(lengths):
+        acc += n * token_bytes
+        if acc >= limit:
+            plan.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(lengths):
+        plan.append((start, len(lengths)))
+    return plan
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Row indices grouped by similar length, each group at most ``batch_tokens`` padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, cur = [], []
+    for i in order:
+        width = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) + 1) * width > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def check_layers(layers: list[int], num_layers: int) -> list[int]:
+    if not layers or any(not 0 <= i <= num_layers for i in layers):
+        raise UserError(
+            f"data.features.layers={layers}: layer ids must be in [0, {num_layers}] "
+            f"({num_layers} is the final normed state)"
+        )
+    return list(layers)
+
+
+@torch.no_grad()
+def encode_shard(
+    model,
+    rows: list[list[int]],
+    layers: list[int],
+    dtype: str,
+    batch_tokens: int,
+    pad_id: int,
+    topk: int,
+    target_next: bool,
+    progress,
+) -> dict[str, torch.Tensor]:
+    """Run the target over one shard's rows (length-bucketed batches) and flatten the results."""
+    device = next(model.parameters()).device
+    lengths = [len(r) for r in rows]
+    feats: list[torch.Tensor | None] = [None] * len(rows)
+    nexts: list[torch.Tensor | None] = [None] * len(rows)
+    tk_ids: list[torch.Tensor | None] = [None] * len(rows)
+    tk_val: list[torch.Tensor | None] = [None] * len(rows)
+    with_logits = target_next or topk > 0
+    for batch in length_batches(lengths, batch_tokens):
+        width = max(lengths[i] for i in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        for j, i in enumerate(batch):
+            ids[j, : lengths[i]] = torch.tensor(rows[i])
+            attn[j, : lengths[i]] = 1
+        f, logits = target_features(model, ids.to(device), attn.to(device), layers, with_logits=with_logits)
+        f = f.to("cpu", STORE_DTYPES[dtype])
+        for j, i in enumerate(batch):
+            n = lengths[i]
+            feats[i] = f[j, :n].clone()
+            if with_logits:
+                lg = logits[j, :n].float()
+                if target_next:
+                    nexts[i] = lg.argmax(-1).to("cpu", torch.int32)
+                if topk:
+                    v, k = lg.topk(topk, dim=-1)
+                    tk_ids[i], tk_val[i] = k.to("cpu", torch.int32), v.cpu()
+        progress.update(sum(lengths[i] for i in batch))
+    out = {
+        "offsets": torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0),
+        "input_ids": torch.tensor([t for r in rows for t in r], dtype=torch.int32),
+        "features": torch.cat(feats).contiguous(),
+    }
+    if target_next:
+        out["target_next"] = torch.cat(nexts)
+    if topk:
+        out["topk_ids"], out["topk_logits"] = torch.cat(tk_ids), torch.cat(tk_val)
+    return out
+
+
+def build_feature_cache(
+    model,
+    tokenizer,
+    dataset,
+    out_dir: str | os.PathLike,
+    layers: list[int],
+    dtype: str = "bfloat16",
+    batch_tokens: int = 4096,
+    target_next: bool = False,
+    topk: int = 0,
+    shard_mb: float = 512.0,
+    show_progress: bool = True,
+) -> dict:
+    """Write the feature cache of ``dataset`` (columns ``input_ids``, ``loss_mask``); returns the manifest."""
+    from tqdm.auto import tqdm
+
+    if dtype not in STORE_DTYPES:
+        raise UserError(f"data.features.dtype={dtype} is not supported; use one of {', '.join(STORE_DTYPES)}")
+    fp = fingerprint(model, tokenizer)
+    layers = check_layers(layers, fp.num_layers)
+    out = Path(out_dir)
+    input_ids, loss_mask = dataset["input_ids"], dataset["loss_mask"]
+    lengths = [len(r) for r in input_ids]
+    feature_dim = fp.hidden_size * len(layers)
+    token_bytes = bytes_per_token(feature_dim, dtype, topk, target_next)
+    plan = plan_shards(lengths, token_bytes, shard_mb)
+    manifest = {
+        "cache_version": CACHE_VERSION,
+        "fingerprint": fp.to_dict(),
+        "layers": layers,
+        "dtype": dtype,
+        "feature_dim": feature_dim,
+        "target_next": target_next,
+        "topk": topk,
+        "num_rows": len(lengths),
+        "num_tokens": sum(lengths),
+        "num_loss_tokens": int(sum(sum(m) for m in loss_mask)),
+        "shards": [{"file": f"shard-{k:05d}.safetensors", "rows": [a, b]} for k, (a, b) in enumerate(plan)],
+        "complete": False,
+    }
+    total = sum(lengths) * token_bytes
+    print(
+        f"feature cache: {len(lengths)} rows, {sum(lengths)} tokens, layers {layers} ({feature_dim} features, "
+        f"{dtype}) -> expected {total / 2**30:.2f} GiB in {len(plan)} shards at {out}",
+        file=sys.stderr,
+    )
+    old = read_manifest(out) if (out / MANIFEST).is_file() else None
+    same_plan = old is not None and {k: v for k, v in old.items() if k != "complete"} == {
+        k: v for k, v in manifest.items() if k != "complete"
+    }
+    if old is not None and not same_plan:
+        raise UserError(
+            f"{out} already holds a different feature cache; choose another data.features.out_dir or delete it"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / MANIFEST, manifest)
+    todo = [(s, a, b) for s, (a, b) in zip(manifest["shards"], plan) if not (out / s["file"]).is_file()]
+    done_tokens = sum(lengths) - sum(sum(lengths[a:b]) for _, a, b in todo)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    with tqdm(
+        total=sum(lengths),
+        initial=done_tokens,
+        unit="tok",
+        unit_scale=True,
+        disable=not show_progress,
+        desc="features",
+    ) as bar:
+        for shard, a, b in todo:
+            tensors = encode_shard(
+                model,
+                [list(r) for r in input_ids[a:b]],
+                layers,
+                dtype,
+                batch_tokens,
+                pad_id,
+                topk,
+                target_next,
+                bar,
+            )
+            tensors["loss_mask"] = torch.tensor([t for m in loss_mask[a:b] for t in m], dtype=torch.uint8)
+            tmp = out / (shard["file"] + ".tmp")
+            save_file(tensors, str(tmp), metadata={"rows": f"{a}-{b}"})
+            os.replace(tmp, out / shard["file"])
+    manifest["complete"] = True
+    write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def read_manifest(directory: Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise UserError(
+            f"{directory} is not a feature cache (no {MANIFEST}); build one with `draftheads features`"
+        )
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise UserError(f"{path} is corrupt; rebuild the cache with `draftheads features`") from None
+
+
+class FeatureCache(Dataset):
+    """A built feature cache as a torch Dataset of per-row dicts of tensors.
+
+    Items: ``input_ids [T]`` and ``loss_mask [T]`` (int64), ``features [T, F]`` (stored dtype),
+    and when stored ``target_next [T]`` (int64), ``topk_ids [T, k]`` (int64), ``topk_logits [T, k]``.
+    Shards are memory-mapped; only the rows read are loaded.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        expected_fingerprint: TargetFingerprint | None = None,
+        layers: list[int] | None = None,
+    ) -> None:
+        self.dir = Path(directory)
+        self.manifest = read_manifest(self.dir)
+        m = self.manifest
+        if not m.get("complete"):
+            raise UserError(
+                f"feature cache {self.dir} is incomplete; rerun `draftheads features` to finish it"
+            )
+        if expected_fingerprint is not None:
+            TargetFingerprint.from_dict(m["fingerprint"]).check_compatible(
+                expected_fingerprint, what=f"feature cache {self.dir}"
+            )
+        if layers is not None and list(layers) != m["layers"]:
+            raise UserError(
+                f"feature cache {self.dir} holds layers {m['layers']} but the drafter reads {list(layers)}; "
+                "rebuild it with `draftheads features` for this drafter"
+            )
+        self.starts = [s["rows"][0] for s in m["shards"]]
+        self._handles: dict[int, object] = {}
+        self._offsets: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.manifest["num_rows"]
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.manifest["layers"])
+
+    @property
+    def fingerprint(self) -> TargetFingerprint:
+        return TargetFingerprint.from_dict(self.manifest["fingerprint"])
+
+    def _shard(self, k: int):
+        if k not in self._handles:
+            path = self.dir / self.manifest["shards"][k]["file"]
+            if not path.is_file():
+                raise UserError(
+                    f"feature cache shard {path} is missing; rerun `draftheads features` to rebuild it"
+                )
+            self._handles[k] = safe_open(str(path), framework="pt")
+            self._offsets[k] = self._handles[k].get_tensor("offsets")
+        return self._handles[k], self._offsets[k]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        k = bisect.bisect_right(self.starts, i) - 1
+        handle, offsets = self._shard(k)
+        local = i - self.starts[k]
+        a, b = int(offsets[local]), int(offsets[local + 1])
+        names = ["input_ids", "loss_mask", "features"]
+        names += ["target_next"] if self.manifest["target_next"] else []
+        names += ["topk_ids", "topk_logits"] if self.manifest["topk"] else []
+        item = {n: handle.get_slice(n)[a:b] for n in names}
+        for n in ("input_ids", "loss_mask", "target_next", "topk_ids"):
+            if n in item:
+                item[n] = item[n].long()
+        return item

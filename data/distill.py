@@ -1,0 +1,316 @@
+"""Self-distillation: the target answers prompts (and optionally writes them), into JSONL shards.
+
+Output directory::
+
+    distill.json           target fingerprint, generation parameters, prompt source, batch size
+    prompts.jsonl          (self-prompt source only) the target-written, deduplicated prompts
+    prompts.stats.json     their diversity: distinct n-grams, length spread, duplicates removed
+    shard-00000.jsonl      one chat per line, OpenAI-messages format (``draftheads data`` reads it)
+
+Each output row is ``{"id", "category", "messages", "gen", "finish"}``; ``gen`` repeats the
+generation parameters and the target's name and tokenizer hash, so a row is self-describing.
+
+**Resume.** Prompts are sorted by length (stable) and cut into fixed batches; batch ``b`` is
+sampled with seed ``seed + b``. Rows are appended per batch and flushed. A rerun repairs a
+torn last line, skips every id already written and regenerates only what is missing, batch by
+batch with the same composition and seed, so a killed-and-resumed run writes exactly what a
+straight run writes. A rerun with other settings is refused.
+
+**Pluggable generation.** Everything goes through a :data:`GenerateFn` (token ids in, new
+token ids out). :func:`hf_generate` wraps ``model.generate``; a speculative decoder with the
+same signature can replace it to generate faster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from draftheads.conf.errors import UserError
+from draftheads.data.chat import generation_prompt, user_turn_prefix
+from draftheads.data.config import DistillConfig
+from draftheads.data.prompts import PromptRow
+from draftheads.heads.target import fingerprint
+
+MANIFEST = "distill.json"
+PROMPTS = "prompts.jsonl"
+
+
+@dataclass(frozen=True)
+class GenParams:
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+# (prompt token ids per row, params, seed) -> (new token ids per row, stopped at end-of-turn per row)
+GenerateFn = Callable[[list[list[int]], GenParams, int], tuple[list[list[int]], list[bool]]]
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    """The target's end-of-sequence ids: the tokenizer's and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gen if isinstance(gen, list) else [gen])
+    return sorted(i for i in ids if i is not None)
+
+
+def hf_generate(model, tokenizer) -> GenerateFn:
+    """Batched ``model.generate`` with left padding; output rows end before the first stop token."""
+    stops = stop_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def generate(prompts: list[list[int]], p: GenParams, seed: int) -> tuple[list[list[int]], list[bool]]:
+        width = max(len(x) for x in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, x in enumerate(prompts):
+            ids[i, width - len(x) :] = torch.tensor(x)
+            attn[i, width - len(x) :] = 1
+        sampling = {} if p.greedy else {"temperature": p.temperature, "top_p": p.top_p, "top_k": 0}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=attn.to(device),
+                max_new_tokens=p.max_new_tokens,
+                do_sample=not p.greedy,
+                pad_token_id=pad,
+                eos_token_id=stops,
+                **sampling,
+            )
+        rows, stopped = [], []
+        for seq in out[:, width:].tolist():
+            cut = next((j for j, t in enumerate(seq) if t in stops), None)
+            rows.append(seq if cut is None else seq[:cut])
+            stopped.append(cut is not None)
+        return rows, stopped
+
+    return generate
+
+
+def sort_key(row: PromptRow) -> int:
+    return len(row.turns[0])
+
+
+def repair_shards(out: Path) -> set[str]:
+    """Drop a torn last line from each shard; return the ids already written."""
+    done: set[str] = set()
+    for shard in sorted(out.glob("shard-*.jsonl")):
+        data = shard.read_bytes()
+        if data and not data.endswith(b"\n"):
+            data = data[: data.rfind(b"\n") + 1]
+            shard.write_bytes(data)
+        for n, line in enumerate(data.splitlines()):
+            try:
+                done.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise UserError(
+                    f"{shard}:{n + 1} is corrupt; delete that line (or the shard) and rerun to regenerate it"
+                ) from None
+    return done
+
+
+def write_manifest(out: Path, manifest: dict) -> None:
+    """Write ``distill.json``, or refuse when ``out`` holds a run with other settings."""
+    path = out / MANIFEST
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != manifest:
+            diff = sorted(k for k in set(old) | set(manifest) if old.get(k) != manifest.get(k))
+            raise UserError(
+                f"{out} holds a distillation with other settings ({', '.join(diff)}); "
+                "use another data.distill.out_dir or the same settings to resume"
+            )
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=1))
+
+
+def distill(
+    model,
+    tokenizer,
+    prompts: list[PromptRow],
+    cfg: DistillConfig,
+    generate: GenerateFn | None = None,
+    source: str = "data",
+    show_progress: bool = True,
+) -> Path:
+    """Answer every prompt with the target into ``cfg.out_dir`` (resuming), and return the directory."""
+    from tqdm.auto import tqdm
+
+    if not prompts:
+        raise UserError("no prompts to distill; check data.path")
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise UserError("prompt ids are not unique; give rows an id field or remove duplicates")
+    generate = generate or hf_generate(model, tokenizer)
+    params = GenParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
+    fp = fingerprint(model, tokenizer)
+    gen_meta = {
+        **asdict(params),
+        "seed": cfg.seed,
+        "target": fp.name,
+        "tokenizer_hash": fp.tokenizer_hash[:16],
+    }
+    out = Path(cfg.out_dir)
+    write_manifest(
+        out,
+        {
+            "fingerprint": fp.to_dict(),
+            "generation": asdict(params),
+            "seed": cfg.seed,
+            "batch_size": cfg.batch_size,
+            "shard_rows": cfg.shard_rows,
+            "source": source,
+            "num_prompts": len(prompts),
+        },
+    )
+    done = repair_shards(out)
+    order = sorted(prompts, key=sort_key)
+    batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    bar = tqdm(
+        total=len(prompts),
+        initial=len(done & set(ids)),
+        unit="row",
+        disable=not show_progress,
+        desc="distill",
+    )
+    new_tokens = 0
+    try:
+        for b, batch in enumerate(batches):
+            if all(p.id in done for p in batch):
+                continue
+            rows, n = answer_batch(tokenizer, batch, generate, params, cfg.seed + b)
+            new_tokens += n
+            shard = out / f"shard-{b * cfg.batch_size // cfg.shard_rows:05d}.jsonl"
+            with open(shard, "a", encoding="utf-8") as f:
+                for row in rows:
+                    if row["id"] not in done:
+                        f.write(json.dumps({**row, "gen": gen_meta}, ensure_ascii=False) + "\n")
+                        bar.update(1)
+                f.flush()
+                os.fsync(f.fileno())
+            done |= {r["id"] for r in rows}
+            bar.set_postfix(new_tok_s=f"{new_tokens / max(bar.format_dict['elapsed'], 1e-9):.0f}")
+    finally:
+        bar.close()
+    return out
+
+
+def answer_batch(
+    tokenizer, batch: list[PromptRow], generate: GenerateFn, params: GenParams, seed: int
+) -> tuple[list[dict], int]:
+    """Answer each row's user turns in order (turn t sees the answers to turns < t)."""
+    chats: list[list[dict]] = [[] for _ in batch]
+    finish: list[list[str]] = [[] for _ in batch]
+    n_new = 0
+    for t in range(max(len(p.turns) for p in batch)):
+        live = [i for i, p in enumerate(batch) if t < len(p.turns)]
+        for i in live:
+            chats[i].append({"role": "user", "content": batch[i].turns[t]})
+        enc = [
+            tokenizer(generation_prompt(tokenizer, chats[i]), add_special_tokens=False)["input_ids"]
+            for i in live
+        ]
+        answers, stopped = generate(enc, params, seed * 1000 + t)
+        for i, ans, ok in zip(live, answers, stopped):
+            n_new += len(ans)
+            chats[i].append({"role": "assistant", "content": tokenizer.decode(ans, skip_special_tokens=True)})
+            finish[i].append("stop" if ok else "length")
+    rows = [
+        {"id": p.id, "category": p.category, "messages": chats[i], "finish": finish[i]}
+        for i, p in enumerate(batch)
+    ]
+    return rows, n_new
+
+
+def normalise(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def diversity(texts: list[str]) -> dict:
+    """Distinct-n (unique n-grams / all n-grams, over words) and the spread of lengths in words."""
+    words = [re.findall(r"\w+|[^\w\s]", t.lower()) for t in texts]
+    stats: dict = {"prompts": len(texts)}
+    for n in (1, 2, 3):
+        grams = [tuple(w[i : i + n]) for w in words for i in range(len(w) - n + 1)]
+        stats[f"distinct_{n}"] = round(len(set(grams)) / max(len(grams), 1), 4)
+    lengths = sorted(len(w) for w in words) or [0]
+    stats["length_words"] = {
+        "min": lengths[0],
+        "median": statistics.median(lengths),
+        "p90": lengths[int(0.9 * (len(lengths) - 1))],
+        "max": lengths[-1],
+        "stdev": round(statistics.pstdev(lengths), 2),
+    }
+    return stats
+
+
+def self_prompts(
+    model, tokenizer, cfg: DistillConfig, generate: GenerateFn | None = None, show_progress: bool = True
+) -> tuple[list[PromptRow], dict]:
+    """Let the target write ``cfg.self_prompts`` distinct user questions (cached in ``prompts.jsonl``).
+
+    The chat template is rendered up to where the user's text starts and the target continues
+    from there, sampled with the ``prompt_*`` settings; a question ends at the end-of-turn
+    token. Questions cut off by ``prompt_max_new_tokens``, shorter than three words, or
+    duplicates (case and whitespace folded) are dropped; generation stops after
+    ``4 * self_prompts`` candidates.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(cfg.out_dir)
+    cached = out / PROMPTS
+    if cached.is_file():
+        rows = [PromptRow(**json.loads(line)) for line in cached.read_text().splitlines() if line.strip()]
+        return rows, json.loads((out / "prompts.stats.json").read_text())
+    generate = generate or hf_generate(model, tokenizer)
+    params = GenParams(cfg.prompt_max_new_tokens, cfg.prompt_temperature, cfg.prompt_top_p)
+    prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
+    seen: set[str] = set()
+    kept: list[str] = []
+    counts = {"candidates": 0, "duplicates": 0, "cut_off": 0, "too_short": 0}
+    b = 0
+    with tqdm(total=cfg.self_prompts, unit="prompt", disable=not show_progress, desc="self-prompts") as bar:
+        while len(kept) < cfg.self_prompts and counts["candidates"] < 4 * cfg.self_prompts:
+            texts, stopped = generate([prefix] * cfg.batch_size, params, cfg.seed + 10**6 + b)
+            b += 1
+            for ids, ok in zip(texts, stopped):
+                counts["candidates"] += 1
+                q = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                key = normalise(q)
+                if not ok:
+                    counts["cut_off"] += 1
+                elif len(key.split()) < 3:
+                    counts["too_short"] += 1
+                elif key in seen:
+                    counts["duplicates"] += 1
+                elif len(kept) < cfg.self_prompts:
+                    seen.add(key)
+                    kept.append(q)
+                    bar.update(1)
+    if not kept:
+        raise UserError(
+            "the target wrote no usable prompts; raise data.distill.prompt_max_new_tokens or temperature"
+        )
+    rows = [PromptRow(f"self-{i:06d}", "self", [q]) for i, q in enumerate(kept)]
+    stats = {**diversity(kept), **counts}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "prompts.stats.json").write_text(json.dumps(stats, indent=1))
+    tmp = out / (PROMPTS + ".tmp")
+    tmp.write_text("".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in rows))
+    os.replace(tmp, cached)
+    return rows, stats

@@ -1,0 +1,119 @@
+"""Self-distillation: shards with provenance, exact resume after a kill, target-written prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from draftheads.conf.errors import UserError
+from draftheads.data.config import DataConfig, DistillConfig
+from draftheads.data.distill import MANIFEST, distill, diversity, hf_generate, self_prompts
+from draftheads.data.prepare import prepare_dataset
+from draftheads.data.prompts import PromptRow
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Generation is many tiny ops: on a busy 2-core machine one thread is ~50x faster."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+PROMPTS = [PromptRow(f"p{i}", "test", [f"Question number {i}" + "?" * (i % 3)]) for i in range(10)]
+PROMPTS[3] = PromptRow("p3", "multi", ["First turn", "Second turn"])
+
+
+def shards(d) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(d.glob("shard-*.jsonl"))}
+
+
+def cfg_for(path, **kw) -> DistillConfig:
+    base = dict(out_dir=str(path), max_new_tokens=6, batch_size=3, shard_rows=4, temperature=1.0, top_p=0.9)
+    return DistillConfig(**{**base, **kw})
+
+
+def test_distill_writes_chats_with_generation_params_and_fingerprint(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    out = distill(model, tok, PROMPTS, cfg_for(tmp_path, temperature=0.0), show_progress=False)
+    rows = [json.loads(line) for text in shards(out).values() for line in text.splitlines()]
+    assert sorted(r["id"] for r in rows) == sorted(p.id for p in PROMPTS) and len(shards(out)) == 3
+    multi = next(r for r in rows if r["id"] == "p3")
+    assert [m["role"] for m in multi["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert len(multi["finish"]) == 2 and set(multi["finish"]) <= {"stop", "length"}
+    assert rows[0]["gen"]["temperature"] == 0.0 and rows[0]["gen"]["tokenizer_hash"] == fp.tokenizer_hash[:16]
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["fingerprint"] == fp.to_dict() and manifest["generation"]["max_new_tokens"] == 6
+    # Greedy answers are the target's own greedy continuation.
+    prompt = tok.apply_chat_template(multi["messages"][:1], tokenize=False, add_generation_prompt=True)
+    ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    ref = model.generate(
+        ids, max_new_tokens=6, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    assert multi["messages"][1]["content"] == tok.decode(ref[0, ids.shape[1] :], skip_special_tokens=True)
+    # The shards are a training set as they are.
+    ds, rep = prepare_dataset(DataConfig(path=str(out / "shard-00000.jsonl"), min_loss_tokens=1), tok)
+    assert rep.sources[0].format == "messages" and rep.sources[0].read == 6
+
+
+def test_interrupted_then_resumed_run_equals_a_straight_run(tmp_path, tiny_llama):
+    model, tok, _ = tiny_llama
+    straight = distill(model, tok, PROMPTS, cfg_for(tmp_path / "a"), show_progress=False)
+
+    base, calls = hf_generate(model, tok), {"n": 0}
+
+    def dies_on_third_batch(prompts, params, seed):
+        calls["n"] += 1
+        if calls["n"] == 4:  # batches 0 and 1 done (batch 1 has the two-turn row), killed in batch 2
+            raise KeyboardInterrupt
+        return base(prompts, params, seed)
+
+    with pytest.raises(KeyboardInterrupt):
+        distill(
+            model, tok, PROMPTS, cfg_for(tmp_path / "b"), generate=dies_on_third_batch, show_progress=False
+        )
+    part = tmp_path / "b"
+    first = part / "shard-00000.jsonl"
+    lines = first.read_text().splitlines(keepends=True)
+    assert 0 < len(lines) < 10
+    # Simulate a kill in the middle of a write as well: a torn, half-written last line.
+    first.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    resumed = distill(model, tok, PROMPTS, cfg_for(part), show_progress=False)
+    assert shards(resumed) == shards(straight)
+    again = distill(model, tok, PROMPTS, cfg_for(part), show_progress=False)  # nothing left to do
+    assert shards(again) == shards(straight)
+    with pytest.raises(UserError, match=r"holds a distillation with other settings \(generation\)"):
+        distill(model, tok, PROMPTS, cfg_for(part, top_p=0.5), show_progress=False)
+
+
+def test_self_prompts_are_deduplicated_and_reported(tmp_path, tiny_llama):
+    model, tok, _ = tiny_llama
+    base = hf_generate(model, tok)
+    words = tok("How do I sort a list", add_special_tokens=False)["input_ids"]
+    eos = tok.eos_token_id
+
+    def scripted(prompts, params, seed):  # a target that repeats itself half of the time
+        new, stopped = base(prompts, params, seed)
+        return [words + ([n[0]] if i % 2 else []) for i, n in enumerate(new)], [True] * len(new)
+
+    cfg = cfg_for(tmp_path, self_prompts=6, batch_size=4, prompt_max_new_tokens=5)
+    rows, stats = self_prompts(model, tok, cfg, generate=scripted, show_progress=False)
+    keys = [r.turns[0].lower() for r in rows]
+    assert len(rows) == len(set(keys)) and rows[0].id == "self-000000" and stats["duplicates"] > 0
+    assert eos not in words and all(r.turns[0].startswith("How do I sort a list") for r in rows)
+    assert (tmp_path / "prompts.jsonl").is_file()
+    again, _ = self_prompts(model, tok, cfg, generate=None, show_progress=False)  # cached, not regenerated
+    assert again == rows
+    # A random tiny target never ends its question: every candidate is cut off, which is an error.
+    with pytest.raises(UserError, match="the target wrote no usable prompts"):
+        self_prompts(
+            model, tok, cfg_for(tmp_path / "r", self_prompts=2, prompt_max_new_tokens=4), show_progress=False
+        )
+
+
+def test_diversity_counts_distinct_ngrams_and_lengths():
+    s = diversity(["a b c", "a b d", "x"])
+    assert s["distinct_1"] == round(5 / 7, 4) and s["distinct_2"] == round(3 / 4, 4)
+    assert s["length_words"]["min"] == 1 and s["length_words"]["max"] == 3
