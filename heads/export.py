@@ -469,6 +469,13 @@ def export(cfg) -> Path:
         drafter = Drafter.from_pretrained(directory)
     out = export_drafter(drafter, engine, cfg.out)
     fmt = validate_export(out, engine)
+    target_name = drafter.target_fingerprint.name
+    if drafter.requires_adapters:
+        target_name = "MERGED_TARGET"
+        print(
+            "note: these Medusa-2 heads were trained with LoRA adapters on the target; serve them with the "
+            "target with those adapters merged (peft merge_and_unload), never with the plain target"
+        )
     print(f"exported {drafter.kind} drafter to {out} ({engine} {fmt.method}); serve it with:")
-    print("  " + serve_command(engine, fmt.method, drafter.target_fingerprint.name, str(out)))
+    print("  " + serve_command(engine, fmt.method, target_name, str(out)))
     return out

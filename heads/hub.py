@@ -34,7 +34,8 @@ from draftheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, read_config, read_w
 CARD_NAME = "README.md"
 REPORT_NAME = "report.json"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-REPORT_FIELDS = ("tau", "speedup", "tokens_per_s", "baseline_tokens_per_s")
+ADAPTER_DIR = "adapter"  # Medusa-2 LoRA adapters (draftheads.train.adapters)
+OPTIONAL_FILES = ("tree.json", "resolved_config.yaml")
 
 
 def is_hub_id(name: str) -> bool:
@@ -42,17 +43,8 @@ def is_hub_id(name: str) -> bool:
     return bool(REPO_ID.match(name)) and not Path(name).expanduser().exists()
 
 
-def find_report(heads_dir: Path, report: str | os.PathLike | None = None) -> dict[str, Any] | None:
-    """The eval report to quote: ``report`` if given (a report.json or its directory), else ``heads_dir/report.json``."""
-    path = Path(report) if report else heads_dir / REPORT_NAME
-    if path.is_dir():
-        path = path / REPORT_NAME
-    if not path.is_file():
-        if report:
-            raise UserError(
-                f"report={report}: no {REPORT_NAME} there; run draftheads eval first or drop report="
-            )
-        return None
+def read_report(path: Path) -> dict[str, Any]:
+    """A draftheads eval ``report.json``; a one-line error when it is not one."""
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -60,6 +52,51 @@ def find_report(heads_dir: Path, report: str | os.PathLike | None = None) -> dic
     if not isinstance(data, dict) or "tau" not in data:
         raise UserError(f"{path} is not a draftheads eval report (no 'tau')")
     return data
+
+
+def _same_dir(a: Any, b: Path) -> bool:
+    return bool(a) and Path(str(a)).expanduser().resolve() == b.resolve()
+
+
+def find_report(
+    heads_dir: Path, report: str | os.PathLike | None = None, search: tuple[str | os.PathLike, ...] = ()
+) -> Path | None:
+    """The eval report to quote: ``report`` if given (a report.json or its directory); else the
+    newest of ``heads_dir/report.json`` and any report in ``search`` directories whose ``heads``
+    field is this heads directory (``draftheads eval`` writes to ``eval.output_dir``)."""
+    if report:
+        path = Path(report) / REPORT_NAME if Path(report).is_dir() else Path(report)
+        if not path.is_file():
+            raise UserError(
+                f"report={report}: no {REPORT_NAME} there; run draftheads eval first or drop report="
+            )
+        read_report(path)
+        return path
+    found = [heads_dir / REPORT_NAME] if (heads_dir / REPORT_NAME).is_file() else []
+    for d in search:
+        path = Path(d) / REPORT_NAME
+        if path.is_file() and path.resolve() not in {f.resolve() for f in found}:
+            try:
+                if _same_dir(json.loads(path.read_text()).get("heads"), heads_dir):
+                    found.append(path)
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                continue
+    return max(found, key=lambda f: f.stat().st_mtime) if found else None
+
+
+def files_to_push(heads_dir: Path) -> dict[str, Path]:
+    """What a published drafter holds: weights and config, Medusa-2 LoRA adapters, the measured
+    decoding tree and the resolved training config when present; never optimizer checkpoints."""
+    files = {CONFIG_NAME: heads_dir / CONFIG_NAME, WEIGHTS_NAME: heads_dir / WEIGHTS_NAME}
+    for name in OPTIONAL_FILES:
+        if (heads_dir / name).is_file():
+            files[name] = heads_dir / name
+    adapters = heads_dir / ADAPTER_DIR
+    if adapters.is_dir():
+        for f in sorted(adapters.rglob("*")):
+            if f.is_file():
+                files[f.relative_to(heads_dir).as_posix()] = f
+    return files
 
 
 def dataset_ids(provenance: dict[str, Any]) -> list[str]:
@@ -136,6 +173,16 @@ def usage_section(conf: dict[str, Any], repo_id: str) -> str:
     from draftheads.heads.export import serve_command
 
     target = conf["target"]["name"]
+    if conf.get("requires_adapters"):  # Medusa-2: the heads only work on the LoRA-adapted target
+        load = (
+            "from draftheads.train.adapters import load_adapters\n"
+            "from huggingface_hub import snapshot_download\n\n"
+            f'local = snapshot_download("{repo_id}")\n'
+            "target = load_adapters(target, local)\n"
+            "drafter = Drafter.from_pretrained(local, target=target, tokenizer=tok)"
+        )
+    else:
+        load = f'drafter = Drafter.from_pretrained("{repo_id}", target=target, tokenizer=tok)'
     py = f"""```python
 from draftheads.decode import SpeculativeGenerator
 from draftheads.heads import Drafter
@@ -143,7 +190,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 target = AutoModelForCausalLM.from_pretrained("{target}")
 tok = AutoTokenizer.from_pretrained("{target}")
-drafter = Drafter.from_pretrained("{repo_id}", target=target, tokenizer=tok)
+{load}
 ids = tok("Hello", return_tensors="pt").input_ids
 out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
 ```
@@ -223,11 +270,14 @@ def push_folder(
     commit_message: str | None = None,
     report: str | os.PathLike | None = None,
     endpoint: str | None = None,
+    search: tuple[str | os.PathLike, ...] = (),
 ) -> str:
     """Upload a draftheads checkpoint directory with its model card; returns the commit URL.
 
     The checkpoint is read and validated first (a damaged one is never published). ``token``
     None means huggingface_hub's usual sources. ``revision`` is a branch, created if missing.
+    The eval report quoted (and uploaded as report.json) is ``report``, or the newest one found
+    in ``heads_dir`` and the ``search`` directories (see :func:`find_report`).
     """
     import httpx2
     from huggingface_hub import CommitOperationAdd, HfApi
@@ -240,13 +290,18 @@ def push_folder(
         raise UserError(f"heads={heads_dir}: no such checkpoint directory")
     conf = read_config(heads_dir)
     read_weights(heads_dir)  # refuses a truncated or corrupt file before anything is uploaded
-    card = model_card(conf, repo_id, find_report(heads_dir, report))
+    if conf.get("requires_adapters") and not (heads_dir / ADAPTER_DIR).is_dir():
+        raise UserError(
+            f"{heads_dir}: Medusa-2 heads need their {ADAPTER_DIR}/ (LoRA adapters); it is missing"
+        )
+    report_path = find_report(heads_dir, report, search)
+    card = model_card(conf, repo_id, read_report(report_path) if report_path else None)
+    files = files_to_push(heads_dir)
+    if report_path:
+        files[REPORT_NAME] = report_path
     api = HfApi(endpoint=endpoint, token=token)
-    ops = [
-        CommitOperationAdd(path_in_repo=CONFIG_NAME, path_or_fileobj=str(heads_dir / CONFIG_NAME)),
-        CommitOperationAdd(path_in_repo=WEIGHTS_NAME, path_or_fileobj=str(heads_dir / WEIGHTS_NAME)),
-        CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=str(card).encode()),
-    ]
+    ops = [CommitOperationAdd(path_in_repo=k, path_or_fileobj=str(v)) for k, v in files.items()]
+    ops.append(CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=str(card).encode()))
     try:
         api.create_repo(repo_id, private=private or None, exist_ok=True)  # None: the owner's default
         if revision:
@@ -283,6 +338,12 @@ def push(cfg) -> str:
     """CLI entry: ``draftheads push heads=DIR repo_id=ORG/NAME [private=true] [revision=BRANCH]``."""
     if not cfg.heads or not cfg.repo_id:
         raise UserError("draftheads push needs heads=DIR and repo_id=ORG/NAME")
-    url = push_folder(cfg.heads, cfg.repo_id, private=bool(cfg.private), revision=cfg.revision)
+    url = push_folder(
+        cfg.heads,
+        cfg.repo_id,
+        private=bool(cfg.private),
+        revision=cfg.revision,
+        search=(cfg.eval.output_dir,),
+    )
     print(f"pushed {cfg.heads} to {cfg.repo_id}{'@' + cfg.revision if cfg.revision else ''}: {url}")
     return url

@@ -186,3 +186,40 @@ def test_official_checkpoint_from_the_hub_is_imported(hub, tiny_llama):
     heads = Drafter.from_pretrained("FasterDecoding/medusa-tiny", target=model, tokenizer=tok)
     assert torch.equal(heads.state_dict()["blocks.0.0.linear.weight"], sd["0.0.linear.weight"])
     assert heads.provenance["imported_from"]["source"] == "FasterDecoding/medusa-tiny"
+
+
+def test_push_uploads_adapters_tree_and_the_latest_eval_report(hub, tmp_path, tiny_llama):
+    import os
+
+    from draftheads.heads.hub import push_folder
+
+    model, tok, fp = tiny_llama
+    d = trained("medusa", model, fp)
+    d.requires_adapters = True  # a Medusa-2 checkpoint: heads + the target's LoRA adapters
+    heads = d.save_pretrained(tmp_path / "heads")
+    with pytest.raises(UserError, match="need their adapter/"):
+        push_folder(heads, "org/m2")
+    (heads / "adapter").mkdir()
+    (heads / "adapter" / "adapter_config.json").write_text("{}")
+    (heads / "tree.json").write_text('{"choices": [[0], [0, 0]]}')
+    (heads / "checkpoints" / "step-10").mkdir(parents=True)
+    (heads / "checkpoints" / "step-10" / "optim.pt").write_bytes(b"x" * 100)
+    (heads / "report.json").write_text(json.dumps({"tau": 1.5, "speedup": 1.1, "heads": str(heads)}))
+    evals = tmp_path / "eval"
+    evals.mkdir()
+    (evals / "report.json").write_text(json.dumps({"tau": 2.25, "speedup": 1.6, "heads": str(heads)}))
+    os.utime(heads / "report.json", (1, 1))  # the eval directory's report is the newer one
+    push_folder(heads, "org/m2", search=(evals,))
+    repo = hub.repos["org/m2"]
+    files = repo.commits[repo.branches["main"]]
+    assert {
+        "config.json",
+        "model.safetensors",
+        "README.md",
+        "tree.json",
+        "adapter/adapter_config.json",
+    } <= set(files)
+    assert not any(f.startswith("checkpoints/") for f in files)
+    assert json.loads(files["report.json"])["tau"] == 2.25
+    card = files["README.md"].decode()
+    assert "2.25" in card and "load_adapters(target, local)" in card and "medusa-2" in card
