@@ -8,7 +8,10 @@ Sources:
   ``question.jsonl``), one or two turns per question;
 * ``gsm8k_test``: ``../shared/data/gsm8k/test.jsonl``;
 * anything ``data.path`` accepts (a local file or folder, a hub id, ``embedded:pydoc``...):
-  the user turns of each row, in every supported format.
+  the user turns of each row, in every supported format (embedded: the train split only).
+
+:func:`prompts_from_config` gives the prompts of a whole ``DataConfig`` (mixtures included) on
+one side of the split; ``draftheads distill`` uses it, so held-out rows are never distilled.
 
 Shared data paths are looked up relative to the working directory, then to the repository.
 A missing file is a :class:`UserError` that names the path.
@@ -58,7 +61,7 @@ def shared_path(name: str) -> Path:
 
 def _from_rows(path: str, fmt: str, fields: dict[str, str], category: str) -> list[PromptRow]:
     spec = SourceSpec(name=path, path=path, format=check_format(fmt), fields=fields)
-    rows = embedded_rows(spec, "all") if spec.embedded else raw_rows(spec)
+    rows = embedded_rows(spec, "train") if spec.embedded else raw_rows(spec)
     out, skipped, fmt_used, fields_used = [], 0, None if fmt == "auto" else fmt, fields
     for row_id, row in rows:
         if isinstance(row, RowError):
@@ -113,3 +116,24 @@ def load_prompts(
     if not rows:
         raise UserError(f"no prompts in {source}; check the path, data.format and data.fields")
     return rows[:max_prompts] if max_prompts is not None else rows
+
+
+def prompts_from_config(cfg, split: str = "train") -> list[PromptRow]:
+    """The user turns of every row of ``cfg``'s sources on one side of the split, ids prefixed by source."""
+    from draftheads.data.prepare import SourceReport, examples, source_specs
+
+    rows = []
+    for spec in source_specs(cfg):
+        report = SourceReport(spec.name, spec.path)
+        for ex in examples(spec, split, report, strict=cfg.strict, system=None):
+            if isinstance(ex, tuple):
+                if cfg.strict:
+                    raise UserError(
+                        f"malformed row {ex[0]} in {spec.path}: {ex[1]}; fix it or set data.strict=false"
+                    )
+                continue
+            if ex.user_turns():
+                rows.append(PromptRow(f"{spec.name}/{ex.id}", ex.category or spec.name, ex.user_turns()))
+    if not rows:
+        raise UserError(f"no prompts in data.path={cfg.path}; check the path, data.format and data.fields")
+    return rows

@@ -1,6 +1,7 @@
 """Reading raw rows: the embedded set, local files and Hugging Face datasets.
 
-A source yields ``(row_id, row)`` pairs where ``row`` is a dict, or a :class:`RowError` for a
+A folder of ``*.jsonl`` files (for example a ``draftheads distill`` output, whose shards only
+are read) is read file by file. A source yields ``(row_id, row)`` pairs where ``row`` is a dict, or a :class:`RowError` for a
 line that could not even be parsed. JSON Lines files are read line by line with the standard
 ``json`` module so that one bad line (invalid JSON, bad UTF-8) is a counted, skipped row rather
 than a failed load; every other format (json arrays, parquet, arrow, dataset folders, hub ids)
@@ -100,6 +101,13 @@ def read_with_datasets(path: str, split: str) -> Iterator[tuple[str, dict]]:
         yield f"{name}:{i}", row
 
 
+def jsonl_files(directory: Path) -> list[Path]:
+    """The JSON Lines files of a folder: a distillation's shards only, else every ``*.jsonl``."""
+    if (directory / "distill.json").is_file():
+        return sorted(directory.glob("shard-*.jsonl"))
+    return sorted(directory.glob("*.jsonl"))
+
+
 def raw_rows(spec: SourceSpec) -> Iterator[tuple[str, dict | RowError]]:
     """The raw rows of a non-embedded source, in file order."""
     p = Path(spec.path).expanduser()
@@ -110,7 +118,10 @@ def raw_rows(spec: SourceSpec) -> Iterator[tuple[str, dict | RowError]]:
             )
         return read_jsonl(p) if p.suffix == ".jsonl" else read_with_datasets(str(p), spec.split)
     if p.is_dir():
-        return read_with_datasets(str(p), spec.split)
+        files = jsonl_files(p)
+        return (
+            (row for f in files for row in read_jsonl(f)) if files else read_with_datasets(str(p), spec.split)
+        )
     if spec.path.startswith((".", "/", "~")) or p.suffix in LOCAL_SUFFIXES:
         raise UserError(f"data.path={spec.path} does not exist; check the path")
     return read_with_datasets(spec.path, spec.split)

@@ -1,0 +1,117 @@
+"""``draftheads data | distill | features``: the pipeline's commands, each taking the typed Config."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema import Config
+
+TRAINED_OPEN, TRAINED_CLOSE = "\u27e6", "\u27e7"
+
+
+def mark_trained(tokenizer, input_ids: list[int], loss_mask: list[int]) -> str:
+    """The decoded row with every run of trained tokens wrapped in ⟦ ⟧."""
+    parts, run, cur = [], [], None
+    for tok, m in zip(input_ids, loss_mask):
+        if cur is not None and m != cur:
+            parts.append((cur, tokenizer.decode(run)))
+            run = []
+        run.append(tok)
+        cur = m
+    if run:
+        parts.append((cur, tokenizer.decode(run)))
+    return "".join(f"{TRAINED_OPEN}{t}{TRAINED_CLOSE}" if m else t for m, t in parts)
+
+
+def data(cfg: Config) -> None:
+    """Prepare the configured data set; print counts, skip reasons and ``data.show`` marked examples."""
+    from draftheads.data.prepare import prepare_dataset
+    from draftheads.heads.target import load_tokenizer
+
+    tok = load_tokenizer(cfg.target)
+    ds, report = prepare_dataset(cfg.data, tok, "train")
+    print(report.format())
+    for i in range(min(cfg.data.show, len(ds))):
+        row = ds[i]
+        name = row.get("id") or f"packed row {i}"
+        print(
+            f"\n--- example {i}: {name} [{row['source']}], {len(row['input_ids'])} tokens, "
+            f"{sum(row['loss_mask'])} trained (inside {TRAINED_OPEN} {TRAINED_CLOSE}) ---"
+        )
+        print(mark_trained(tok, row["input_ids"], row["loss_mask"]))
+    if cfg.out:
+        ds.save_to_disk(cfg.out)
+        print(f"saved {len(ds)} rows to {cfg.out}")
+
+
+def drafter_layers(cfg: Config, num_layers: int) -> list[int]:
+    """The target layers the configured drafter reads (what the feature cache must store)."""
+    from draftheads.heads.eagle import default_eagle3_layers
+
+    if cfg.data.features.layers:
+        return list(cfg.data.features.layers)
+    if cfg.draft.feature_layers:
+        return list(cfg.draft.feature_layers)
+    if cfg.draft.kind == "eagle" and cfg.draft.version == 3:
+        return default_eagle3_layers(num_layers)
+    return [num_layers]
+
+
+def features(cfg: Config) -> None:
+    """Build the offline feature cache of the configured data set for the configured drafter."""
+    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.prepare import prepare_dataset
+    from draftheads.heads.target import decoder_layers, load_target
+
+    if cfg.data.packing:
+        raise UserError(
+            "the feature cache needs unpacked rows (packed documents would attend to each other); "
+            "set data.packing=false"
+        )
+    model, tok = load_target(cfg.target)
+    ds, report = prepare_dataset(cfg.data, tok, "train")
+    print(report.format(), file=sys.stderr)
+    f = cfg.data.features
+    manifest = build_feature_cache(
+        model,
+        tok,
+        ds,
+        f.out_dir,
+        drafter_layers(cfg, len(decoder_layers(model))),
+        dtype=f.dtype,
+        batch_tokens=f.batch_tokens,
+        target_next=f.target_next,
+        topk=f.topk,
+        shard_mb=f.shard_mb,
+    )
+    print(
+        f"feature cache: {manifest['num_rows']} rows, {manifest['num_tokens']} tokens, layers "
+        f"{manifest['layers']} -> {f.out_dir}"
+    )
+
+
+def distill(cfg: Config) -> None:
+    """Answer the configured prompts (or target-written ones) with the target; resumable."""
+    from draftheads.data.distill import distill as run_distill
+    from draftheads.data.distill import self_prompts
+    from draftheads.data.prompts import prompts_from_config
+    from draftheads.heads.target import load_target
+
+    d = cfg.data.distill
+    if d.source not in ("data", "self"):
+        raise UserError(f"data.distill.source={d.source} is unknown; use data (answer data.path) or self")
+    model, tok = load_target(cfg.target)
+    if d.source == "self":
+        prompts, stats = self_prompts(model, tok, d)
+        print(f"target-written prompts: {json.dumps(stats)}")
+    else:
+        prompts = prompts_from_config(cfg.data, "train")
+        if cfg.data.max_rows is not None:
+            prompts = prompts[: cfg.data.max_rows]
+    out = run_distill(model, tok, prompts, d, source=d.source)
+    print(
+        f"distilled {len(prompts)} prompts -> {out}; train on them with "
+        f"`draftheads train data.path={out}` (format messages)"
+    )
