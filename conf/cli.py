@@ -19,11 +19,62 @@ from draftheads.conf.errors import UserError
 
 # command -> (module:function, one-line help, example)
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "data": (
+        "draftheads.data.commands:data",
+        "prepare a training set; print counts, skips and masked examples",
+        "draftheads data data.path=train.jsonl data.show=3",
+    ),
+    "distill": (
+        "draftheads.data.commands:distill",
+        "regenerate answers with the target (resumable JSONL shards)",
+        "draftheads distill data.path=prompts.jsonl",
+    ),
+    "features": (
+        "draftheads.data.commands:features",
+        "cache the target features a drafter trains on",
+        "draftheads features draft=eagle3",
+    ),
+    "train": (
+        "draftheads.train.recipe:main",
+        "train a drafter on the frozen target",
+        "draftheads train draft=eagle train.max_steps=500",
+    ),
+    "tree": (
+        "draftheads.decode.commands:tree",
+        "pick the best Medusa tree from measured head accuracies",
+        "draftheads tree heads=outputs/train",
+    ),
+    "generate": (
+        "draftheads.decode.commands:generate",
+        "stream a speculative answer, then print tau and tokens/s",
+        'draftheads generate heads=outputs/train prompt="Explain KV caches"',
+    ),
+    "eval": (
+        "draftheads.decode.evaluate:main",
+        "acceptance (tau) and speedup on a prompt set, with baselines",
+        "draftheads eval heads=outputs/train eval.prompts=heldout",
+    ),
+    "push": (
+        "draftheads.heads.hub:push",
+        "upload a checkpoint with a model card to the Hugging Face Hub",
+        "draftheads push heads=outputs/train repo_id=ORG/NAME",
+    ),
+    "export": (
+        "draftheads.heads.export:export",
+        "export a checkpoint for vLLM or SGLang",
+        "draftheads export heads=outputs/train format=vllm out=outputs/vllm",
+    ),
     "info": (
         "draftheads.heads.commands:info",
         "print a checkpoint's kind, shapes and target fingerprint",
         "draftheads info heads=outputs/train",
     ),
+    "demo": (
+        "draftheads.decode.bench:demo",
+        "train, evaluate and stream on the embedded default (make demo)",
+        "draftheads demo",
+    ),
+    "bench": ("draftheads.decode.bench:bench", "the end-to-end benchmark (make bench)", "draftheads bench"),
 }
 
 GROUPS = ("target", "draft", "data", "train", "deepspeed", "logger", "decode", "eval")

@@ -237,7 +237,7 @@ def read_config(directory: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(cfg, dict) or "kind" not in cfg or "spec" not in cfg:
         raise UserError(
-            f"{path} is not a draftheads drafter config (no 'kind'/'spec'); convert official checkpoints with draftheads import"
+            f"{path} is not a draftheads drafter config (no 'kind'/'spec'); official Medusa/EAGLE layouts load through Drafter.from_pretrained(dir, target=...)"
         )
     if int(cfg.get("format_version", 0)) > FORMAT_VERSION:
         raise UserError(
