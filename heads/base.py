@@ -171,6 +171,8 @@ class Drafter(nn.Module):
             ) from None
         model.provenance = cfg.get("provenance") or {}
         model.requires_adapters = bool(cfg.get("requires_adapters", False))
+        if model.requires_adapters and target is not None and not getattr(target, "peft_config", None):
+            raise UserError(f"{directory} holds Medusa-2 heads trained with LoRA adapters on the target, but the target has none; load them first: draftheads.train.adapters.load_adapters(target, '{directory}')")
         tensors = read_weights(directory)
         model.load_checked(tensors, str(directory / WEIGHTS_NAME))
         model.to(map_location)

@@ -1,0 +1,157 @@
+"""Training objectives, batching, vocabulary and config checks: pure functions, hand-computed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from draftheads.conf.cli import compose
+from draftheads.conf.errors import UserError
+from draftheads.train.batching import Layout, StepSampler, collate, split_heldout
+from draftheads.train.config import validate
+from draftheads.train.objectives import (
+    IGNORE,
+    chain_acceptance,
+    future_labels,
+    head_warmup,
+    lr_factor,
+    medusa_loss,
+    shift_left,
+)
+from draftheads.train.unroll import ttt_mask
+from draftheads.train.vocab import draft_vocab, masked_token_counts
+
+X = IGNORE  # no label
+
+
+def test_medusa_label_shift_matches_a_hand_computed_example():
+    # x:    10 11 12 13 14 15   prompt = x0, x1; assistant tokens x2..x5
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
+    # head 0 at t predicts x_{t+2}; head 1 predicts x_{t+3}
+    assert future_labels(ids, mask, 2).tolist() == [[12, 13, 14, 15, X, X]]
+    assert future_labels(ids, mask, 3).tolist() == [[13, 14, 15, X, X, X]]
+    # a prompt token is never a label: with x3 masked out, head 0 at t=1 has nothing to learn
+    mask2 = torch.tensor([[0, 0, 1, 0, 1, 1]])
+    assert future_labels(ids, mask2, 2).tolist() == [[12, X, 14, 15, X, X]]
+    assert future_labels(ids, mask, 6).tolist() == [[X] * 6]
+
+
+def test_medusa_loss_weights_heads_by_decay_and_counts_only_masked_tokens():
+    torch.manual_seed(0)
+    K, T, H, V = 2, 5, 3, 7
+    hidden = torch.randn(K, 1, T, H, requires_grad=True)
+    proj = torch.randn(H, V)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 1, 1, 1, 1]])
+    loss, stats = medusa_loss(hidden, lambda k, h: h @ proj, ids, mask, weight=0.5, decay=0.8)
+    ce0 = torch.nn.functional.cross_entropy(hidden[0, 0, :3] @ proj, ids[0, 2:])  # t=0..2 -> x2..x4
+    ce1 = torch.nn.functional.cross_entropy(hidden[1, 0, :2] @ proj, ids[0, 3:])  # t=0..1 -> x3..x4
+    torch.testing.assert_close(loss, 0.5 * ce0 + 0.5 * 0.8 * ce1)
+    assert stats["head0/n"].item() == 3 and stats["head1/n"].item() == 2
+
+
+def test_empty_loss_mask_gives_zero_loss_with_a_graph_not_nan():
+    hidden = torch.randn(2, 1, 4, 3, requires_grad=True)
+    loss, _ = medusa_loss(
+        hidden,
+        lambda k, h: h @ torch.ones(3, 5),
+        torch.zeros(1, 4, dtype=torch.long),
+        torch.zeros(1, 4, dtype=torch.long),
+        1.0,
+        0.8,
+    )
+    assert loss.item() == 0.0 and not math.isnan(loss.item())
+    loss.backward()
+    assert torch.isfinite(hidden.grad).all()
+
+
+def test_chain_acceptance_stops_at_the_first_miss():
+    correct = torch.tensor([[1, 1, 0], [1, 0, 1], [1, 1, 1]]).bool()  # [S=3, positions=3]
+    valid = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]]).bool()
+    # position 0: steps 0,1,2 hit -> 1+3; position 1: 0 hits then miss -> 1+1; position 2: miss -> 1
+    assert chain_acceptance(correct, valid).tolist() == [4, 2, 1]
+
+
+def test_ttt_mask_is_causal_then_diagonal():
+    m = ttt_mask(3, 2, torch.float32, torch.device("cpu"))[0, 0] == 0
+    assert m.shape == (3, 9)
+    assert m[:, :3].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert m[:, 3:6].tolist() == m[:, 6:].tolist() == torch.eye(3, dtype=torch.bool).tolist()
+
+
+def test_schedules():
+    assert head_warmup("sine", 0, 10) == 0.0 and head_warmup("sine", 10, 10) == 1.0
+    assert head_warmup("linear", 5, 10) == 0.5 and head_warmup("constant", 0, 10) == 1.0
+    assert lr_factor("cosine", 0, 1, 11) == 0.5 and lr_factor("cosine", 11, 1, 11) == pytest.approx(0.0)
+    assert lr_factor("linear", 6, 1, 11) == pytest.approx(0.5) and lr_factor("constant", 9, 0, 10) == 1.0
+    assert shift_left(torch.tensor([[1, 2, 3]]), 1, -1).tolist() == [[2, 3, -1]]
+
+
+def test_sampler_is_a_function_of_step_and_ranks_are_disjoint():
+    lay0, lay1 = Layout(2, 2, 2, 0), Layout(2, 2, 2, 1)
+    s0, s1 = StepSampler(10, 3, lay0), StepSampler(10, 3, lay1)
+    seen = s0.indices(0, 0) + s0.indices(0, 1) + s1.indices(0, 0) + s1.indices(0, 1)
+    assert len(set(seen)) == 8  # 8 distinct rows in one step of 2 ranks x 2 micro x 2 rows
+    assert StepSampler(10, 3, lay0).indices(7, 1) == s0.indices(7, 1)  # no hidden state
+    train_idx, held = split_heldout(40, 16, 0)
+    assert len(held) == 4 and not set(train_idx) & set(held)
+
+
+def test_collate_right_pads_and_masks():
+    b = collate([{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}, {"input_ids": [4], "loss_mask": [1]}], 0)
+    assert b["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert b["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
+def test_draft_vocab_counts_only_assistant_tokens_and_is_deterministic():
+    rows = [{"input_ids": [5, 5, 9, 9, 9, 2], "loss_mask": [0, 1, 1, 1, 1, 0]}]
+    counts = masked_token_counts(rows, 12)
+    assert counts[9] == 3 and counts[5] == 1 and counts[2] == 0
+    assert draft_vocab(counts, 3).tolist() == [0, 5, 9]  # 9, 5, then the lowest unseen id
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("train.lr=-1", "train.lr"),
+        ("train.lr_schedule=cosin", "train.lr_schedule"),
+        ("train.micro_batch_size=0", "train.micro_batch_size"),
+        ("train.features=offline", "train.feature_cache"),
+        ("train.resume=/no/such/dir", "train.resume"),
+        ("draft.head_loss_decay=0", "draft.head_loss_decay"),
+        ("draft.head_warmup=cos", "draft.head_warmup"),
+        ("logger.mode=sometimes", "logger.mode"),
+        ("+deepspeed.gradient_clipping=2", "deepspeed.gradient_clipping"),
+        ("deepspeed.zero_optimization.stage=4", "deepspeed.zero_optimization.stage"),
+    ],
+)
+def test_bad_values_fail_before_any_work_naming_the_key(override, key):
+    cfg, _ = compose([override])
+    with pytest.raises(UserError, match=key.replace(".", r"\.")) as e:
+        validate(cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_typos_and_wrong_types_fail_at_composition_naming_the_key():
+    with pytest.raises(UserError, match="train.lrr"):
+        compose(["train.lrr=1"])
+    with pytest.raises(UserError, match="train.max_steps"):
+        compose(["train.max_steps=many"])
+
+
+@pytest.mark.parametrize(
+    "group,options",
+    [
+        ("draft", ["medusa", "medusa2", "eagle", "eagle3"]),
+        ("train", ["default"]),
+        ("deepspeed", ["zero0", "zero2", "zero2_offload", "zero3"]),
+        ("logger", ["none", "wandb"]),
+    ],
+)
+def test_every_owned_config_file_composes_and_validates(group, options):
+    for opt in options:
+        cfg, _ = compose([f"{group}={opt}"])
+        validate(cfg)

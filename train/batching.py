@@ -1,0 +1,98 @@
+"""Rows -> padded micro-batches, in an order that is a pure function of (seed, step).
+
+Every sample a run will ever see is indexed by a global counter
+``i = ((step * grad_accum + micro) * world + rank) * micro_batch + j``; epoch ``i // n`` is a
+fresh permutation of the rows seeded by ``seed + epoch``. So ranks read disjoint rows, and a
+resumed run reads exactly the rows the uninterrupted run would have read, with no sampler
+state to save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from draftheads.conf.errors import UserError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one rank's micro-batches sit in the global sample stream."""
+
+    micro_batch: int
+    grad_accum: int
+    world: int
+    rank: int
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch * self.grad_accum * self.world
+
+
+def split_heldout(n: int, eval_rows: int, seed: int) -> tuple[list[int], list[int]]:
+    """(train indices, held-out indices): a fixed random ``eval_rows`` rows are held out."""
+    if n < 2:
+        raise UserError(f"the training data has {n} row(s); need at least 2 (one is held out for evaluation)")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    held = min(eval_rows, max(1, n // 10))
+    return sorted(perm[held:]), sorted(perm[:held])
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)).tolist()
+
+
+class StepSampler:
+    """Indices (into the training rows) of one rank's micro-batch ``micro`` of optimizer step ``step``."""
+
+    def __init__(self, n: int, seed: int, layout: Layout) -> None:
+        self.n, self.seed, self.layout = n, seed, layout
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            self._orders = {epoch: epoch_order(self.n, self.seed, epoch)}
+        return self._orders[epoch]
+
+    def indices(self, step: int, micro: int) -> list[int]:
+        lay = self.layout
+        start = ((step * lay.grad_accum + micro) * lay.world + lay.rank) * lay.micro_batch
+        return [self._order(i // self.n)[i % self.n] for i in range(start, start + lay.micro_batch)]
+
+
+def collate(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows to the longest one: input_ids, attention_mask, loss_mask (and features,
+    target_next when the rows carry cached features)."""
+    T = max(len(r["input_ids"]) for r in rows)
+    B = len(rows)
+    out = {
+        "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros(B, T, dtype=torch.long),
+        "loss_mask": torch.zeros(B, T, dtype=torch.long),
+    }
+    for b, r in enumerate(rows):
+        n = len(r["input_ids"])
+        out["input_ids"][b, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
+        out["attention_mask"][b, :n] = 1
+        out["loss_mask"][b, :n] = torch.as_tensor(r["loss_mask"], dtype=torch.long)
+    if "features" in rows[0]:
+        feats = [torch.as_tensor(r["features"]) for r in rows]
+        out["features"] = torch.zeros(B, T, feats[0].shape[-1], dtype=feats[0].dtype)
+        for b, f in enumerate(feats):
+            out["features"][b, : f.shape[0]] = f
+    return out
+
+
+def check_rows(rows: Sequence[dict]) -> None:
+    """Rows must carry equally long input_ids and loss_mask; say which row does not."""
+    for i, r in enumerate(rows):
+        if "input_ids" not in r or "loss_mask" not in r:
+            raise UserError(
+                f"training row {i} has no input_ids/loss_mask columns; prepare the data with draftheads data"
+            )
+        if len(r["input_ids"]) != len(r["loss_mask"]) or len(r["input_ids"]) < 2:
+            raise UserError(
+                f"training row {i}: input_ids ({len(r['input_ids'])}) and loss_mask ({len(r['loss_mask'])}) "
+                "must have the same length >= 2"
+            )

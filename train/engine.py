@@ -1,0 +1,85 @@
+"""The DeepSpeed engine: process group, config and ``deepspeed.initialize`` for every mode.
+
+One code path from a single CPU process to multi-node: torchrun (or ``deepspeed
+--no_local_rank``) sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*; a plain ``python`` process gets
+single-process defaults here, so DeepSpeed does not go looking for MPI. On a machine without
+CUDA, DeepSpeed runs on its CPU accelerator over gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import partial
+from typing import Any
+
+import torch
+from draftheads.train.config import TrainConfig
+from draftheads.train.objectives import lr_factor
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int]:
+    """Initialise (once) the default process group; returns (rank, world size)."""
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:  # a single process started without a launcher
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if not dist.is_initialized():
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def device_for_rank() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def deepspeed_config(ds: dict[str, Any], train: TrainConfig) -> dict[str, Any]:
+    """The deepspeed group plus what the recipe derives from ``train.*``."""
+    return {
+        **ds,
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.grad_accum,
+        "gradient_clipping": train.grad_clip,
+        "bf16": {"enabled": train.precision == "bf16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def zero_stage(ds: dict[str, Any]) -> int:
+    return int((ds.get("zero_optimization") or {}).get("stage", 0))
+
+
+def build_engine(module: torch.nn.Module, ds: dict[str, Any], train: TrainConfig, total_steps: int):
+    """``deepspeed.initialize`` with AdamW over the module's trainable parameter groups only,
+    and a warm-up + decay schedule stepped once per optimizer step."""
+    import deepspeed
+
+    groups = [g for g in module.param_groups(train.lr) if g["params"]]
+    optimizer = torch.optim.AdamW(
+        groups, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay
+    )
+    schedule = partial(lr_factor, train.lr_schedule, warmup=train.warmup_steps, total=total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    engine, _, _, _ = deepspeed.initialize(
+        model=module,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=deepspeed_config(ds, train),
+    )
+    return engine

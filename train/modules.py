@@ -1,0 +1,221 @@
+"""The module DeepSpeed trains: a drafter plus its objective, ``forward(batch, step) -> (loss, stats)``.
+
+One class per objective family. The frozen target is held in a plain dict, outside the module
+tree, so it never reaches the optimizer, a ZeRO partition or a checkpoint. Medusa-2 is the
+exception: its LoRA-adapted target *is* a submodule (the adapters train), and only the
+adapter parameters require gradients.
+
+Besides the training loss, each class gives ``chains(batch)``: per draft step, whether the
+drafter's top-1 equals the target's greedy token along a top-1 chain. The recipe turns that
+into held-out accuracies and a simulated acceptance length.
+"""
+
+from __future__ import annotations
+
+import torch
+from draftheads.data.features import target_features
+from draftheads.heads.config import DraftConfig
+from draftheads.train.objectives import (
+    Stats,
+    feature_regression,
+    head_stats,
+    head_warmup,
+    kl_to_teacher,
+    masked_mean,
+    medusa_loss,
+    shift_left,
+    soft_cross_entropy,
+    uniform_noise,
+)
+from draftheads.train.unroll import unroll
+from torch import nn
+
+
+def chunked_argmax(fn, h: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """argmax(fn(h), -1) over the leading dims of ``h`` without holding all logits at once."""
+    flat = h.reshape(-1, h.shape[-1])
+    out = torch.cat([fn(flat[i : i + chunk]).argmax(-1) for i in range(0, flat.shape[0], chunk)])
+    return out.reshape(h.shape[:-1])
+
+
+class Objective(nn.Module):
+    def __init__(self, drafter, target: nn.Module, cfg: DraftConfig, topk: int) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.cfg, self.topk = cfg, topk
+        self._frozen = {"target": target}
+        self.num_layers = drafter.target_fingerprint.num_layers
+
+    @property
+    def target(self) -> nn.Module:
+        return self._frozen["target"]
+
+    def layers(self) -> list[int]:
+        """The target hidden states this objective reads (also what a feature cache must hold)."""
+        return [self.num_layers]
+
+    def features(self, batch: dict) -> torch.Tensor:
+        if "features" in batch:  # offline: cached by draftheads data
+            return batch["features"]
+        f, _ = target_features(self.target, batch["input_ids"], batch["attention_mask"], self.layers())
+        return f
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.drafter.shared("lm_head")(h)
+
+    def param_groups(self, lr: float) -> list[dict]:
+        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr, "name": "drafter"}]
+
+
+class MedusaObjective(Objective):
+    """Medusa-1: heads on a frozen target (see :func:`medusa_loss`)."""
+
+    def head_loss(self, h: torch.Tensor, batch: dict) -> tuple[torch.Tensor, Stats]:
+        return medusa_loss(
+            self.drafter.head_hidden(h),
+            self.drafter.head_logits,
+            batch["input_ids"],
+            batch["loss_mask"],
+            self.cfg.head_loss_weight,
+            self.cfg.head_loss_decay,
+            self.topk,
+        )
+
+    def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
+        return self.head_loss(self.features(batch), batch)
+
+    @torch.no_grad()
+    def chains(self, batch: dict, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head k at t against the target's greedy token at t+k+1 (its guess of x_{t+k+2})."""
+        h = self.features(batch)
+        greedy = chunked_argmax(self.lm_head, h)
+        hh = self.drafter.head_hidden(h)
+        correct, valid = [], []
+        for k in range(min(depth, hh.shape[0])):
+            pred = chunked_argmax(lambda x, k=k: self.drafter.head_logits(k, x), hh[k])
+            correct.append(pred == shift_left(greedy, k + 1, -1))
+            valid.append(shift_left(batch["loss_mask"], k + 2).bool())
+        return torch.stack(correct), torch.stack(valid)
+
+
+class Medusa2Objective(MedusaObjective):
+    """Medusa-2: heads plus LoRA adapters on the target, trained jointly.
+
+    L = self_distill_weight * KL(target without adapters || target with adapters)
+        + s(step) * sum_k head_loss_weight * decay**k * CE_k,
+    with s the head warm-up; heads learn at ``head_lr_multiplier`` times the adapters' lr.
+    """
+
+    def __init__(self, drafter, adapted: nn.Module, cfg: DraftConfig, topk: int) -> None:
+        super().__init__(drafter, adapted, cfg, topk)
+        self.adapted = adapted  # registered: its LoRA parameters train
+
+    def features(self, batch: dict) -> torch.Tensor:
+        out = self.adapted(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            output_hidden_states=True,
+            use_cache=False,
+            logits_to_keep=1,
+        )
+        return out.hidden_states[self.num_layers]
+
+    def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
+        h = self.features(batch)
+        with torch.no_grad(), self.adapted.disable_adapter():
+            teacher = self.features(batch)
+        rows = shift_left(batch["loss_mask"], 1).bool()  # positions whose next token is assistant
+        kl = kl_to_teacher(self.lm_head(h[rows]), self.lm_head(teacher[rows]))
+        distill = masked_mean(kl, torch.ones_like(kl))
+        heads, stats = self.head_loss(h, batch)
+        warm = head_warmup(self.cfg.head_warmup, step, self.cfg.head_warmup_steps)
+        n = kl.new_tensor(float(kl.numel()))
+        stats.update({"distill/loss_sum": distill.detach() * n, "distill/n": n})
+        return self.cfg.self_distill_weight * distill + warm * heads, stats
+
+    def param_groups(self, lr: float) -> list[dict]:
+        heads = [p for p in self.drafter.parameters() if p.requires_grad]
+        ids = {id(p) for p in heads}
+        lora = [p for p in self.adapted.parameters() if p.requires_grad and id(p) not in ids]
+        return [
+            {"params": heads, "lr": lr * self.cfg.head_lr_multiplier, "name": "heads"},
+            {"params": lora, "lr": lr, "name": "lora"},
+        ]
+
+
+class EagleObjective(Objective):
+    """EAGLE-1 and EAGLE-3, one loss with the version's defaults:
+
+    L = sum_{s < steps} decay**s * [ w_f * SmoothL1(f'_s, f_{t+s+1}) + w_t * softCE(q_s, p_{t+s+1}) ]
+
+    p = softmax of the target's logits at the target position; q = the drafter's. EAGLE-1:
+    one step, full vocabulary through the frozen lm_head, uniform feature noise on the input.
+    EAGLE-3: ``draft.ttt_steps`` steps, its own lm_head over the draft vocabulary, p restricted
+    to that vocabulary, and positions whose target top-1 falls outside it not counted.
+    """
+
+    def layers(self) -> list[int]:
+        return self.drafter.feature_layers() + [self.num_layers]
+
+    def split(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(drafter input features, final target state) from the concatenated layers."""
+        H = self.drafter.target_fingerprint.hidden_size
+        return feats[..., :-H], feats[..., -H:]
+
+    def steps(self) -> int:
+        return self.cfg.ttt_steps if self.drafter.version == 3 else max(1, self.cfg.ttt_steps)
+
+    def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
+        inp, final = self.split(self.features(batch))
+        inp = uniform_noise(inp[:, :-1], self.cfg.feature_noise)
+        outs = unroll(self.drafter, inp, batch["input_ids"], self.steps())
+        total = final.new_zeros(())
+        stats: Stats = {}
+        for s, out in enumerate(outs):
+            loss, st = self.step_loss(s, out, final, batch["loss_mask"])
+            total = total + self.cfg.ttt_decay**s * loss
+            stats.update(st)
+        return total, stats
+
+    def step_loss(
+        self, s: int, out: torch.Tensor, final: torch.Tensor, loss_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, Stats]:
+        R = out.shape[1]
+        rows = shift_left(loss_mask, s + 2)[:, :R].bool()
+        o, f = out[rows], shift_left(final, s + 1)[:, :R][rows]
+        target_logits = self.lm_head(f)
+        greedy = target_logits.argmax(-1)
+        if self.drafter.version == 3:
+            draft_ids = self.drafter.draft_to_target(
+                torch.arange(self.drafter.draft_vocab_size, device=o.device)
+            )
+            index = self.drafter.t2d.long().cumsum(0) - 1  # target id -> draft id (where t2d)
+            counted = self.drafter.t2d[greedy].float()
+            labels = torch.where(counted.bool(), index[greedy], -1)
+            target_logits = target_logits[:, draft_ids]
+        else:
+            counted = torch.ones_like(greedy, dtype=torch.float)
+            labels = greedy
+        logits = self.drafter.logits(o)
+        token = masked_mean(soft_cross_entropy(logits, target_logits), counted)
+        loss = self.cfg.token_loss_weight * token
+        st = head_stats(f"step{s}", token, logits, labels, self.topk)
+        if self.cfg.feature_loss_weight > 0:
+            feat = masked_mean(feature_regression(o, f), torch.ones_like(counted))
+            loss = loss + self.cfg.feature_loss_weight * feat
+            st[f"step{s}/feature_sum"] = feat.detach() * st[f"step{s}/n"]
+        return loss, st
+
+    @torch.no_grad()
+    def chains(self, batch: dict, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step s at row t (no noise) against the target's greedy token at t+s+1."""
+        inp, final = self.split(self.features(batch))
+        greedy = chunked_argmax(self.lm_head, final)
+        outs = unroll(self.drafter, inp[:, :-1], batch["input_ids"], depth)
+        R = outs[0].shape[1]
+        correct, valid = [], []
+        for s, out in enumerate(outs):
+            pred = self.drafter.draft_to_target(chunked_argmax(self.drafter.logits, out))
+            correct.append(pred == shift_left(greedy, s + 1, -1)[:, :R])
+            valid.append(shift_left(batch["loss_mask"], s + 2)[:, :R].bool())
+        return torch.stack(correct), torch.stack(valid)

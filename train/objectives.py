@@ -1,0 +1,155 @@
+"""Training objectives as pure functions of tensors.
+
+Alignment, for a row x_0 .. x_{T-1} with ``loss_mask[t] = 1`` when x_t is an assistant token
+the drafter should learn to predict, and f_t the target's hidden state at t (which the
+target's lm_head turns into its prediction of x_{t+1}):
+
+* Medusa head k (0-based) reads f_t and predicts x_{t+k+2}  -> label ``x[t+k+2]``;
+* EAGLE step s at row t reads (f_t, x_{t+1}) at s = 0, then its own previous output with
+  x_{t+s+1}, and predicts f_{t+s+1} and x_{t+s+2}     -> target position ``p = t+s+1``.
+
+Both count a prediction of x_j only where ``loss_mask[j] = 1``. Every loss is a mean over
+the counted positions and is 0 (still attached to the graph) when there are none, so a
+batch without assistant tokens cannot produce a NaN.
+
+Each function also returns statistics as *sums and counts* (``Stats``) so that they can be
+added over micro-batches and ranks and divided once, exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+Stats = dict[str, torch.Tensor]
+
+
+def future_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, offset: int) -> torch.Tensor:
+    """``labels[b, t] = input_ids[b, t+offset]`` where ``loss_mask[b, t+offset]``, else IGNORE.
+
+    Medusa head k uses ``offset = k + 2``. Positions whose label would fall past the end are IGNORE.
+    """
+    labels = torch.full_like(input_ids, IGNORE)
+    T = input_ids.shape[1]
+    if offset < T:
+        keep = loss_mask[:, offset:].bool()
+        labels[:, : T - offset] = torch.where(keep, input_ids[:, offset:], IGNORE)
+    return labels
+
+
+def shift_left(x: torch.Tensor, offset: int, fill: float | int = 0) -> torch.Tensor:
+    """``out[:, t] = x[:, t+offset]`` along dim 1, padded with ``fill`` past the end."""
+    out = torch.full_like(x, fill)
+    T = x.shape[1]
+    if offset < T:
+        out[:, : T - offset] = x[:, offset:]
+    return out
+
+
+def masked_mean(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """sum(values * weight) / max(sum(weight), 1): 0 with a graph when nothing is counted."""
+    return (values * weight).sum() / weight.sum().clamp(min=1)
+
+
+def topk_hits(logits: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts of rows whose label is the argmax, and within the top-k, of ``logits [N, V]``."""
+    if logits.shape[0] == 0:
+        zero = logits.new_zeros(())
+        return zero, zero
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
+    hit = top == labels[:, None]
+    return hit[:, 0].sum().float(), hit.any(-1).sum().float()
+
+
+def head_stats(prefix: str, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, k: int) -> Stats:
+    n = logits.new_tensor(float(labels.numel()))
+    top1, topk = topk_hits(logits.detach(), labels, k)
+    return {
+        f"{prefix}/loss_sum": loss.detach() * n,
+        f"{prefix}/n": n,
+        f"{prefix}/top1": top1,
+        f"{prefix}/top{k}": topk,
+    }
+
+
+def medusa_loss(
+    head_hidden: torch.Tensor,
+    logits_fn,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    weight: float,
+    decay: float,
+    topk: int = 5,
+) -> tuple[torch.Tensor, Stats]:
+    """Medusa-1: L = sum_k weight * decay**k * CE(head_k(f_t), x_{t+k+2}) over counted positions.
+
+    ``head_hidden`` is ``[K, B, T, H]`` (each head's ResBlock output) and ``logits_fn(k, h)``
+    applies head k's lm_head. Logits are only formed for the counted rows, so the vocabulary
+    projection costs nothing on prompt and padding tokens.
+    """
+    total = head_hidden.new_zeros(())
+    stats: Stats = {}
+    for k in range(head_hidden.shape[0]):
+        labels = future_labels(input_ids, loss_mask, k + 2)
+        rows = labels != IGNORE
+        y = labels[rows]
+        logits = logits_fn(k, head_hidden[k][rows]).float()
+        ce = F.cross_entropy(logits, y, reduction="sum") / max(y.numel(), 1)
+        total = total + weight * decay**k * ce
+        stats.update(head_stats(f"head{k}", ce, logits, y, topk))
+    return total, stats
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Per row: -sum_v softmax(target)_v * log_softmax(logits)_v (EAGLE's token loss)."""
+    return -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
+
+
+def feature_regression(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per row: mean over features of SmoothL1(pred, target) (EAGLE-1's feature loss)."""
+    return F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1)
+
+
+def kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Per row: KL(teacher || student) = sum_v p_t (log p_t - log p_s) (Medusa-2 self-distillation)."""
+    log_t = teacher_logits.float().log_softmax(-1)
+    return (log_t.exp() * (log_t - student_logits.float().log_softmax(-1))).sum(-1)
+
+
+def uniform_noise(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x + U(-scale, scale): EAGLE-1's feature augmentation (drawn from the global torch RNG)."""
+    if scale <= 0:
+        return x
+    return x + (torch.rand_like(x) * 2 - 1) * scale
+
+
+def head_warmup(schedule: str, step: int, steps: int) -> float:
+    """Medusa-2's head-loss factor s(step): sine = sin(pi/2 * min(1, step/steps)), linear, constant."""
+    if schedule == "constant" or steps <= 0:
+        return 1.0
+    frac = min(1.0, step / steps)
+    return math.sin(math.pi / 2 * frac) if schedule == "sine" else frac
+
+
+def lr_factor(schedule: str, step: int, warmup: int, total: int) -> float:
+    """Multiplier of the base lr: linear warm-up over ``warmup`` steps, then cosine/linear decay to 0."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if schedule == "constant":
+        return 1.0
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1 + math.cos(math.pi * frac)) if schedule == "cosine" else 1.0 - frac
+
+
+def chain_acceptance(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Tokens gained per target forward along a top-1 chain, for every start position.
+
+    ``correct[s]`` / ``valid[s]`` ([S, ...]) say whether draft step s's top-1 equals the target's
+    greedy token and whether that token exists. A step is accepted only when every earlier step
+    was, so the gain is 1 (the target's own token) + sum_s prod_{j<=s} correct[j] & valid[j].
+    """
+    ok = (correct & valid).long()
+    return 1 + ok.cumprod(0).sum(0)

@@ -1,0 +1,375 @@
+"""``draftheads train``: train a drafter on a frozen target, torchtune-style (setup -> train -> save).
+
+Features:
+    * every mode (Medusa-1, Medusa-2 + LoRA, EAGLE-1, EAGLE-3) through one loop on the
+      DeepSpeed engine: one CPU process, or many GPUs/nodes under torchrun;
+    * only trainable parameters reach the optimizer; the target is never saved;
+    * online target features every step, or offline from a feature cache;
+    * atomic checkpoints every ``train.save_every`` steps; ``train.resume=auto`` continues the
+      exact loss trajectory (data order, RNG, optimizer and schedule are all restored);
+    * a NaN/inf loss stops the run, naming the last good checkpoint;
+    * progress bar, ``metrics.jsonl``, wandb (offline without an API key), held-out top-k
+      accuracy per head/step and a simulated acceptance length.
+
+Run it as ``draftheads train draft=eagle3 target=tiny-llama train.max_steps=50``, or without
+the CLI as ``python -m draftheads.train.recipe <overrides>`` (e.g. under
+``torchrun --nproc_per_node=2``). From Python: :func:`train`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema import Config
+from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
+from draftheads.heads.target import fingerprint, load_target, target_name
+from draftheads.train import checkpoint
+from draftheads.train.adapters import add_lora, save_adapters
+from draftheads.train.batching import Layout, StepSampler, check_rows, collate, split_heldout
+from draftheads.train.card import model_card
+from draftheads.train.config import validate
+from draftheads.train.engine import build_engine, init_distributed, zero_stage
+from draftheads.train.metrics import MetricSink, Window
+from draftheads.train.modules import EagleObjective, Medusa2Objective, MedusaObjective, Objective
+from draftheads.train.objectives import chain_acceptance
+from draftheads.train.vocab import draft_vocab, masked_token_counts, vocab_coverage
+from torch import nn
+
+
+def build_drafter(cfg: Config, target: nn.Module, tokenizer) -> Drafter:
+    fp = fingerprint(target, tokenizer, name=target_name(cfg.target))
+    d = cfg.draft
+    if d.kind == "medusa":
+        drafter = MedusaHeads(fp, num_heads=d.num_heads, num_layers=d.num_layers, lm_head=d.lm_head)
+    else:
+        drafter = EagleDrafter(
+            fp,
+            target_config=target.config.to_dict(),
+            version=d.version,
+            num_decoder_layers=d.num_decoder_layers,
+            feature_layers=d.feature_layers,
+            draft_vocab_size=d.draft_vocab_size if d.version == 3 else None,
+            save_shared=d.save_shared,
+        )
+    return drafter.attach(target)
+
+
+def gathered(params: list[nn.Parameter], stage: int):
+    """Under ZeRO-3, make partitioned parameters whole for the duration of the block."""
+    if stage == 3 and any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+    return contextlib.nullcontext()
+
+
+def config_dict(cfg: Config) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+class TrainRecipe:
+    """One training run: :meth:`setup`, :meth:`train`, :meth:`save`."""
+
+    def __init__(self, cfg: Config, rows: Any = None) -> None:
+        validate(cfg)
+        self.cfg = cfg
+        self.given_rows = rows
+        self.out = Path(cfg.train.output_dir)
+        self.ckpt_root = self.out / "checkpoints"
+
+    # ---- setup -----------------------------------------------------------------------
+    def setup(self) -> TrainRecipe:
+        cfg, t = self.cfg, self.cfg.train
+        self.rank, self.world = init_distributed()
+        self.stage = zero_stage(cfg.deepspeed)
+        resume_from = self.resume_point()
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            checkpoint.remove_partials(self.ckpt_root)
+        torch.manual_seed(t.seed)  # identical drafter initialisation on every rank
+        self.target, self.tokenizer = load_target(cfg.target)
+        self.drafter = build_drafter(cfg, self.target, self.tokenizer)
+        self.module = self.build_objective()
+        rows = self.load_rows()
+        train_idx, held_idx = split_heldout(len(rows), t.eval_rows, t.seed)
+        self.train_rows = [rows[i] for i in train_idx]
+        self.held_rows = [rows[i] for i in held_idx]
+        self.data_info = {
+            "source": t.rows or t.feature_cache or cfg.data.path,
+            "rows": len(self.train_rows),
+            "heldout_rows": len(self.held_rows),
+            "loss_tokens": int(sum(sum(r["loss_mask"]) for r in self.train_rows)),
+        }
+        self.init_drafter_weights()
+        layout = Layout(t.micro_batch_size, t.grad_accum, self.world, self.rank)
+        self.sampler = StepSampler(len(self.train_rows), t.seed, layout)
+        self.total_steps = (
+            max(1, math.ceil(t.epochs * len(self.train_rows) / layout.samples_per_step))
+            if t.epochs
+            else t.max_steps
+        )
+        self.engine = build_engine(self.module, cfg.deepspeed, t, self.total_steps)
+        self.step = 0
+        if resume_from is not None:
+            self.step = checkpoint.load(self.engine, resume_from, self.rank)
+        self.sink = MetricSink(self.out, cfg.logger, config_dict(cfg), self.rank)
+        if resume_from is not None:
+            self.sink.truncate_after(self.step)
+        self.last_good = resume_from
+        self.final_metrics: dict[str, float] = {}
+        return self
+
+    def resume_point(self) -> Path | None:
+        resume = self.cfg.train.resume
+        if resume == "auto":
+            return checkpoint.latest_checkpoint(self.ckpt_root)
+        if resume != "none":
+            return Path(resume)
+        latest = checkpoint.latest_checkpoint(self.ckpt_root)
+        if latest is not None:
+            raise UserError(
+                f"train.output_dir={self.out} already holds checkpoints (latest {latest.name}); "
+                "pass train.resume=auto to continue it, or pick another train.output_dir"
+            )
+        return None
+
+    def build_objective(self) -> Objective:
+        d, topk = self.cfg.draft, self.cfg.train.topk
+        if d.kind == "eagle":
+            return EagleObjective(self.drafter, self.target, d, topk)
+        if d.lora:
+            self.drafter.requires_adapters = True
+            return Medusa2Objective(self.drafter, add_lora(self.target, d), d, topk)
+        return MedusaObjective(self.drafter, self.target, d, topk)
+
+    def load_rows(self) -> list[dict]:
+        t = self.cfg.train
+        if t.features == "offline":
+            from draftheads.data.features import FeatureCache
+
+            source = FeatureCache(t.feature_cache, self.drafter.target_fingerprint, self.module.layers())
+        elif self.given_rows is not None:
+            source = self.given_rows
+        elif t.rows:
+            import datasets
+
+            source = datasets.load_from_disk(t.rows)
+        else:
+            from draftheads.data.prepare import prepare_dataset
+
+            source, _ = prepare_dataset(self.cfg.data, self.tokenizer, split="train")
+        keep = ("input_ids", "loss_mask", "features")
+        rows = [{k: r[k] for k in keep if k in r} for r in source]
+        check_rows(rows)
+        return rows
+
+    @torch.no_grad()
+    def init_drafter_weights(self) -> None:
+        """Weights that come from the target or the data, before the engine partitions anything."""
+        d = self.drafter
+        lm_head = d.shared("lm_head")
+        with gathered([lm_head.weight], self.stage):  # the full weight, even if the target is partitioned
+            if isinstance(d, MedusaHeads):
+                d.init_lm_heads_from_target()
+            elif d.version == 3:
+                counts = masked_token_counts(self.train_rows, d.target_fingerprint.vocab_size)
+                ids = draft_vocab(counts, d.draft_vocab_size)
+                d.set_vocab(ids)
+                d.init_lm_head_from_target()
+                self.data_info["draft_vocab_coverage"] = round(vocab_coverage(counts, ids), 4)
+
+    # ---- train -----------------------------------------------------------------------
+    def batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        pad = self.tokenizer.pad_token_id or 0
+        device = self.engine.device
+        return {k: v.to(device) for k, v in collate(rows, pad).items()}
+
+    def train(self) -> TrainRecipe:
+        t = self.cfg.train
+        end = min(self.total_steps, t.stop_at or self.total_steps)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            disable=self.rank != 0 or not t.progress,
+            unit="step",
+            dynamic_ncols=True,
+        )
+        window, losses, tokens, started = Window(), [], 0.0, time.perf_counter()
+        grad_norm = float("nan")
+        self.engine.train()
+        while self.step < end:
+            step_loss = torch.zeros(2, dtype=torch.float64)
+            for micro in range(t.grad_accum):
+                batch = self.batch([self.train_rows[i] for i in self.sampler.indices(self.step, micro)])
+                loss, stats = self.engine(batch, self.step)
+                self.engine.backward(loss)
+                if self.engine.is_gradient_accumulation_boundary():
+                    grad_norm = self.grad_norm()
+                self.engine.step()
+                window.add(stats)
+                step_loss += torch.tensor([loss.item() / t.grad_accum, float(batch["attention_mask"].sum())])
+            if self.world > 1:
+                dist.all_reduce(step_loss)
+                step_loss[0] /= self.world
+            value = float(step_loss[0])
+            self.check_finite(value)
+            self.step += 1
+            losses.append(value)
+            tokens += float(step_loss[1])
+            elapsed = time.perf_counter() - started
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.4f}", tok_s=f"{tokens / max(elapsed, 1e-9):.0f}")
+            if self.step % t.log_every == 0 or self.step == end:
+                engine_gn = self.engine.get_global_grad_norm()
+                metrics = {
+                    "loss": sum(losses) / len(losses),
+                    **{f"train/{k}": v for k, v in window.reduce().items()},
+                    "grad_norm": float(engine_gn) if engine_gn is not None else grad_norm,
+                    "tokens_per_s": tokens / max(elapsed, 1e-9),
+                    "tokens": tokens,
+                    **self.learning_rates(),
+                }
+                self.sink.log(self.step, metrics)
+                losses, tokens, started = [], 0.0, time.perf_counter()
+            if t.eval_every and (self.step % t.eval_every == 0 or self.step == end):
+                self.final_metrics = self.evaluate()
+                self.sink.log(self.step, self.final_metrics)
+            if (t.save_every and self.step % t.save_every == 0) or (self.step == end < self.total_steps):
+                self.save_checkpoint()
+        bar.close()
+        return self
+
+    def grad_norm(self) -> float:
+        """L2 norm of the (reduced, unclipped) gradients, where DeepSpeed leaves them whole."""
+        if self.stage > 0:
+            return float("nan")  # DeepSpeed reports it after the step (get_global_grad_norm)
+        norms = [p.grad.detach().float().norm() for p in self.module.parameters() if p.grad is not None]
+        return float(torch.stack(norms).norm()) if norms else 0.0
+
+    def learning_rates(self) -> dict[str, float]:
+        groups = self.engine.optimizer.param_groups
+        return {f"lr/{g.get('name', i)}": float(g["lr"]) for i, g in enumerate(groups)}
+
+    def check_finite(self, value: float) -> None:
+        if math.isfinite(value):
+            return
+        where = (
+            f"the last good checkpoint is {self.last_good} (resume with train.resume=auto)"
+            if self.last_good
+            else "no checkpoint was written yet"
+        )
+        raise UserError(
+            f"loss is {value} at step {self.step + 1}; stopped. {where}; lower train.lr or check the data"
+        )
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out top-1 per head/step against the target's greedy tokens, and chain tau."""
+        self.engine.eval()
+        depth = self.cfg.draft.num_heads if self.cfg.draft.kind == "medusa" else self.cfg.draft.ttt_steps
+        depth = max(depth, 1)
+        hits, counts, gains = None, None, []
+        mbs = self.cfg.train.micro_batch_size
+        for i in range(0, len(self.held_rows), mbs):
+            correct, valid = self.module.chains(self.batch(self.held_rows[i : i + mbs]), depth)
+            h, c = (correct & valid).flatten(1).sum(1), valid.flatten(1).sum(1)
+            hits, counts = (h, c) if hits is None else (hits + h, counts + c)
+            gains.append(chain_acceptance(correct, valid)[valid[0]].double())
+        self.engine.train()
+        name = "head" if self.cfg.draft.kind == "medusa" else "step"
+        out = {f"eval/{name}{s}/acc_top1": float(hits[s]) / max(int(counts[s]), 1) for s in range(len(hits))}
+        gain = torch.cat(gains)
+        out["eval/tau"] = float(gain.mean()) if gain.numel() else 1.0
+        return out
+
+    def save_checkpoint(self) -> None:
+        path = checkpoint.save(self.engine, self.ckpt_root, self.step, self.rank, self.export_drafter)
+        if self.rank == 0:
+            checkpoint.prune(self.ckpt_root, self.cfg.train.keep_checkpoints)
+        self.last_good = path
+
+    # ---- save ------------------------------------------------------------------------
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "config": config_dict(self.cfg),
+            "data": self.data_info,
+            "steps": self.step,
+            "total_steps": self.total_steps,
+            "world_size": self.world,
+            "eval": self.final_metrics,
+        }
+
+    def export_drafter(self, directory: Path) -> None:
+        """The loadable drafter (and Medusa-2's adapters) into ``directory``; rank 0 writes."""
+        params = list(self.module.parameters())
+        with gathered(params, self.stage):
+            if self.rank == 0:
+                self.drafter.provenance = self.provenance()
+                self.drafter.save_pretrained(directory)
+                if self.drafter.requires_adapters:
+                    save_adapters(self.module.adapted, directory)
+
+    def save(self) -> Path:
+        """The drafter, the resolved config and the model card into ``train.output_dir``."""
+        from omegaconf import OmegaConf
+
+        self.export_drafter(self.out)
+        if self.rank == 0:
+            (self.out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
+            prov = self.provenance()
+            prov["tokens_seen"] = int(sum(r.get("tokens", 0) for r in _metrics(self.out)))
+            (self.out / "README.md").write_text(model_card(self.drafter, prov, self.final_metrics))
+        self.sink.close()
+        if dist.is_initialized():
+            dist.barrier()
+        return self.out
+
+
+def _metrics(out: Path) -> list[dict]:
+    from draftheads.train.metrics import read_metrics
+
+    return read_metrics(out) if (out / "metrics.jsonl").is_file() else []
+
+
+def train(cfg: Config, rows: Any = None) -> Path:
+    """Run a whole training job and return its output directory.
+
+    ``rows`` (optional) replaces the data pipeline: any iterable of dicts with ``input_ids`` and
+    ``loss_mask`` (a ``datasets.Dataset`` works).
+    """
+    recipe = TrainRecipe(cfg, rows).setup()
+    try:
+        recipe.train()
+    except BaseException:
+        recipe.sink.close()
+        raise
+    return recipe.save()
+
+
+def main(cfg: Config) -> None:
+    """The ``draftheads train`` command."""
+    out = train(cfg)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"drafter saved to {out}")
+
+
+if __name__ == "__main__":  # python -m draftheads.train.recipe <overrides>, e.g. under torchrun
+    from draftheads.conf.cli import compose
+
+    try:
+        main(compose(sys.argv[1:])[0])
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

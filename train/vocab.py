@@ -1,0 +1,33 @@
+"""EAGLE-3's reduced draft vocabulary, from the tokens the drafter will be asked to predict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def masked_token_counts(rows: Iterable[dict], vocab_size: int) -> torch.Tensor:
+    """How often each token id appears at a loss-masked position (an assistant token) in ``rows``."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for r in rows:
+        ids = torch.as_tensor(r["input_ids"], dtype=torch.long)
+        mask = torch.as_tensor(r["loss_mask"]).bool()
+        counts += torch.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def draft_vocab(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``size`` most frequent token ids, sorted; ties (and never-seen ids) go to the lower id.
+
+    Deterministic, so every rank of a data-parallel run builds the same vocabulary.
+    """
+    # A stable sort on -count keeps equal counts in id order.
+    order = torch.sort(-counts, stable=True).indices
+    return order[:size].sort().values
+
+
+def vocab_coverage(counts: torch.Tensor, ids: torch.Tensor) -> float:
+    """Fraction of the counted (assistant) tokens whose id is in the draft vocabulary."""
+    total = int(counts.sum())
+    return float(counts[ids].sum()) / total if total else 0.0
