@@ -7,6 +7,16 @@ from dataclasses import dataclass
 
 @dataclass
 class DecodeConfig:
+    """Speculative decoding (``draftheads generate``, ``draftheads tree``, the Python generator).
+
+    ``tree``: ``auto`` (``tree.json`` beside the heads if present; else EAGLE-2 dynamic trees for
+    EAGLE when ``dynamic``, or a default tree of ``total_tokens`` for Medusa), ``chain``/``chainN``,
+    a JSON choices list such as ``[[0],[1],[0,0]]``, or a path to a tree.json.
+    EAGLE-2 dynamic trees: expand ``top_k_draft`` nodes per level for ``depth`` levels, then keep
+    the ``total_tokens`` (root included) most confident. ``typical`` opts into Medusa's typical
+    acceptance: faster under sampling, NOT lossless.
+    """
+
     max_new_tokens: int = 128
     do_sample: bool = False
     temperature: float = 1.0
@@ -18,8 +28,18 @@ class DecodeConfig:
     depth: int = 4
     total_tokens: int = 8
     typical: bool = False
+    typical_epsilon: float = 0.09
+    typical_delta: float = 0.3
     stop: list[str] | None = None
     batch_size: int = 1
+    seed: int = 0
+    chat: bool = True
+    # draftheads tree: size (nodes incl. root) or 0 = pick from the measured cost curve
+    tree_size: int = 8
+    tree_max_size: int = 64
+    tree_topk: int = 10
+    tree_prompts: int = 16
+    tree_new_tokens: int = 48
 
 
 @dataclass

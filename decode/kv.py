@@ -1,0 +1,65 @@
+"""KV-cache surgery on a stock Hugging Face cache, batched: compaction, truncation, row selection.
+
+Layout. Each row b of a batch owns cache slots ``[0, length[b])`` (its prompt, left padding
+included, then its accepted tokens, in order). The cache's physical length is
+``max_b length[b]``; slots past ``length[b]`` hold garbage that the attention mask hides.
+A verification forward appends the T tree tokens at the physical end; compaction then moves
+each row's accepted path next to its own prefix and drops everything else.
+"""
+
+from __future__ import annotations
+
+import torch
+from draftheads.conf.errors import UserError
+
+
+def cache_layers(cache) -> list:
+    """The per-layer key/value holders of a transformers cache (``DynamicCache.layers``)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise UserError(
+            f"{type(cache).__name__} has no per-layer keys/values; the tree decoder needs a transformers DynamicCache"
+        )
+    for layer in layers:
+        if getattr(layer, "is_sliding", False):
+            raise UserError(
+                "the target uses a sliding-window cache, which tree decoding cannot compact; "
+                "load it with sliding windows disabled (e.g. use_sliding_window=False)"
+            )
+    return [layer for layer in layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
+
+
+def seq_length(cache) -> int:
+    """Physical length of the cache (slots, garbage included)."""
+    layers = cache_layers(cache)
+    return int(layers[0].keys.shape[-2]) if layers else 0
+
+
+def compact(cache, src: torch.Tensor, dst: torch.Tensor, new_length: int) -> None:
+    """Move, for every row and layer, slots ``src[b, j]`` to ``dst[b, j]``; then cut to ``new_length``.
+
+    ``src``/``dst`` are ``[B, A]``; padding entries may repeat a real move or write into a row's
+    garbage area. All sources are read before anything is written, so overlaps are safe. One
+    gather and one in-place scatter per tensor; no host synchronisation.
+    """
+    for layer in cache_layers(cache):
+        for name in ("keys", "values"):
+            t = getattr(layer, name)  # [B, heads, S, D]
+            shape = (t.shape[0], t.shape[1], src.shape[1], t.shape[3])
+            moved = t.gather(2, src[:, None, :, None].expand(shape))
+            t.scatter_(2, dst[:, None, :, None].expand(shape), moved)
+            setattr(layer, name, t[:, :, :new_length])
+
+
+def truncate(cache, length: int) -> None:
+    """Keep the first ``length`` slots of every layer (drop a drafted tree's entries)."""
+    for layer in cache_layers(cache):
+        layer.keys = layer.keys[:, :, :length]
+        layer.values = layer.values[:, :, :length]
+
+
+def select_rows(cache, rows: torch.Tensor) -> None:
+    """Keep only ``rows`` of the batch (finished rows leave the batch)."""
+    for layer in cache_layers(cache):
+        layer.keys = layer.keys.index_select(0, rows)
+        layer.values = layer.values.index_select(0, rows)
