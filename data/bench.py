@@ -12,7 +12,6 @@ import tempfile
 import time
 
 import torch
-
 from draftheads.data.cache import build_feature_cache
 from draftheads.data.config import DataConfig
 from draftheads.data.prepare import prepare_dataset
@@ -32,7 +31,9 @@ def main() -> None:
     t = time.perf_counter()
     ds, report = prepare_dataset(DataConfig(max_length=512), tok)
     dt = time.perf_counter() - t
-    print(f"tokenize+mask: {len(ds)} rows, {report.tokens} tokens in {dt:.1f} s = {report.tokens / dt:,.0f} tokens/s")
+    print(
+        f"tokenize+mask: {len(ds)} rows, {report.tokens} tokens in {dt:.1f} s = {report.tokens / dt:,.0f} tokens/s"
+    )
     n, total = 0, 0
     while n < len(ds) and total < args.feature_tokens:
         total += len(ds[n]["input_ids"])
@@ -40,11 +41,21 @@ def main() -> None:
     subset = ds.select(range(n))
     with tempfile.TemporaryDirectory() as out:
         t = time.perf_counter()
-        build_feature_cache(model, tok, subset, out, [model.config.num_hidden_layers], dtype=args.dtype,
-                            batch_tokens=args.batch_tokens, show_progress=False)
+        build_feature_cache(
+            model,
+            tok,
+            subset,
+            out,
+            [model.config.num_hidden_layers],
+            dtype=args.dtype,
+            batch_tokens=args.batch_tokens,
+            show_progress=False,
+        )
         dt = time.perf_counter() - t
-    print(f"features (last layer, {args.dtype}, batch_tokens {args.batch_tokens}, {args.threads} threads): "
-          f"{n} rows, {total} tokens in {dt:.1f} s = {total / dt:,.0f} tokens/s")
+    print(
+        f"features (last layer, {args.dtype}, batch_tokens {args.batch_tokens}, {args.threads} threads): "
+        f"{n} rows, {total} tokens in {dt:.1f} s = {total / dt:,.0f} tokens/s"
+    )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,8 @@ class DataConfig:
     dataset's (e.g. ``{instruction: question, output: answer}``). ``mixture`` is a list of
     ``{path, weight, name?, format?, fields?, split?, max_rows?}``; when set it replaces ``path``.
     ``heldout_fraction`` holds back a hash-chosen share of a user dataset (the embedded set has a
-    fixed 10% held-out split). ``label=target`` marks rows for target-argmax labels (stored by
-    the feature cache as ``target_next``).
+    fixed 10% held-out split). Target-argmax labels for teacher-forced text come from the feature
+    cache (``features.target_next=true``).
     """
 
     path: str = "embedded"
