@@ -44,7 +44,16 @@ class DecodeConfig:
 
 @dataclass
 class EvalConfig:
+    """``draftheads eval``: which prompts, which baselines, where the report goes.
+
+    ``prompts``: ``heldout`` (embedded held-out prompts), ``humaneval``, ``spec_bench``,
+    ``gsm8k_test``, or any path / dataset id the data pipeline reads. ``baselines``: ``pld``
+    (transformers' prompt lookup decoding); ``assisted`` is added when ``assistant_model`` is set.
+    """
+
+    prompts: str = "heldout"
     output_dir: str = "outputs/eval"
     max_prompts: int | None = None
     baselines: list[str] | None = None
     assistant_model: str | None = None
+    warmup: int = 1

@@ -1,0 +1,91 @@
+"""draftheads eval: the report's arithmetic, and an end-to-end run on a tiny target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from draftheads.conf.cli import compose
+from draftheads.decode.evaluate import TurnResult, run_eval, summarize
+from draftheads.heads import EagleDrafter, MedusaHeads
+
+
+def turn(
+    pid: str, cat: str, lengths: list[int], spec_s: float, base_s: float, same: bool = True
+) -> TurnResult:
+    return TurnResult(
+        prompt_id=pid,
+        category=cat,
+        new_tokens=sum(lengths),
+        spec_time_s=spec_s,
+        base_time_s=base_s,
+        target_forwards=len(lengths) + 1,
+        accepted_lengths=lengths,
+        identical=same,
+        baselines={
+            "pld": {
+                "time_s": base_s * 2,
+                "new_tokens": sum(lengths),
+                "target_forwards": sum(lengths) // 2 + 1,
+            }
+        },
+    )
+
+
+def test_summary_arithmetic_matches_a_hand_computed_example():
+    rs = [turn("a", "math", [1, 3, 2], 1.0, 3.0), turn("b", "code", [4, 1], 2.0, 2.0, same=False)]
+    rep = summarize(rs, ["pld"])
+    # 11 tokens over 5 steps
+    assert rep["tau"] == pytest.approx(11 / 5)
+    # position i accepted when a step took more than i+1 tokens: >1: 3 of 5, >2: 2 of 5, >3: 1 of 5
+    assert rep["per_position_acceptance"] == pytest.approx([3 / 5, 2 / 5, 1 / 5])
+    assert rep["speedup"] == pytest.approx(5.0 / 3.0)
+    assert rep["tokens_per_s"] == pytest.approx(11 / 3.0) and rep["baseline_tokens_per_s"] == pytest.approx(
+        11 / 5.0
+    )
+    assert rep["greedy_identical"] == 0.5 and rep["num_prompts"] == 2 and rep["num_new_tokens"] == 11
+    assert rep["accepted_length_histogram"] == {"1": 2, "2": 1, "3": 1, "4": 1}
+    # pld: 11 tokens; forwards (6//2+1)+(5//2+1) = 7, minus 2 prefills = 5 decoding steps
+    assert rep["pld"]["tau"] == pytest.approx(11 / 5) and rep["pld"]["speedup"] == pytest.approx(0.5)
+    assert set(rep["per_category"]) == {"code", "math"} and rep["per_category"]["math"][
+        "tau"
+    ] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind):
+    model, tok, fp = tiny_llama
+    if kind == "medusa":
+        drafter = MedusaHeads(fp, num_heads=2)
+    else:
+        drafter = EagleDrafter(fp, target_config=model.config.to_dict(), version=3, draft_vocab_size=1000)
+    drafter.save_pretrained(tmp_path / "heads")
+    cfg, _ = compose(
+        [
+            "target=tiny-llama",
+            f"heads={tmp_path / 'heads'}",
+            "eval.max_prompts=2",
+            "decode.max_new_tokens=12",
+            f"eval.output_dir={tmp_path / 'eval'}",
+            "eval.warmup=0",
+        ]
+    )
+    rep = run_eval(cfg, target=model, tokenizer=tok)
+    assert rep["greedy_identical"] == 1.0 and rep["num_prompts"] == 2 and rep["tau"] >= 1.0
+    assert rep["environment"]["versions"]["torch"] and "pld" in rep
+    on_disk = json.loads((tmp_path / "eval" / "report.json").read_text())
+    for key in (
+        "tau",
+        "per_position_acceptance",
+        "tokens_per_s",
+        "baseline_tokens_per_s",
+        "speedup",
+        "greedy_identical",
+        "num_prompts",
+        "num_new_tokens",
+        "environment",
+    ):
+        assert key in on_disk
+    for png in ("accepted_length_hist.png", "per_position_acceptance.png", "per_category.png"):
+        assert (tmp_path / "eval" / png).stat().st_size > 1000
+    assert "| **all** |" in (tmp_path / "eval" / "report.md").read_text()
