@@ -1,0 +1,59 @@
+"""2-rank data-parallel training on CPU (torchrun, gloo): the ranks keep identical weights."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import datasets
+import pytest
+import torch
+from draftheads.train.engine import free_port
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    torch.set_num_threads(1)
+    from draftheads.conf.cli import compose
+    from draftheads.train.recipe import TrainRecipe
+    out, rows = sys.argv[1], sys.argv[2]
+    cfg, _ = compose(["target=tiny-llama", "draft=eagle", "deepspeed=zero2", f"train.output_dir={out}",
+                      f"train.rows={rows}", "train.max_steps=3", "train.micro_batch_size=2", "train.lr=3e-3",
+                      "train.eval_every=3", "train.save_every=0", "train.eval_rows=2", "train.progress=false"])
+    recipe = TrainRecipe(cfg).setup()
+    recipe.train()
+    recipe.save()
+    torch.save(recipe.drafter.state_dict(), f"{out}/rank{recipe.rank}.pt")
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_rank_data_parallel_keeps_identical_weights(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 2000, (12, 14), generator=g).tolist()
+    datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": [[0] * 4 + [1] * 10] * 12}).save_to_disk(
+        tmp_path / "rows"
+    )
+    (tmp_path / "run.py").write_text(SCRIPT)
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    port = f"--master_port={free_port()}"  # (port 0 hangs the static rendezvous)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        port,
+        str(tmp_path / "run.py"),
+        str(tmp_path / "out"),
+        str(tmp_path / "rows"),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    metrics = (tmp_path / "out" / "metrics.jsonl").read_text()
+    assert '"step": 3' in metrics
