@@ -51,6 +51,7 @@ class Drafter(nn.Module):
         self.target_fingerprint = target
         self.provenance: dict[str, Any] = {}
         self.requires_adapters = False
+        self.source_dir: Path | None = None  # where it was loaded from (tree.json, adapters live there)
         # Shared, frozen target modules live in a plain dict so that nn.Module does not
         # register them: they are excluded from parameters(), state_dict() and optimizers.
         self._shared: dict[str, nn.Module] = {}
@@ -170,9 +171,12 @@ class Drafter(nn.Module):
                 f"{directory / CONFIG_NAME}: invalid drafter spec ({e}); the file is damaged or from another tool"
             ) from None
         model.provenance = cfg.get("provenance") or {}
+        model.source_dir = directory
         model.requires_adapters = bool(cfg.get("requires_adapters", False))
         if model.requires_adapters and target is not None and not getattr(target, "peft_config", None):
-            raise UserError(f"{directory} holds Medusa-2 heads trained with LoRA adapters on the target, but the target has none; load them first: draftheads.train.adapters.load_adapters(target, '{directory}')")
+            raise UserError(
+                f"{directory} holds Medusa-2 heads trained with LoRA adapters on the target, but the target has none; load them first: draftheads.train.adapters.load_adapters(target, '{directory}')"
+            )
         tensors = read_weights(directory)
         model.load_checked(tensors, str(directory / WEIGHTS_NAME))
         model.to(map_location)
