@@ -17,6 +17,36 @@ from draftheads.train.config import LoggerConfig, TrainConfig
 
 
 @dataclass
+class BenchConfig:
+    """``draftheads bench`` / ``draftheads demo``: the end-to-end pipeline on the embedded target.
+
+    Stages cache their outputs under ``out_dir`` (distilled data, features, drafters, reports),
+    so a rerun skips what is done. ``shared_data`` is the development data folder (Spec-Bench,
+    GSM8K, CodeAlpaca); absent, those sets are skipped with a message.
+    """
+
+    out_dir: str = "outputs/bench"
+    shared_data: str = "../shared/data"
+    # distillation: prompts answered greedily by the target (embedded train split, plus GSM8K
+    # train and CodeAlpaca when shared_data exists), and target-written prompts
+    distill_prompts: int = 1500
+    self_prompts: int = 256
+    distill_new_tokens: int = 192
+    distill_batch_size: int = 32
+    drafters: list[str] = field(default_factory=lambda: ["medusa", "eagle3"])
+    medusa_steps: int = 1500
+    eagle_steps: int = 1500
+    # tau against training tokens (EAGLE drafter), each point a fresh run on a subset
+    scaling_tokens: list[int] = field(default_factory=lambda: [30000, 100000, 300000])
+    scaling_steps_per_10k_tokens: int = 40
+    eval_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench", "gsm8k_test"])
+    eval_prompts: int = 20
+    spec_bench_per_category: int = 2
+    eval_new_tokens: int = 128
+    docs: str = "docs/benchmarks.md"
+
+
+@dataclass
 class Config:
     target: TargetConfig = field(default_factory=TargetConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
@@ -26,6 +56,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
     # Command arguments (which command reads which is listed in `draftheads --help`).
     heads: str | None = None
     revision: str | None = None

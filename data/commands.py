@@ -52,11 +52,13 @@ def drafter_layers(cfg: Config, num_layers: int) -> list[int]:
 
     if cfg.data.features.layers:
         return list(cfg.data.features.layers)
-    if cfg.draft.feature_layers:
-        return list(cfg.draft.feature_layers)
-    if cfg.draft.kind == "eagle" and cfg.draft.version == 3:
-        return default_eagle3_layers(num_layers)
-    return [num_layers]
+    if cfg.draft.kind != "eagle":
+        return [num_layers]
+    # EAGLE trains on its input layers plus the final state (its regression / distillation target)
+    inputs = list(cfg.draft.feature_layers or [])
+    if not inputs:
+        inputs = default_eagle3_layers(num_layers) if cfg.draft.version == 3 else [num_layers]
+    return inputs + [num_layers]
 
 
 def features(cfg: Config) -> None:

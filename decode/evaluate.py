@@ -322,7 +322,9 @@ def write_plots(report: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
-def run_eval(cfg: Config, target=None, tokenizer=None, drafter=None) -> dict[str, Any]:
+def run_eval(
+    cfg: Config, target=None, tokenizer=None, drafter=None, prompts: list | None = None
+) -> dict[str, Any]:
     """Load what is not given, decode the prompt set, and write report.json/report.md/plots."""
     from draftheads.data.prompts import load_prompts
     from draftheads.decode import SpeculativeGenerator
@@ -337,7 +339,8 @@ def run_eval(cfg: Config, target=None, tokenizer=None, drafter=None) -> dict[str
             cfg.heads, target=target, tokenizer=tokenizer, revision=cfg.revision
         )
     drafter.to(next(target.parameters()).device).eval()
-    prompts = load_prompts(cfg.eval.prompts, max_prompts=cfg.eval.max_prompts, tokenizer=tokenizer)
+    if prompts is None:
+        prompts = load_prompts(cfg.eval.prompts, max_prompts=cfg.eval.max_prompts, tokenizer=tokenizer)
     if not prompts:
         raise UserError(f"eval.prompts={cfg.eval.prompts} gave no prompts; check the path or name")
     baselines = list(cfg.eval.baselines or [])

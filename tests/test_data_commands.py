@@ -60,7 +60,9 @@ def test_features_command_builds_the_cache_the_drafter_reads(tmp_path, capsys):
     )
     commands.features(cfg)
     cache = FeatureCache(out, layers=commands.drafter_layers(cfg, 4))
-    assert len(cache) == 3 and cache[0]["features"].shape[1] == 3 * 64 and "target_next" in cache[0]
+    # EAGLE-3 reads three layers and trains against the final state: the trainer's layer list
+    assert cache.layers == [2, 2, 1, 4]
+    assert len(cache) == 3 and cache[0]["features"].shape[1] == 4 * 64 and "target_next" in cache[0]
     with pytest.raises(UserError, match="needs unpacked rows"):
         commands.features(cfg_of("data.packing=true"))
 

@@ -25,15 +25,11 @@ def hub(monkeypatch, tmp_path):
     server.__exit__(None, None, None)
 
 
-def run_cli(command: str, overrides: list[str]):
-    """``draftheads <command> ...`` through the real config composition; via ``main`` once registered."""
-    from draftheads.conf.cli import COMMANDS, compose, main, resolve
+def run_cli(command: str, overrides: list[str]) -> int:
+    """``draftheads <command> ...`` through the real command line; returns its exit code."""
+    from draftheads.conf.cli import main
 
-    if command in COMMANDS:
-        return main([command, *overrides])
-    cfg, _ = compose(overrides)
-    spec = {"push": "draftheads.heads.hub:push", "export": "draftheads.heads.export:export"}[command]
-    return resolve(spec)(cfg)
+    return main([command, *overrides])
 
 
 def trained(kind: str, model, fp) -> Drafter:
@@ -69,7 +65,7 @@ def test_push_then_from_pretrained_returns_the_same_drafter(hub, tmp_path, tiny_
     report = {"tau": 2.71, "speedup": 1.83, "tokens_per_s": 51.2, "baseline_tokens_per_s": 28.0}
     (heads / "report.json").write_text(json.dumps(report))
     caplog.set_level(logging.DEBUG)
-    run_cli("push", [f"heads={heads}", f"repo_id=org/{kind}-heads", "private=true"])
+    assert run_cli("push", [f"heads={heads}", f"repo_id=org/{kind}-heads", "private=true"]) == 0
     printed = capsys.readouterr()
     assert TOKEN not in printed.out + printed.err + caplog.text  # never printed or logged...
     assert hub.auth_headers and all(h == f"Bearer {TOKEN}" for h in hub.auth_headers)  # ...but used
@@ -131,7 +127,7 @@ def test_push_to_hub_revision_and_offline_cache(hub, monkeypatch, tmp_path, tiny
         Drafter.from_pretrained("org/never-downloaded", target=model)
 
 
-def test_push_errors_are_one_line(hub, tmp_path, tiny_llama):
+def test_push_errors_are_one_line(hub, tmp_path, tiny_llama, capsys):
     from draftheads.heads.hub import push_folder
 
     model, _, fp = tiny_llama
@@ -147,8 +143,8 @@ def test_push_errors_are_one_line(hub, tmp_path, tiny_llama):
     with pytest.raises(UserError, match="truncated or corrupt"):
         push_folder(heads, "org/x")
     assert "org/x" not in hub.repos  # nothing was published
-    with pytest.raises(UserError, match="needs heads=DIR and repo_id=ORG/NAME"):
-        run_cli("push", [f"heads={heads}"])
+    assert run_cli("push", [f"heads={heads}"]) == 1
+    assert capsys.readouterr().err.strip() == "error: draftheads push needs heads=DIR and repo_id=ORG/NAME"
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "report.json").write_text("{}")
     with pytest.raises(UserError, match="not a draftheads eval report"):

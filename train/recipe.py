@@ -155,7 +155,7 @@ class TrainRecipe:
     def load_rows(self) -> list[dict]:
         t = self.cfg.train
         if t.features == "offline":
-            from draftheads.data.features import FeatureCache
+            from draftheads.data.cache import FeatureCache
 
             source = FeatureCache(t.feature_cache, self.drafter.target_fingerprint, self.module.layers())
         elif self.given_rows is not None:

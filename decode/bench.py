@@ -1,0 +1,511 @@
+"""``draftheads bench`` and ``draftheads demo``: the whole pipeline on the embedded target.
+
+Stages, each cached under ``bench.out_dir`` so that a rerun skips what is done:
+
+1. **distill**: the target answers prompts greedily (the embedded train split, plus GSM8K
+   train and CodeAlpaca when ``bench.shared_data`` exists) and, optionally, prompts it wrote
+   itself; ``data.distill`` is resumable row by row.
+2. **features**: one offline feature cache of the distilled chats holding every layer any
+   drafter reads (EAGLE-3's three plus the final state; Medusa reads the final state).
+3. **train**: each drafter in ``bench.drafters`` on the cached features.
+4. **tree**: the Medusa tree is chosen from measured head accuracies (``draftheads tree``).
+5. **eval**: every drafter on every prompt set (held-out, Spec-Bench, GSM8K test) against
+   plain greedy ``generate`` and prompt lookup decoding, in the same run.
+6. **scaling**: τ on held-out prompts against training tokens for the EAGLE drafter.
+
+The results, with the commands and the hardware, are written to ``bench.docs``.
+``draftheads demo`` runs the same stages at a size that fits in minutes, then streams one answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema import BenchConfig, Config
+
+EAGLE_KINDS = {"eagle": "eagle", "eagle3": "eagle3"}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def done(path: Path) -> bool:
+    return (path / ".done").is_file()
+
+
+def mark_done(path: Path, info: dict[str, Any] | None = None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ".done").write_text(json.dumps(info or {}) + "\n")
+
+
+def compose(overrides: list[str]) -> Config:
+    from draftheads.conf.cli import compose as cli_compose
+
+    return cli_compose(overrides)[0]
+
+
+# ---- 1. distill -------------------------------------------------------------------------
+def distill_prompts(cfg: Config, b: BenchConfig) -> list:
+    """A fixed, shuffled, breadth-first sample of training prompts (never held-out ones)."""
+    from draftheads.data.prompts import prompts_from_config
+
+    shared = Path(b.shared_data)
+    data_cfg = compose(["data=broad"] if shared.is_dir() else ["data=embedded"]).data
+    if shared.is_dir():  # point the broad mixture at the configured shared folder
+        for comp in data_cfg.mixture:
+            if str(comp.get("path", "")).startswith("../shared/data"):
+                comp["path"] = str(shared / str(comp["path"]).removeprefix("../shared/data/"))
+    prompts = prompts_from_config(data_cfg, "train")
+    random.Random(0).shuffle(prompts)
+    return prompts[: b.distill_prompts]
+
+
+def stage_distill(cfg: Config, b: BenchConfig, target, tok) -> list[Path]:
+    from draftheads.data.distill import distill, self_prompts
+
+    out = Path(b.out_dir) / "distill"
+    d = replace(
+        cfg.data.distill,
+        temperature=0.0,
+        max_new_tokens=b.distill_new_tokens,
+        batch_size=b.distill_batch_size,
+    )
+    dirs = [out / "prompts"]
+    if not done(dirs[0]):
+        log(f"distill: {b.distill_prompts} prompts, greedy, {b.distill_new_tokens} new tokens")
+        distill(target, tok, distill_prompts(cfg, b), replace(d, out_dir=str(dirs[0])))
+        mark_done(dirs[0])
+    if b.self_prompts:
+        dirs.append(out / "self")
+        if not done(dirs[1]):
+            log(f"distill: {b.self_prompts} target-written prompts, then their answers")
+            sd = replace(d, out_dir=str(dirs[1]), source="self", self_prompts=b.self_prompts)
+            prompts, stats = self_prompts(target, tok, sd)
+            log(f"target-written prompts: {json.dumps(stats)}")
+            distill(target, tok, prompts, sd, source="self")
+            mark_done(dirs[1], stats)
+    return dirs
+
+
+# ---- 2. features ------------------------------------------------------------------------
+def bench_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's three input layers and the final state (Medusa and EAGLE-1 read the last)."""
+    from draftheads.heads.eagle import default_eagle3_layers
+
+    return default_eagle3_layers(num_layers) + [num_layers]
+
+
+def stage_features(cfg: Config, b: BenchConfig, target, tok, data_dirs: list[Path]) -> Path:
+    import datasets
+    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.prepare import prepare_dataset
+    from draftheads.heads.target import fingerprint
+
+    out = Path(b.out_dir) / "features"
+    if done(out):
+        return out
+    parts = []
+    for d in data_dirs:
+        ds, report = prepare_dataset(replace(cfg.data, path=str(d), mixture=[], max_length=512), tok, "train")
+        log(f"features: {d.name}: {len(ds)} rows, {sum(map(sum, ds['loss_mask']))} answer tokens")
+        parts.append(ds.select_columns(["input_ids", "loss_mask"]))
+    ds = datasets.concatenate_datasets(parts)
+    layers = bench_layers(fingerprint(target).num_layers)
+    log(f"features: {len(ds)} rows, layers {layers}")
+    build_feature_cache(target, tok, ds, out, layers, dtype="bfloat16", batch_tokens=2048)
+    mark_done(out)
+    return out
+
+
+def load_rows(cache_dir: Path, hidden: int, which: str, max_tokens: int | None = None) -> list[dict]:
+    """Rows for ``train(rows=...)``: features sliced to what the drafter reads, in fp32.
+
+    ``which``: ``last`` (Medusa: the final state) or ``all`` (EAGLE-3: three layers + final).
+    ``max_tokens`` keeps a fixed random subset of rows up to that many answer tokens.
+    """
+    from draftheads.data.cache import FeatureCache
+
+    cache = FeatureCache(cache_dir)
+    order = list(range(len(cache)))
+    random.Random(0).shuffle(order)
+    rows, tokens = [], 0
+    for i in order:
+        r = cache[i]
+        n = int(r["loss_mask"].sum())
+        if max_tokens is not None and tokens + n > max_tokens and rows:
+            break
+        f = r["features"][:, -hidden:] if which == "last" else r["features"]
+        rows.append({"input_ids": r["input_ids"], "loss_mask": r["loss_mask"], "features": f.float()})
+        tokens += n
+    return rows
+
+
+def answer_tokens(rows: list[dict]) -> int:
+    return int(sum(int(r["loss_mask"].sum()) for r in rows))
+
+
+# ---- 3. train ---------------------------------------------------------------------------
+def train_overrides(kind: str, out: Path, steps: int) -> list[str]:
+    common = [
+        f"train.output_dir={out}",
+        f"train.max_steps={steps}",
+        "logger=none",
+        "train.eval_every=0",
+        "train.save_every=0",
+        "train.warmup_steps=20",
+    ]
+    if kind == "medusa":
+        return ["draft=medusa", "train.lr=1e-3", *common]
+    if kind == "eagle3":
+        return ["draft=eagle3", "train.lr=1e-3", *common]
+    if kind == "eagle":
+        return ["draft=eagle", "train.lr=5e-4", *common]
+    raise UserError(f"bench.drafters: unknown drafter {kind!r}; use medusa, eagle or eagle3")
+
+
+def stage_train(cfg: Config, b: BenchConfig, kind: str, rows: list[dict], steps: int, out: Path) -> Path:
+    from draftheads.train.recipe import train
+
+    if done(out):
+        return out
+    log(f"train {kind}: {len(rows)} rows, {answer_tokens(rows)} answer tokens, {steps} steps")
+    t0 = time.perf_counter()
+    tcfg = compose([f"target={target_group(cfg)}", *train_overrides(kind, out, steps)])
+    tcfg.target = cfg.target
+    train(tcfg, rows=rows)
+    mark_done(
+        out, {"seconds": time.perf_counter() - t0, "answer_tokens": answer_tokens(rows), "steps": steps}
+    )
+    return out
+
+
+def target_group(cfg: Config) -> str:
+    return f"tiny-{cfg.target.tiny}" if cfg.target.tiny else "smollm2"
+
+
+# ---- 4. tree ----------------------------------------------------------------------------
+def stage_tree(cfg: Config, b: BenchConfig, heads: Path) -> None:
+    from draftheads.decode.commands import tree
+
+    if (heads / "tree.json").is_file():
+        return
+    log("tree: measuring Medusa head accuracies and the verification cost curve")
+    tcfg = compose(
+        [f"target={target_group(cfg)}", f"heads={heads}", "decode.tree_size=0", "decode.tree_max_size=16"]
+    )
+    tcfg.target = cfg.target
+    tree(tcfg)
+
+
+# ---- 5. eval ----------------------------------------------------------------------------
+def eval_prompts(name: str, b: BenchConfig, tok) -> list:
+    """The prompts of one evaluation set; Spec-Bench takes the first N of every category."""
+    from draftheads.data.prompts import load_prompts
+
+    if name == "spec_bench":
+        path = Path(b.shared_data) / "spec_bench" / "question.jsonl"
+        if not path.is_file():
+            return []
+        rows = load_prompts(str(path), tokenizer=tok)
+        per: dict[str, list] = {}
+        for r in rows:
+            per.setdefault(r.category, []).append(r)
+        return [r for cat in sorted(per) for r in per[cat][: b.spec_bench_per_category]]
+    if name == "gsm8k_test":
+        path = Path(b.shared_data) / "gsm8k" / "test.jsonl"
+        return load_prompts(str(path), max_prompts=b.eval_prompts, tokenizer=tok) if path.is_file() else []
+    return load_prompts(name, max_prompts=b.eval_prompts, tokenizer=tok)
+
+
+def stage_eval(
+    cfg: Config, b: BenchConfig, target, tok, heads: Path, name: str, baselines: list[str]
+) -> dict | None:
+    from draftheads.decode.evaluate import run_eval
+    from draftheads.heads import Drafter
+
+    out = heads / f"eval-{name}"
+    if done(out):
+        return json.loads((out / "report.json").read_text())
+    prompts = eval_prompts(name, b, tok)
+    if not prompts:
+        log(f"eval {heads.name} on {name}: skipped (no prompts; is {b.shared_data} there?)")
+        return None
+    log(f"eval {heads.name} on {name}: {len(prompts)} prompts, {b.eval_new_tokens} new tokens")
+    ecfg = replace(
+        cfg,
+        eval=replace(cfg.eval, output_dir=str(out), baselines=baselines, prompts=name),
+        decode=replace(cfg.decode, max_new_tokens=b.eval_new_tokens),
+        heads=str(heads),
+    )
+    drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok)
+    report = run_eval(ecfg, target=target, tokenizer=tok, drafter=drafter, prompts=prompts)
+    mark_done(out)
+    return report
+
+
+# ---- 6. scaling -------------------------------------------------------------------------
+def stage_scaling(cfg: Config, b: BenchConfig, target, tok, cache: Path, kind: str) -> list[dict]:
+    from draftheads.decode import SpeculativeGenerator
+    from draftheads.decode.evaluate import chat_ids
+    from draftheads.heads import Drafter
+
+    H = target.config.hidden_size
+    prompts = eval_prompts("heldout", b, tok)
+    points = []
+    for n in b.scaling_tokens:
+        out = Path(b.out_dir) / "scaling" / f"{kind}-{n}"
+        result = out / "tau.json"
+        if not result.is_file():
+            rows = load_rows(cache, H, "all" if kind != "medusa" else "last", max_tokens=n)
+            have = answer_tokens(rows)
+            if have < 0.9 * n:
+                log(f"scaling: only {have} answer tokens cached, fewer than {n}; skipping this point")
+                continue
+            steps = max(50, math.ceil(have / 10_000 * b.scaling_steps_per_10k_tokens))
+            stage_train(cfg, b, kind, rows, steps, out / "drafter")
+            del rows
+            drafter = Drafter.from_pretrained(out / "drafter", target=target, tokenizer=tok)
+            gen = SpeculativeGenerator(target, drafter, tokenizer=tok, config=cfg.decode)
+            accepted, steps_n = 0, 0
+            for p in prompts:
+                ids = chat_ids(
+                    tok, [{"role": "user", "content": p.turns[0]}], next(target.parameters()).device
+                )
+                gen.generate(ids, max_new_tokens=b.eval_new_tokens)
+                accepted += sum(gen.last_stats.accepted_lengths)
+                steps_n += len(gen.last_stats.accepted_lengths)
+            result.write_text(
+                json.dumps(
+                    {
+                        "answer_tokens": have,
+                        "steps": steps,
+                        "tau": accepted / max(steps_n, 1),
+                        "prompts": len(prompts),
+                    }
+                )
+                + "\n"
+            )
+        points.append(json.loads(result.read_text()))
+        log(f"scaling {kind}: {points[-1]['answer_tokens']} tokens -> tau {points[-1]['tau']:.2f}")
+    return points
+
+
+def scaling_plot(points: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot([p["answer_tokens"] for p in points], [p["tau"] for p in points], marker="o")
+    ax.set(
+        xscale="log",
+        xlabel="training answer tokens",
+        ylabel="τ on held-out prompts",
+        title="τ against training data",
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the pipeline -----------------------------------------------------------------------
+def pipeline(cfg: Config, b: BenchConfig) -> dict[str, Any]:
+    """Run (or resume) every stage; returns what the docs page is written from."""
+    from draftheads.heads.target import load_target
+
+    t0 = time.perf_counter()
+    target, tok = load_target(cfg.target)
+    H = target.config.hidden_size
+    data_dirs = stage_distill(cfg, b, target, tok)
+    cache = stage_features(cfg, b, target, tok, data_dirs)
+    results: dict[str, Any] = {"drafters": {}, "scaling": [], "train": {}}
+    for kind in b.drafters:
+        heads = Path(b.out_dir) / kind
+        rows = load_rows(cache, H, "last" if kind == "medusa" else "all")
+        stage_train(cfg, b, kind, rows, b.medusa_steps if kind == "medusa" else b.eagle_steps, heads)
+        del rows
+        results["train"][kind] = json.loads((heads / ".done").read_text())
+        if kind == "medusa":
+            stage_tree(cfg, b, heads)
+        reports = {}
+        for name in b.eval_sets:
+            baselines = ["pld"] if kind == b.drafters[0] else []
+            rep = stage_eval(cfg, b, target, tok, heads, name, baselines)
+            if rep is not None:
+                reports[name] = rep
+        results["drafters"][kind] = reports
+    eagle = next((k for k in b.drafters if k in EAGLE_KINDS), None)
+    if eagle and b.scaling_tokens:
+        results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle)
+    results["seconds"] = time.perf_counter() - t0
+    return results
+
+
+def bench(cfg: Config) -> None:
+    """``make bench``: the whole pipeline at benchmark size; writes ``bench.docs``."""
+    b = cfg.bench
+    results = pipeline(cfg, b)
+    out = Path(b.out_dir)
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    if results["scaling"]:
+        scaling_plot(results["scaling"], out / "scaling.png")
+    if b.docs:
+        write_docs(results, b, Path(b.docs))
+        log(f"results written to {b.docs}")
+    print(summary_lines(results))
+
+
+def demo(cfg: Config) -> None:
+    """``make demo``: a small drafter trained, evaluated and streaming, in minutes."""
+    from draftheads.decode.commands import generate
+
+    b = replace(
+        cfg.bench,
+        out_dir="outputs/demo",
+        distill_prompts=192,
+        self_prompts=0,
+        distill_new_tokens=128,
+        drafters=["eagle3"],
+        eagle_steps=400,
+        scaling_tokens=[],
+        eval_sets=["heldout"],
+        eval_prompts=8,
+        eval_new_tokens=96,
+        docs="",
+    )
+    results = pipeline(cfg, b)
+    print(summary_lines(results))
+    prompt = cfg.prompt or "Write a Python function that checks whether a number is prime."
+    log(f"streaming one answer with speculative decoding: {prompt!r}")
+    gcfg = replace(
+        cfg,
+        heads=str(Path(b.out_dir) / "eagle3"),
+        prompt=prompt,
+        decode=replace(cfg.decode, max_new_tokens=160),
+    )
+    generate(gcfg)
+
+
+def summary_lines(results: dict[str, Any]) -> str:
+    lines = []
+    for kind, reports in results["drafters"].items():
+        for name, r in reports.items():
+            line = (
+                f"{kind:<7} {name:<11} τ {r['tau']:.2f}  speedup {r['speedup']:.2f}×  "
+                f"({r['tokens_per_s']:.1f} vs {r['baseline_tokens_per_s']:.1f} tok/s)  "
+                f"greedy identical {r['greedy_identical']:.2f}"
+            )
+            if "pld" in r:
+                line += f"  | prompt lookup τ {r['pld']['tau']:.2f} speedup {r['pld']['speedup']:.2f}×"
+            lines.append(line)
+    for p in results.get("scaling", []):
+        lines.append(f"scaling: {p['answer_tokens']} answer tokens -> τ {p['tau']:.2f}")
+    return "\n".join(lines)
+
+
+def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
+    """docs/benchmarks.md from the measured results (overwritten by every bench run)."""
+    env = next((r["environment"] for reps in results["drafters"].values() for r in reps.values()), {})
+    pld = {name: r["pld"] for reps in results["drafters"].values() for name, r in reps.items() if "pld" in r}
+    lines = [
+        "## Measured results",
+        "",
+        "Measured by `make bench` (`draftheads bench`), greedy, batch 1, on the embedded SmolLM2-135M-Instruct "
+        "target in fp32. Every number below comes from one run; speedups compare, in that same run and on the "
+        "same prompts, against the target's plain greedy `generate` and transformers' prompt lookup decoding "
+        "(`prompt_lookup_num_tokens=10`).",
+        "",
+        f"- Hardware: {env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores, torch threads "
+        f"{env.get('torch_threads', '?')}, device {env.get('device', '?')}",
+        f"- Versions: {json.dumps(env.get('versions', {}))}",
+        f"- Whole run: {results['seconds'] / 60:.0f} min. Settings: `{json.dumps(vars(b))}`",
+        "",
+        "## Training",
+        "",
+        "| drafter | steps | answer tokens | minutes |",
+        "|---|---|---|---|",
+    ]
+    for kind, t in results["train"].items():
+        lines.append(
+            f"| {kind} | {t.get('steps')} | {t.get('answer_tokens')} | {t.get('seconds', 0) / 60:.1f} |"
+        )
+    lines += [
+        "",
+        "## Acceptance and speed",
+        "",
+        "| drafter | prompt set | τ | speedup | tok/s | greedy tok/s | greedy identical | turns |"
+        " prompt lookup τ | prompt lookup speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, reports in results["drafters"].items():
+        for name, r in reports.items():
+            p = pld.get(name, {})
+            lines.append(
+                f"| {kind} | {name} | {r['tau']:.2f} | {r['speedup']:.2f}× | {r['tokens_per_s']:.1f} | "
+                f"{r['baseline_tokens_per_s']:.1f} | {r['greedy_identical']:.2f} | {r['num_turns']} | "
+                f"{p.get('tau', float('nan')):.2f} | {p.get('speedup', float('nan')):.2f}× |"
+            )
+    for kind, reports in results["drafters"].items():
+        cats = reports.get("spec_bench", {}).get("per_category")
+        if not cats:
+            continue
+        lines += [
+            "",
+            f"### Spec-Bench per category: {kind}",
+            "",
+            "| category | τ | speedup | prompt lookup speedup |",
+            "|---|---|---|---|",
+        ]
+        pcats = (
+            next(
+                (r for r in results["drafters"].values() if "spec_bench" in r and "pld" in r["spec_bench"]),
+                {},
+            )
+            .get("spec_bench", {})
+            .get("per_category", {})
+        )
+        for cat, r in cats.items():
+            ps = pcats.get(cat, {}).get("pld", {}).get("speedup", float("nan"))
+            lines.append(f"| {cat} | {r['tau']:.2f} | {r['speedup']:.2f}× | {ps:.2f}× |")
+    if results["scaling"]:
+        lines += [
+            "",
+            "## τ against training data (EAGLE drafter, held-out prompts)",
+            "",
+            "| answer tokens | steps | τ |",
+            "|---|---|---|",
+        ]
+        for p in results["scaling"]:
+            lines.append(f"| {p['answer_tokens']} | {p['steps']} | {p['tau']:.2f} |")
+        lines += ["", f"Plot: `{Path(b.out_dir) / 'scaling.png'}`."]
+    lines += [
+        "",
+        "Reproduce: `make bench` (or `draftheads bench bench.out_dir=outputs/bench`); stages are cached "
+        "under `bench.out_dir`, so a rerun skips what is done.",
+    ]
+    replace_section(path, "\n".join(lines))
+
+
+BEGIN, END = "<!-- bench:begin (written by draftheads bench) -->", "<!-- bench:end -->"
+
+
+def replace_section(path: Path, body: str) -> None:
+    """Write ``body`` between the bench markers of ``path``, keeping the hand-written rest."""
+    text = path.read_text() if path.is_file() else ""
+    block = f"{BEGIN}\n{body}\n{END}"
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+    else:
+        text = (text.rstrip() + "\n\n" if text else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

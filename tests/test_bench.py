@@ -1,0 +1,78 @@
+"""The end-to-end pipeline behind `make bench` and `make demo`, at toy size on a tiny target."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from draftheads.conf.cli import compose
+from draftheads.decode.bench import BEGIN, END, pipeline, replace_section, summary_lines, write_docs
+
+
+@pytest.mark.slow
+def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch):
+    cfg, _ = compose(["target=tiny-llama"])
+    b = replace(
+        cfg.bench,
+        out_dir=str(tmp_path / "bench"),
+        shared_data=str(tmp_path / "no-shared-data"),
+        distill_prompts=8,
+        self_prompts=0,
+        distill_new_tokens=12,
+        distill_batch_size=4,
+        medusa_steps=4,
+        eagle_steps=4,
+        scaling_tokens=[40, 80],
+        scaling_steps_per_10k_tokens=1,
+        eval_sets=["heldout", "spec_bench"],
+        eval_prompts=2,
+        eval_new_tokens=8,
+        docs="",
+    )
+    results = pipeline(cfg, b)
+    out = tmp_path / "bench"
+    for stage in (
+        "distill/prompts",
+        "features",
+        "medusa",
+        "eagle3",
+        "medusa/eval-heldout",
+        "eagle3/eval-heldout",
+    ):
+        assert (out / stage / ".done").is_file(), stage
+    assert (out / "medusa" / "tree.json").is_file()
+    # Spec-Bench is absent here: skipped, not failed; held-out was decoded exactly
+    assert set(results["drafters"]["medusa"]) == {"heldout"}
+    for kind in ("medusa", "eagle3"):
+        assert results["drafters"][kind]["heldout"]["greedy_identical"] == 1.0
+    assert (
+        "pld" in results["drafters"]["medusa"]["heldout"]
+        and "pld" not in results["drafters"]["eagle3"]["heldout"]
+    )
+    assert [p["answer_tokens"] <= n for p, n in zip(results["scaling"], [40, 80])] == [True] * len(
+        results["scaling"]
+    )
+
+    # a rerun finds every stage done and trains nothing
+    def no_training(*a, **k):
+        raise AssertionError("a cached stage ran again")
+
+    monkeypatch.setattr("draftheads.train.recipe.train", no_training)
+    again = pipeline(cfg, b)
+    assert again["drafters"]["medusa"]["heldout"]["tau"] == results["drafters"]["medusa"]["heldout"]["tau"]
+
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\nHand-written analysis stays.\n")
+    write_docs(results, b, docs)
+    write_docs(results, b, docs)
+    text = docs.read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1 and "Hand-written analysis stays." in text
+    assert "| medusa | heldout |" in text and "τ" in summary_lines(results)
+
+
+def test_replace_section_keeps_the_rest(tmp_path):
+    p = tmp_path / "x.md"
+    replace_section(p, "one")
+    p.write_text("intro\n" + p.read_text() + "outro\n")
+    replace_section(p, "two")
+    assert p.read_text() == f"intro\n{BEGIN}\ntwo\n{END}\noutro\n"
