@@ -181,9 +181,10 @@ class MedusaProposer(_Proposer):
         self.hidden = hidden_states[self.layer][:, -1]
 
     def propose(self, root: torch.Tensor, pos: torch.Tensor) -> Tree:
-        hh = self.drafter.head_hidden(self.hidden)  # [K, B, H]
+        depth = len(self.topk)
+        logits = self.drafter.heads_logits(self.drafter.head_hidden(self.hidden, depth))  # [D, B, V]
         B, T = root.shape[0], self.static.size
-        cands = [self.drafter.head_logits(d, hh[d]).topk(k, dim=-1).indices for d, k in enumerate(self.topk)]
+        cands = [logits[d].topk(k, dim=-1).indices for d, k in enumerate(self.topk)]
         tokens = torch.zeros(B, T, dtype=torch.long, device=root.device)
         for c, (nodes, _, _, ranks, _, _) in zip(cands, self.levels):
             tokens[:, nodes] = c[:, ranks]

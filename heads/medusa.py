@@ -73,9 +73,9 @@ class MedusaHeads(Drafter):
         for head in self.lm_heads:
             head.weight.copy_(w.to(head.weight.dtype))
 
-    def head_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """ResBlock outputs for every head: ``[K, *hidden.shape]``."""
-        return torch.stack([blocks(hidden) for blocks in self.blocks])
+    def head_hidden(self, hidden: torch.Tensor, num: int | None = None) -> torch.Tensor:
+        """ResBlock outputs of the first ``num`` heads (default all): ``[num, *hidden.shape]``."""
+        return torch.stack([blocks(hidden) for blocks in self.blocks[: num or self.num_heads]])
 
     def head_logits(self, k: int, hidden_k: torch.Tensor) -> torch.Tensor:
         """Logits of head ``k`` from its ResBlock output."""
@@ -83,7 +83,16 @@ class MedusaHeads(Drafter):
             return self.lm_heads[k](hidden_k)
         return self.shared("lm_head")(hidden_k)
 
+    def heads_logits(self, hs: torch.Tensor) -> torch.Tensor:
+        """Logits of the first ``len(hs)`` heads from their ResBlock outputs ``hs [D, ..., H]``.
+
+        With the shared lm_head (v2) this is one matmul over all heads' rows, which on a
+        memory-bound device costs about as much as one head.
+        """
+        if self.lm_heads is None:
+            return self.shared("lm_head")(hs)
+        return torch.stack([self.lm_heads[k](hs[k]) for k in range(hs.shape[0])])
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of every head at every position: ``[K, B, T, V]``; head k predicts x_{t+k+2}."""
-        hs = self.head_hidden(hidden)
-        return torch.stack([self.head_logits(k, hs[k]) for k in range(self.num_heads)])
+        return self.heads_logits(self.head_hidden(hidden))
