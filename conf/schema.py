@@ -43,6 +43,8 @@ class BenchConfig:
     eval_prompts: int = 20
     spec_bench_per_category: int = 2
     eval_new_tokens: int = 128
+    # run once, with the first drafter (they do not depend on the drafter)
+    baselines: list[str] = field(default_factory=lambda: ["pld"])
     docs: str = "docs/benchmarks.md"
 
 

@@ -105,6 +105,7 @@ def bench_layers(num_layers: int) -> list[int]:
 
 def stage_features(cfg: Config, b: BenchConfig, target, tok, data_dirs: list[Path]) -> Path:
     import datasets
+
     from draftheads.data.cache import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.heads.target import fingerprint
@@ -339,7 +340,7 @@ def pipeline(cfg: Config, b: BenchConfig) -> dict[str, Any]:
             stage_tree(cfg, b, heads)
         reports = {}
         for name in b.eval_sets:
-            baselines = ["pld"] if kind == b.drafters[0] else []
+            baselines = list(b.baselines) if kind == b.drafters[0] else []
             rep = stage_eval(cfg, b, target, tok, heads, name, baselines)
             if rep is not None:
                 reports[name] = rep
@@ -381,6 +382,7 @@ def demo(cfg: Config) -> None:
         eval_sets=["heldout"],
         eval_prompts=8,
         eval_new_tokens=96,
+        baselines=[],
         docs="",
     )
     results = pipeline(cfg, b)
