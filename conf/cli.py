@@ -96,11 +96,12 @@ def usage() -> str:
 
 def compose(overrides: list[str]):
     """Compose and validate the config; returns the typed :class:`Config` and its DictConfig."""
-    from draftheads.conf.schema import register
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
+
+    from draftheads.conf.schema import register
 
     register()
     GlobalHydra.instance().clear()

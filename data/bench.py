@@ -12,6 +12,7 @@ import tempfile
 import time
 
 import torch
+
 from draftheads.data.cache import build_feature_cache
 from draftheads.data.config import DataConfig
 from draftheads.data.prepare import prepare_dataset

@@ -26,12 +26,13 @@ import sys
 from pathlib import Path
 
 import torch
-from draftheads.conf.errors import UserError
-from draftheads.data.features import target_features
-from draftheads.heads.target import TargetFingerprint, fingerprint
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.utils.data import Dataset
+
+from draftheads.conf.errors import UserError
+from draftheads.data.features import target_features
+from draftheads.heads.target import TargetFingerprint, fingerprint
 
 MANIFEST = "manifest.json"
 CACHE_VERSION = 1

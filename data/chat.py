@@ -22,6 +22,7 @@ straddles the boundary between the generation prompt and the answer is trained.
 from __future__ import annotations
 
 import numpy as np
+
 from draftheads.conf.errors import UserError
 from draftheads.data.formats import RowError
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
 from draftheads.conf.errors import UserError
 from draftheads.data.chat import generation_prompt, user_turn_prefix
 from draftheads.data.config import DistillConfig

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.decode.config import DecodeConfig
@@ -130,8 +131,9 @@ def verify_cost_curve(
     target, sizes: tuple[int, ...] = COST_SIZES, prefix: int = 200, repeats: int = 7
 ) -> dict[int, float]:
     """Seconds of one target forward over ``T`` new tokens with ``prefix`` tokens cached (median)."""
-    from draftheads.decode import kv
     from transformers import DynamicCache
+
+    from draftheads.decode import kv
 
     p = next(target.parameters())
     dev, dtype = p.device, p.dtype

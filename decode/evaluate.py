@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
-from torch import nn
 
 
 @dataclass
@@ -221,6 +222,7 @@ def summarize(results: list[TurnResult], baselines: list[str]) -> dict[str, Any]
 def environment(target: nn.Module, cfg: Config) -> dict[str, Any]:
     """Hardware, library versions and decode settings, recorded with every report."""
     import transformers
+
     from draftheads.conf import __version__
 
     device = next(target.parameters()).device

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
+
 from draftheads.conf.errors import UserError
 from draftheads.decode import dynamic, kv
 from draftheads.decode.config import DecodeConfig
@@ -46,7 +48,6 @@ from draftheads.decode.tree import (
     tree_from_choices,
 )
 from draftheads.decode.verify import greedy_accept, sample_accept, typical_accept, warp
-from torch import nn
 
 MASKABLE_ATTENTION = ("sdpa", "eager")
 

@@ -10,6 +10,7 @@ each row's accepted path next to its own prefix and drops everything else.
 from __future__ import annotations
 
 import torch
+
 from draftheads.conf.errors import UserError
 
 

@@ -14,6 +14,7 @@ import argparse
 import time
 
 import torch
+
 from draftheads.decode.commands import BUILTIN_PROMPTS, encode_prompt
 from draftheads.decode.config import DecodeConfig
 from draftheads.decode.generator import SpeculativeGenerator

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from draftheads.conf.errors import UserError
 
 TREE_FILE = "tree.json"

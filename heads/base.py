@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from draftheads.conf.errors import UserError
-from draftheads.heads.target import TargetFingerprint, fingerprint
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from draftheads.conf.errors import UserError
+from draftheads.heads.target import TargetFingerprint, fingerprint
 
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"

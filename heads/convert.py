@@ -36,11 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
 from draftheads.conf.errors import UserError
 from draftheads.heads.base import CONFIG_NAME, Drafter
 from draftheads.heads.target import TargetFingerprint, fingerprint
-from safetensors import SafetensorError, safe_open
-from torch import nn
 
 log = logging.getLogger(__name__)
 

@@ -31,10 +31,11 @@ import sys
 from typing import Any
 
 import torch
+from torch import nn
+
 from draftheads.conf.errors import UserError
 from draftheads.heads.base import Drafter
 from draftheads.heads.target import TargetFingerprint
-from torch import nn
 
 
 def default_eagle3_layers(num_layers: int) -> list[int]:

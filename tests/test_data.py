@@ -6,6 +6,7 @@ import copy
 import json
 
 import pytest
+
 from draftheads.conf.errors import UserError
 from draftheads.data.chat import encode_chat, user_turn_prefix
 from draftheads.data.config import DataConfig

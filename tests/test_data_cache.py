@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+
 from draftheads.conf.errors import UserError
 from draftheads.data.cache import MANIFEST, FeatureCache, build_feature_cache, length_batches
 from draftheads.data.config import DataConfig

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
 from draftheads.data import commands

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from draftheads.conf.errors import UserError
 from draftheads.data.config import DataConfig, DistillConfig
 from draftheads.data.distill import MANIFEST, distill, diversity, hf_generate, self_prompts

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from draftheads.conf.errors import UserError
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode.config import DecodeConfig
 from draftheads.decode.generator import Tree
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
-
 from tests.conftest import get_target
 
 PROMPTS = [

@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
+
 from draftheads.conf.cli import main
 from draftheads.conf.errors import UserError
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode.commands import head_accuracies, pick_size
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
-
 from tests.conftest import get_target
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from draftheads.conf.errors import UserError
 from draftheads.decode import dynamic, kv
 from draftheads.decode.tree import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from draftheads.conf.cli import compose
 from draftheads.decode.evaluate import TurnResult, run_eval, summarize
 from draftheads.heads import EagleDrafter, MedusaHeads

@@ -8,12 +8,13 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.config import TargetConfig
 from draftheads.heads.export import FORMATS, export, export_drafter, validate_export
-from safetensors.torch import load_file, save_file
 
 
 def randomize(d: Drafter, seed: int = 0) -> Drafter:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter, EagleDrafter, MedusaHeads, TargetFingerprint
 from draftheads.heads.medusa import ResBlock

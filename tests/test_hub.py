@@ -8,10 +8,10 @@ import logging
 
 import pytest
 import torch
-from draftheads.conf.errors import UserError
-from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
 from huggingface_hub import ModelCard, constants
 
+from draftheads.conf.errors import UserError
+from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
 from tests.test_hub_fake import serve_hub
 
 TOKEN = "hf_fakeSecretToken0123456789abcdef"

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
+
 from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.convert import detect_layout
-from safetensors.torch import save_file
 
 H, V, MLP, KV = 64, 49152, 128, 32  # tiny Llama: hidden, vocab, MLP width, k/v projection rows
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from draftheads.conf.errors import UserError
 from draftheads.heads.config import TargetConfig
 from draftheads.heads.target import fingerprint, load_target, resolve_dtype

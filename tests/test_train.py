@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
 from draftheads.train.batching import Layout, StepSampler, collate, split_heldout

@@ -10,6 +10,7 @@ import textwrap
 import datasets
 import pytest
 import torch
+
 from draftheads.train.engine import free_port
 
 SCRIPT = textwrap.dedent(

@@ -8,13 +8,13 @@ import json
 import datasets
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter
 from draftheads.train.metrics import read_metrics
 from draftheads.train.recipe import train
-from safetensors.torch import load_file
-
 from tests.conftest import get_target
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from torch import nn
+
 from draftheads.conf.errors import UserError
 from draftheads.heads.config import DraftConfig
-from torch import nn
 
 ADAPTER_DIR = "adapter"
 

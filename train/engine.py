@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 import torch
+
 from draftheads.train.config import TrainConfig
 from draftheads.train.objectives import lr_factor
 

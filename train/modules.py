@@ -13,6 +13,8 @@ into held-out accuracies and a simulated acceptance length.
 from __future__ import annotations
 
 import torch
+from torch import nn
+
 from draftheads.data.features import target_features
 from draftheads.heads.config import DraftConfig
 from draftheads.train.objectives import (
@@ -28,7 +30,6 @@ from draftheads.train.objectives import (
     uniform_noise,
 )
 from draftheads.train.unroll import unroll
-from torch import nn
 
 
 def chunked_argmax(fn, h: torch.Tensor, chunk: int = 512) -> torch.Tensor:

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
@@ -41,7 +43,6 @@ from draftheads.train.metrics import MetricSink, Window
 from draftheads.train.modules import EagleObjective, Medusa2Objective, MedusaObjective, Objective
 from draftheads.train.objectives import chain_acceptance
 from draftheads.train.vocab import draft_vocab, masked_token_counts, vocab_coverage
-from torch import nn
 
 
 def build_drafter(cfg: Config, target: nn.Module, tokenizer) -> Drafter:

@@ -11,6 +11,7 @@ step costs one drafter forward over the row.
 from __future__ import annotations
 
 import torch
+
 from draftheads.train.objectives import shift_left
 
 
