@@ -105,14 +105,21 @@ def distill(cfg: Config) -> None:
     if d.source not in ("data", "self"):
         raise UserError(f"data.distill.source={d.source} is unknown; use data (answer data.path) or self")
     model, tok = load_target(cfg.target)
+    generate = None
+    if d.heads:
+        from draftheads.data.distill import speculative_generate
+        from draftheads.heads import Drafter
+
+        drafter = Drafter.from_pretrained(d.heads, target=model, tokenizer=tok, revision=cfg.revision)
+        generate = speculative_generate(model, tok, drafter)
     if d.source == "self":
-        prompts, stats = self_prompts(model, tok, d)
+        prompts, stats = self_prompts(model, tok, d, generate=generate)
         print(f"target-written prompts: {json.dumps(stats)}")
     else:
         prompts = prompts_from_config(cfg.data, "train")
         if cfg.data.max_rows is not None:
             prompts = prompts[: cfg.data.max_rows]
-    out = run_distill(model, tok, prompts, d, source=d.source)
+    out = run_distill(model, tok, prompts, d, generate=generate, source=d.source)
     print(
         f"distilled {len(prompts)} prompts -> {out}; train on them with "
         f"`draftheads train data.path={out}` (format messages)"

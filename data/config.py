@@ -26,6 +26,9 @@ class DistillConfig:
     prompt_max_new_tokens: int = 96
     prompt_temperature: float = 1.0
     prompt_top_p: float = 0.95
+    # a trained drafter (directory or hub id): generate with the speculative decoder, whose
+    # output is the target's own (identical under greedy, same distribution when sampling)
+    heads: str | None = None
 
 
 @dataclass

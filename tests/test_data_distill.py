@@ -118,3 +118,24 @@ def test_diversity_counts_distinct_ngrams_and_lengths():
     s = diversity(["a b c", "a b d", "x"])
     assert s["distinct_1"] == round(5 / 7, 4) and s["distinct_2"] == round(3 / 4, 4)
     assert s["length_words"]["min"] == 1 and s["length_words"]["max"] == 3
+
+
+def test_speculative_distillation_writes_what_plain_generation_writes(tmp_path, tiny_llama):
+    """With a drafter (``data.distill.heads``), greedy distillation is token-identical and batched."""
+    from draftheads.data.distill import speculative_generate
+    from draftheads.heads import EagleDrafter
+
+    model, tok, fp = tiny_llama
+    drafter = EagleDrafter(fp, target_config=model.config.to_dict(), version=3, draft_vocab_size=500).attach(
+        model
+    )
+    plain = distill(model, tok, PROMPTS, cfg_for(tmp_path / "plain", temperature=0.0), show_progress=False)
+    spec = distill(
+        model,
+        tok,
+        PROMPTS,
+        cfg_for(tmp_path / "spec", temperature=0.0),
+        generate=speculative_generate(model, tok, drafter),
+        show_progress=False,
+    )
+    assert shards(spec) == shards(plain) and len(shards(plain)) == 3
