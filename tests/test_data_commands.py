@@ -5,20 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
 from draftheads.data import commands
 from draftheads.data.cache import FeatureCache
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def cfg_of(*overrides: str):

@@ -5,23 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.data.config import DataConfig, DistillConfig
 from draftheads.data.distill import MANIFEST, distill, diversity, hf_generate, self_prompts
 from draftheads.data.prepare import prepare_dataset
 from draftheads.data.prompts import PromptRow
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Generation is many tiny ops: on a busy 2-core machine one thread is ~50x faster."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 PROMPTS = [PromptRow(f"p{i}", "test", [f"Question number {i}" + "?" * (i % 3)]) for i in range(10)]
 PROMPTS[3] = PromptRow("p3", "multi", ["First turn", "Second turn"])

@@ -23,15 +23,6 @@ PROMPTS = [
 NEW = 20
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is ~10x faster than two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 STATIC = "[[0],[1],[0,0],[1,0],[0,0,0]]"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from draftheads.conf.cli import main
 from draftheads.conf.errors import UserError
@@ -13,14 +12,6 @@ from draftheads.decode import SpeculativeGenerator
 from draftheads.decode.commands import head_accuracies, pick_size
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
 from tests.conftest import get_target
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,6 @@ from draftheads.train.recipe import train
 from tests.conftest import get_target
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared 2-core machine: one thread is ~20x faster than two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def rows():
     """24 rows: a 4-token random prompt, then a random 3-token pattern repeated (the assistant part)."""
