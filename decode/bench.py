@@ -57,9 +57,10 @@ def distill_prompts(cfg: Config, b: BenchConfig) -> list:
     """A fixed, shuffled, breadth-first sample of training prompts (never held-out ones)."""
     from draftheads.data.prompts import prompts_from_config
 
-    shared = Path(b.shared_data)
-    data_cfg = compose(["data=broad"] if shared.is_dir() else ["data=embedded"]).data
-    if shared.is_dir():  # point the broad mixture at the configured shared folder
+    shared = Path(b.shared_data) if b.shared_data else None
+    use_shared = shared is not None and shared.is_dir()
+    data_cfg = compose(["data=broad"] if use_shared else ["data=embedded"]).data
+    if use_shared:  # point the broad mixture at the configured shared folder
         for comp in data_cfg.mixture:
             if str(comp.get("path", "")).startswith("../shared/data"):
                 comp["path"] = str(shared / str(comp["path"]).removeprefix("../shared/data/"))
@@ -373,16 +374,17 @@ def demo(cfg: Config) -> None:
     b = replace(
         cfg.bench,
         out_dir="outputs/demo",
-        distill_prompts=192,
+        distill_prompts=128,
         self_prompts=0,
         distill_new_tokens=128,
         drafters=["eagle3"],
-        eagle_steps=400,
+        eagle_steps=240,
         scaling_tokens=[],
         eval_sets=["heldout"],
-        eval_prompts=8,
+        eval_prompts=6,
         eval_new_tokens=96,
         baselines=[],
+        shared_data="",  # the embedded default only
         docs="",
     )
     results = pipeline(cfg, b)
