@@ -378,7 +378,7 @@ def demo(cfg: Config) -> None:
         self_prompts=0,
         distill_new_tokens=128,
         drafters=["eagle3"],
-        eagle_steps=240,
+        eagle_steps=90,
         scaling_tokens=[],
         eval_sets=["heldout"],
         eval_prompts=6,
