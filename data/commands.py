@@ -48,17 +48,9 @@ def data(cfg: Config) -> None:
 
 def drafter_layers(cfg: Config, num_layers: int) -> list[int]:
     """The target layers the configured drafter reads (what the feature cache must store)."""
-    from draftheads.heads.eagle import default_eagle3_layers
-
     if cfg.data.features.layers:
         return list(cfg.data.features.layers)
-    if cfg.draft.kind != "eagle":
-        return [num_layers]
-    # EAGLE trains on its input layers plus the final state (its regression / distillation target)
-    inputs = list(cfg.draft.feature_layers or [])
-    if not inputs:
-        inputs = default_eagle3_layers(num_layers) if cfg.draft.version == 3 else [num_layers]
-    return inputs + [num_layers]
+    return cfg.draft.training_layers(num_layers)
 
 
 def features(cfg: Config) -> None:

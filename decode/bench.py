@@ -29,6 +29,7 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig, Config
+from draftheads.heads.config import DraftConfig
 
 EAGLE_KINDS = {"eagle": "eagle", "eagle3": "eagle3"}
 
@@ -97,13 +98,6 @@ def stage_distill(cfg: Config, b: BenchConfig, target, tok) -> list[Path]:
 
 
 # ---- 2. features ------------------------------------------------------------------------
-def bench_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's three input layers and the final state (Medusa and EAGLE-1 read the last)."""
-    from draftheads.heads.eagle import default_eagle3_layers
-
-    return default_eagle3_layers(num_layers) + [num_layers]
-
-
 def stage_features(cfg: Config, b: BenchConfig, target, tok, data_dirs: list[Path]) -> Path:
     import datasets
 
@@ -120,7 +114,8 @@ def stage_features(cfg: Config, b: BenchConfig, target, tok, data_dirs: list[Pat
         log(f"features: {d.name}: {len(ds)} rows, {sum(map(sum, ds['loss_mask']))} answer tokens")
         parts.append(ds.select_columns(["input_ids", "loss_mask"]))
     ds = datasets.concatenate_datasets(parts)
-    layers = bench_layers(fingerprint(target).num_layers)
+    # EAGLE-3's training layers: a superset of Medusa's (the final state), so one cache serves both
+    layers = DraftConfig(kind="eagle", version=3).training_layers(fingerprint(target).num_layers)
     log(f"features: {len(ds)} rows, layers {layers}")
     build_feature_cache(target, tok, ds, out, layers, dtype="bfloat16", batch_tokens=2048)
     mark_done(out)

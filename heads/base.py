@@ -66,6 +66,14 @@ class Drafter(nn.Module):
         """Indices into the target's ``hidden_states`` tuple that this drafter reads."""
         return [self.target_fingerprint.num_layers]
 
+    def training_layers(self) -> list[int]:
+        """Hidden states training reads: the inputs, plus whatever the loss compares against.
+
+        Equal to ``DraftConfig.training_layers`` for the config that built this drafter; a
+        feature cache for training this drafter must hold exactly these.
+        """
+        return self.feature_layers()
+
     def select_features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Concatenate the target hidden states this drafter reads: ``[B, T, F]``."""
         feats = [hidden_states[i] for i in self.feature_layers()]

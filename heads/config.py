@@ -60,3 +60,25 @@ class DraftConfig:
     token_loss_weight: float = 0.1
     feature_noise: float = 0.0
     save_shared: bool = False
+
+    def training_layers(self, num_layers: int) -> list[int]:
+        """Target hidden states a drafter of this shape trains on: what a feature cache holds.
+
+        Medusa reads the final state. EAGLE reads its input layers plus the final state, which
+        is its regression and distillation target (see ``Drafter.training_layers``).
+        """
+        if self.kind != "eagle":
+            return [num_layers]
+        return eagle_input_layers(self.version, self.feature_layers, num_layers) + [num_layers]
+
+
+def default_eagle3_layers(num_layers: int) -> list[int]:
+    """Inputs of layers 2, L//2 and L-3, as in EAGLE-3, SpecForge and vLLM."""
+    return [min(2, num_layers), num_layers // 2, max(num_layers - 3, 0)]
+
+
+def eagle_input_layers(version: int, feature_layers: list[int] | None, num_layers: int) -> list[int]:
+    """The target layers an EAGLE drafter reads: the given ones, else EAGLE-3's three or the last."""
+    if feature_layers:
+        return list(feature_layers)
+    return default_eagle3_layers(num_layers) if version == 3 else [num_layers]

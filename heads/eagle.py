@@ -35,12 +35,8 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.base import Drafter
+from draftheads.heads.config import eagle_input_layers
 from draftheads.heads.target import TargetFingerprint
-
-
-def default_eagle3_layers(num_layers: int) -> list[int]:
-    """Inputs of layers 2, L//2 and L-3, as in EAGLE-3, SpecForge and vLLM."""
-    return [min(2, num_layers), num_layers // 2, max(num_layers - 3, 0)]
 
 
 def layer_class(config) -> type[nn.Module]:
@@ -97,7 +93,7 @@ class EagleDrafter(Drafter):
         self.layer_config = AutoConfig.for_model(model_type, **layer_cfg)
         self.layer_config._attn_implementation = "sdpa"
         if version == 3:
-            self._feature_layers = list(feature_layers) if feature_layers else default_eagle3_layers(L)
+            self._feature_layers = eagle_input_layers(3, feature_layers, L)
             if len(self._feature_layers) != 3 or not all(0 <= i <= L for i in self._feature_layers):
                 raise UserError(
                     f"draft.feature_layers={self._feature_layers}: EAGLE-3 needs three layer ids in [0, {L}]"
@@ -109,7 +105,7 @@ class EagleDrafter(Drafter):
                 )
             self.fc = nn.Linear(3 * H, H, bias=False)
         else:
-            self._feature_layers = list(feature_layers) if feature_layers else [L]
+            self._feature_layers = eagle_input_layers(1, feature_layers, L)
             if len(self._feature_layers) != 1:
                 raise UserError(
                     f"draft.feature_layers={self._feature_layers}: EAGLE-1 reads one feature layer"
@@ -147,6 +143,10 @@ class EagleDrafter(Drafter):
 
     def feature_layers(self) -> list[int]:
         return list(self._feature_layers)
+
+    def training_layers(self) -> list[int]:
+        """Input layers plus the final state: the regression and distillation target."""
+        return self.feature_layers() + [self.target_fingerprint.num_layers]
 
     def attach(self, target: nn.Module, check: bool = True) -> EagleDrafter:
         super().attach(target, check)

@@ -173,3 +173,27 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, tiny_llama):
     model, _, fp = tiny_llama
     MedusaHeads(fp, num_heads=1).save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        dict(kind="medusa"),
+        dict(kind="eagle", version=1),
+        dict(kind="eagle", version=3, draft_vocab_size=300),
+        dict(kind="eagle", version=3, feature_layers=[0, 1, 3], draft_vocab_size=300),
+    ],
+)
+def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
+    """The feature cache is built from the config, training reads from the drafter: one answer."""
+    from draftheads.conf.schema import Config
+    from draftheads.heads.config import DraftConfig
+    from draftheads.train.recipe import build_drafter
+
+    model, tok, fp = tiny_llama
+    cfg = Config(draft=DraftConfig(**draft))
+    drafter = build_drafter(cfg, model, tok)
+    L = fp.num_layers
+    assert drafter.training_layers() == cfg.draft.training_layers(L)
+    expected = {"medusa": [L], 1: [L, L], 3: draft.get("feature_layers", [2, L // 2, L - 3]) + [L]}
+    assert cfg.draft.training_layers(L) == expected["medusa" if draft["kind"] == "medusa" else draft["version"]]

@@ -156,3 +156,52 @@ def test_every_owned_config_file_composes_and_validates(group, options):
     for opt in options:
         cfg, _ = compose([f"{group}={opt}"])
         validate(cfg)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_eagle_loss_equals_the_per_step_definition(tiny_llama, version):
+    """The objective projects each target state once and reuses it across TTT steps; the loss
+    must equal the docstring's definition, with the target's logits formed afresh per step."""
+    import torch.nn.functional as F
+
+    from draftheads.heads import EagleDrafter
+    from draftheads.heads.config import DraftConfig
+    from draftheads.train.modules import EagleObjective
+    from draftheads.train.unroll import unroll
+
+    model, _, fp = tiny_llama
+    V = fp.vocab_size
+    torch.manual_seed(0)
+    drafter = EagleDrafter(fp, model.config.to_dict(), version=version, draft_vocab_size=V // 2).attach(model)
+    if version == 3:
+        drafter.set_vocab(torch.randperm(V)[: V // 2])
+    cfg = DraftConfig(kind="eagle", version=version, ttt_steps=3, feature_loss_weight=0.5, token_loss_weight=1.0)
+    obj = EagleObjective(drafter, model, cfg, topk=5)
+    B, T = 2, 12
+    ids = torch.randint(0, V, (B, T))
+    mask = torch.zeros(B, T, dtype=torch.long)
+    mask[0, 4:] = 1
+    mask[1, 6:10] = 1
+    batch = {"input_ids": ids, "loss_mask": mask, "attention_mask": torch.ones(B, T, dtype=torch.long)}
+    torch.manual_seed(1)
+    loss, _ = obj(batch)
+
+    feats = obj.features(batch)
+    inp, final = obj.split(feats)
+    outs = unroll(drafter, inp[:, :-1], ids, obj.steps())
+    expected = torch.zeros(())
+    for s, out in enumerate(outs):
+        rows = [(b, t) for b in range(B) for t in range(out.shape[1]) if t + s + 2 < T and mask[b, t + s + 2]]
+        o = torch.stack([out[b, t] for b, t in rows])
+        f = torch.stack([final[b, t + s + 1] for b, t in rows])
+        p = model.lm_head(f)
+        counted = torch.ones(len(rows))
+        if version == 3:
+            vocab = drafter.draft_to_target(torch.arange(drafter.draft_vocab_size))
+            counted = drafter.t2d[p.argmax(-1)].float()
+            p = p[:, vocab]
+        ce = -(p.softmax(-1) * drafter.logits(o).log_softmax(-1)).sum(-1)
+        token = (ce * counted).sum() / counted.sum().clamp(min=1)
+        feat = F.smooth_l1_loss(o, f, reduction="none").mean(-1).mean()
+        expected = expected + cfg.ttt_decay**s * (token + 0.5 * feat)
+    torch.testing.assert_close(loss, expected)

@@ -53,7 +53,7 @@ class Objective(nn.Module):
 
     def layers(self) -> list[int]:
         """The target hidden states this objective reads (also what a feature cache must hold)."""
-        return [self.num_layers]
+        return self.drafter.training_layers()
 
     def features(self, batch: dict) -> torch.Tensor:
         if "features" in batch:  # offline: cached by draftheads data
@@ -155,9 +155,6 @@ class EagleObjective(Objective):
     to that vocabulary, and positions whose target top-1 falls outside it not counted.
     """
 
-    def layers(self) -> list[int]:
-        return self.drafter.feature_layers() + [self.num_layers]
-
     def split(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(drafter input features, final target state) from the concatenated layers."""
         H = self.drafter.target_fingerprint.hidden_size
@@ -168,32 +165,51 @@ class EagleObjective(Objective):
 
     def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
         inp, final = self.split(self.features(batch))
+        teacher = self.teacher(final, batch["loss_mask"])
         inp = uniform_noise(inp[:, :-1], self.cfg.feature_noise)
         outs = unroll(self.drafter, inp, batch["input_ids"], self.steps())
         total = final.new_zeros(())
         stats: Stats = {}
         for s, out in enumerate(outs):
-            loss, st = self.step_loss(s, out, final, batch["loss_mask"])
+            loss, st = self.step_loss(s, out, final, batch["loss_mask"], teacher)
             total = total + self.cfg.ttt_decay**s * loss
             stats.update(st)
         return total, stats
 
+    @torch.no_grad()
+    def teacher(self, final: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The target's logits, once per position p whose next token is counted (loss_mask[p+1]).
+
+        Every TTT step reads the same positions shifted by one, so projecting each through the
+        full-vocabulary lm_head once, instead of once per step, saves (steps - 1) of the
+        largest matmuls of a step. Returns, compacted over those positions: ``index [B, T]``
+        (row in the compact tensors, -1 elsewhere), ``greedy`` (full-vocabulary argmax) and
+        ``logits`` (over the draft vocabulary for EAGLE-3, the full one for EAGLE-1).
+        """
+        where = shift_left(loss_mask, 1).bool()
+        index = torch.where(where, where.long().flatten().cumsum(0).view_as(where) - 1, -1)
+        full = self.lm_head(final[where])
+        greedy = full.argmax(-1)
+        if self.drafter.version == 3:
+            draft_ids = self.drafter.draft_to_target(
+                torch.arange(self.drafter.draft_vocab_size, device=full.device)
+            )
+            full = full[:, draft_ids]
+        return {"index": index, "greedy": greedy, "logits": full}
+
     def step_loss(
-        self, s: int, out: torch.Tensor, final: torch.Tensor, loss_mask: torch.Tensor
+        self, s: int, out: torch.Tensor, final: torch.Tensor, loss_mask: torch.Tensor, teacher: dict
     ) -> tuple[torch.Tensor, Stats]:
         R = out.shape[1]
         rows = shift_left(loss_mask, s + 2)[:, :R].bool()
-        o, f = out[rows], shift_left(final, s + 1)[:, :R][rows]
-        target_logits = self.lm_head(f)
-        greedy = target_logits.argmax(-1)
+        b, t = rows.nonzero(as_tuple=True)
+        o, f = out[b, t], final[b, t + s + 1]  # step s at row t predicts the state at t+s+1
+        k = teacher["index"][b, t + s + 1]
+        greedy, target_logits = teacher["greedy"][k], teacher["logits"][k]
         if self.drafter.version == 3:
-            draft_ids = self.drafter.draft_to_target(
-                torch.arange(self.drafter.draft_vocab_size, device=o.device)
-            )
             index = self.drafter.t2d.long().cumsum(0) - 1  # target id -> draft id (where t2d)
             counted = self.drafter.t2d[greedy].float()
             labels = torch.where(counted.bool(), index[greedy], -1)
-            target_logits = target_logits[:, draft_ids]
         else:
             counted = torch.ones_like(greedy, dtype=torch.float)
             labels = greedy
