@@ -43,6 +43,8 @@ class TurnResult:
     target_forwards: int
     accepted_lengths: list[int]
     identical: bool
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -126,6 +128,8 @@ def evaluate_prompts(
                     target_forwards=stats.target_forwards,
                     accepted_lengths=list(stats.accepted_lengths),
                     identical=torch.equal(ref_new, out_new),
+                    draft_time_s=stats.draft_time_s,
+                    verify_time_s=stats.verify_time_s,
                     baselines=extra,
                 )
             )
@@ -196,6 +200,11 @@ def summarize(results: list[TurnResult], baselines: list[str]) -> dict[str, Any]
             "num_new_tokens": new,
             "target_forwards": sum(r.target_forwards for r in rs),
             "accepted_length_histogram": {str(k): steps.count(k) for k in sorted(set(steps))},
+            # where a decoding step's time goes: the drafter's proposal, and the target's verify
+            # forward; against the baseline's ms per token they give the break-even τ
+            "draft_ms_per_step": 1e3 * sum(r.draft_time_s for r in rs) / max(len(steps), 1),
+            "verify_ms_per_step": 1e3 * sum(r.verify_time_s for r in rs) / max(len(steps), 1),
+            "baseline_ms_per_token": 1e3 * base_s / new if new else 0.0,
         }
         for b in baselines:
             b_new = sum(r.baselines[b]["new_tokens"] for r in rs)
@@ -256,6 +265,7 @@ def environment(target: nn.Module, cfg: Config) -> dict[str, Any]:
 def write_markdown(report: dict[str, Any], baselines: list[str], path: Path) -> None:
     """A Markdown table: overall row, then one row per category."""
     cols = ["τ", "tok/s", "baseline tok/s", "speedup", "greedy identical", "turns", "new tokens"]
+    cols += ["draft ms/step", "verify ms/step", "baseline ms/token"]
     cols += [f"{b} τ" for b in baselines] + [f"{b} speedup" for b in baselines]
     lines = ["| set | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
 
@@ -268,6 +278,9 @@ def write_markdown(report: dict[str, Any], baselines: list[str], path: Path) -> 
             f"{r['greedy_identical']:.2f}",
             str(r["num_turns"]),
             str(r["num_new_tokens"]),
+            f"{r['draft_ms_per_step']:.1f}",
+            f"{r['verify_ms_per_step']:.1f}",
+            f"{r['baseline_ms_per_token']:.1f}",
         ]
         vals += [f"{r[b]['tau']:.2f}" for b in baselines] + [f"{r[b]['speedup']:.2f}×" for b in baselines]
         return f"| {name} | " + " | ".join(vals) + " |"

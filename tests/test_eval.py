@@ -23,6 +23,8 @@ def turn(
         target_forwards=len(lengths) + 1,
         accepted_lengths=lengths,
         identical=same,
+        draft_time_s=0.1 * len(lengths),
+        verify_time_s=0.2 * len(lengths),
         baselines={
             "pld": {
                 "time_s": base_s * 2,
@@ -46,6 +48,11 @@ def test_summary_arithmetic_matches_a_hand_computed_example():
     )
     assert rep["greedy_identical"] == 0.5 and rep["num_prompts"] == 2 and rep["num_new_tokens"] == 11
     assert rep["accepted_length_histogram"] == {"1": 2, "2": 1, "3": 1, "4": 1}
+    # 0.5 s of drafting and 1.0 s of verifying over 5 steps; the baseline took 5 s for 11 tokens
+    assert rep["draft_ms_per_step"] == pytest.approx(100.0) and rep["verify_ms_per_step"] == pytest.approx(
+        200.0
+    )
+    assert rep["baseline_ms_per_token"] == pytest.approx(5000 / 11)
     # pld: 11 tokens; forwards (6//2+1)+(5//2+1) = 7, minus 2 prefills = 5 decoding steps
     assert rep["pld"]["tau"] == pytest.approx(11 / 5) and rep["pld"]["speedup"] == pytest.approx(0.5)
     assert set(rep["per_category"]) == {"code", "math"} and rep["per_category"]["math"][
