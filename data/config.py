@@ -73,7 +73,6 @@ class DataConfig:
     show: int = 0
     fields: dict[str, str] = field(default_factory=dict)
     mixture: list[dict] = field(default_factory=list)
-    cache_dir: str | None = None
     heldout_fraction: float = 0.0
     min_loss_tokens: int = 2
     system_prompt: str | None = None

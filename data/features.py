@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from draftheads.decode.masks import additive_mask, packed_causal
+
 
 @torch.no_grad()
 def target_features(
@@ -13,16 +15,19 @@ def target_features(
     attention_mask: torch.Tensor | None,
     layers: list[int],
     with_logits: bool = False,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the frozen target once and return ``(features [B,T,F], logits [B,T,V] or None)``.
 
     ``features`` concatenates ``hidden_states[i]`` for ``i in layers`` (index i is the input of
     layer i; index num_layers is the final normed state the lm_head sees), exactly what
     ``Drafter.select_features`` picks, so online and cached features are the same tensors.
+    With ``position_ids`` (packed rows), each document attends only to itself and starts at
+    position 0, so its features equal those of the document alone.
     """
     out = target(
         input_ids=input_ids,
-        attention_mask=attention_mask,
+        **packed_inputs(target, attention_mask, position_ids),
         output_hidden_states=True,
         logits_to_keep=0 if with_logits else 1,
         use_cache=False,
@@ -30,3 +35,17 @@ def target_features(
     feats = [out.hidden_states[i] for i in layers]
     f = feats[0] if len(feats) == 1 else torch.cat(feats, dim=-1)
     return f, (out.logits if with_logits else None)
+
+
+def packed_inputs(
+    target: nn.Module, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+) -> dict[str, torch.Tensor | None]:
+    """The target's mask arguments: the 2-D padding mask, or for packed rows a block-diagonal
+    causal 4-D mask with per-document positions."""
+    if position_ids is None:
+        return {"attention_mask": attention_mask}
+    dtype = next(target.parameters()).dtype
+    return {
+        "attention_mask": additive_mask(packed_causal(position_ids, attention_mask), dtype),
+        "position_ids": position_ids,
+    }

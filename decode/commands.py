@@ -13,7 +13,8 @@ import torch
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.decode.config import DecodeConfig
-from draftheads.decode.generator import SpeculativeGenerator, additive_mask
+from draftheads.decode.generator import SpeculativeGenerator
+from draftheads.decode.masks import additive_mask
 from draftheads.decode.tree import TREE_FILE, best_tree, expected_tokens
 
 # Used by `draftheads tree` only when draftheads.data.prompts is not available.

@@ -35,6 +35,7 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.decode import dynamic, kv
 from draftheads.decode.config import DecodeConfig
+from draftheads.decode.masks import additive_mask
 from draftheads.decode.tree import (
     TREE_FILE,
     StaticTree,
@@ -91,12 +92,6 @@ class Tree:
     depths: torch.Tensor
     anc: torch.Tensor
     max_depth: int
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean ``[B, q, k]`` -> additive ``[B, 1, q, k]``: 0 where allowed, dtype-min elsewhere."""
-    zero = torch.zeros((), dtype=dtype, device=allowed.device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
 def tree_mask(cache_valid: torch.Tensor, anc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -196,4 +196,6 @@ def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
     L = fp.num_layers
     assert drafter.training_layers() == cfg.draft.training_layers(L)
     expected = {"medusa": [L], 1: [L, L], 3: draft.get("feature_layers", [2, L // 2, L - 3]) + [L]}
-    assert cfg.draft.training_layers(L) == expected["medusa" if draft["kind"] == "medusa" else draft["version"]]
+    assert (
+        cfg.draft.training_layers(L) == expected["medusa" if draft["kind"] == "medusa" else draft["version"]]
+    )

@@ -175,7 +175,9 @@ def test_eagle_loss_equals_the_per_step_definition(tiny_llama, version):
     drafter = EagleDrafter(fp, model.config.to_dict(), version=version, draft_vocab_size=V // 2).attach(model)
     if version == 3:
         drafter.set_vocab(torch.randperm(V)[: V // 2])
-    cfg = DraftConfig(kind="eagle", version=version, ttt_steps=3, feature_loss_weight=0.5, token_loss_weight=1.0)
+    cfg = DraftConfig(
+        kind="eagle", version=version, ttt_steps=3, feature_loss_weight=0.5, token_loss_weight=1.0
+    )
     obj = EagleObjective(drafter, model, cfg, topk=5)
     B, T = 2, 12
     ids = torch.randint(0, V, (B, T))
@@ -205,3 +207,29 @@ def test_eagle_loss_equals_the_per_step_definition(tiny_llama, version):
         feat = F.smooth_l1_loss(o, f, reduction="none").mean(-1).mean()
         expected = expected + cfg.ttt_decay**s * (token + 0.5 * feat)
     torch.testing.assert_close(loss, expected)
+
+
+def test_resume_config_check_names_the_first_differing_key_and_ignores_free_ones():
+    from draftheads.train.checkpoint import config_mismatch
+
+    saved = {
+        "target": {"name_or_path": "smollm2", "device": "cpu"},
+        "draft": {"kind": "eagle", "feature_layers": [2, 15, 27]},
+        "data": {"path": "x", "distill": {"out_dir": "a"}},
+        "train": {"lr": 1e-3, "max_steps": 100, "save_every": 10},
+        "deepspeed": {"zero_optimization": {"stage": 0}},
+    }
+    same_run_elsewhere = {
+        **saved,
+        "target": {"name_or_path": "smollm2", "device": "cuda"},
+        "data": {"path": "x", "distill": {"out_dir": "b"}},
+        "train": {"lr": 1e-3, "max_steps": 400, "save_every": 50},
+    }
+    assert config_mismatch(saved, same_run_elsewhere) is None
+    other_layers = {**saved, "draft": {"kind": "eagle", "feature_layers": [2, 15, 28]}}
+    assert (
+        config_mismatch(saved, other_layers)
+        == "draft.feature_layers=[2, 15, 27] in the checkpoint, [2, 15, 28] now"
+    )
+    zero2 = {**saved, "deepspeed": {"zero_optimization": {"stage": 2}}}
+    assert config_mismatch(saved, zero2) == "deepspeed.zero_optimization.stage=0 in the checkpoint, 2 now"

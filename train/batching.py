@@ -63,8 +63,8 @@ class StepSampler:
 
 
 def collate(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad rows to the longest one: input_ids, attention_mask, loss_mask (and features,
-    target_next when the rows carry cached features)."""
+    """Right-pad rows to the longest one: input_ids, attention_mask, loss_mask (and features when
+    the rows carry cached features, position_ids when they are packed)."""
     T = max(len(r["input_ids"]) for r in rows)
     B = len(rows)
     out = {
@@ -77,6 +77,12 @@ def collate(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
         out["input_ids"][b, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
         out["attention_mask"][b, :n] = 1
         out["loss_mask"][b, :n] = torch.as_tensor(r["loss_mask"], dtype=torch.long)
+    if "position_ids" in rows[0]:  # packed rows: per-document positions (padding continues from 0)
+        out["position_ids"] = torch.zeros(B, T, dtype=torch.long)
+        for b, r in enumerate(rows):
+            out["position_ids"][b, : len(r["position_ids"])] = torch.as_tensor(
+                r["position_ids"], dtype=torch.long
+            )
     if "features" in rows[0]:
         feats = [torch.as_tensor(r["features"]) for r in rows]
         out["features"] = torch.zeros(B, T, feats[0].shape[-1], dtype=feats[0].dtype)

@@ -10,10 +10,12 @@ leaves a ``.partial-*`` folder that nothing ever loads, and that the next start 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -107,3 +109,49 @@ def load(engine, ckpt: Path, rank: int) -> int:
     if rng.is_file():
         set_rng_state(torch.load(rng, weights_only=False))
     return int(client["step"])
+
+
+# What a resumed run must share with the run that wrote the checkpoint for its steps to continue
+# that run: everything that shapes the drafter, the data, their order and the optimizer. Keys not
+# listed (output and logging cadence, stop_at, max_steps to extend a run) may change.
+RESUME_SECTIONS = ("target", "draft", "data", "deepspeed")
+RESUME_TRAIN_KEYS = (
+    "lr", "weight_decay", "betas", "lr_schedule", "warmup_steps", "micro_batch_size", "grad_accum",
+    "grad_clip", "precision", "seed", "features", "feature_cache", "rows", "eval_rows",
+)  # fmt: skip
+# where the target runs, and data settings that only other commands read
+RESUME_FREE_KEYS = ("target.device", "target.cache_dir", "data.distill.", "data.features.", "data.show")
+
+
+def config_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """The first config key (dotted) whose value differs between a checkpoint's run and this one."""
+
+    def flat(d: Any, prefix: str) -> dict[str, Any]:
+        if not isinstance(d, dict):
+            return {prefix: d}
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}.{k}"))
+        return out or {prefix: d}
+
+    keys = [*RESUME_SECTIONS, *(f"train.{k}" for k in RESUME_TRAIN_KEYS)]
+    a, b = {}, {}
+    for key in keys:
+        section, _, sub = key.partition(".")
+        a.update(flat(saved.get(section, {}).get(sub) if sub else saved.get(section), key))
+        b.update(flat(current.get(section, {}).get(sub) if sub else current.get(section), key))
+    for key in sorted(set(a) | set(b)):
+        if key.startswith(RESUME_FREE_KEYS):
+            continue
+        if a.get(key) != b.get(key):
+            return f"{key}={a.get(key)!r} in the checkpoint, {b.get(key)!r} now"
+    return None
+
+
+def saved_config(ckpt: Path) -> dict[str, Any] | None:
+    """The run config recorded in a checkpoint's drafter (``provenance.config``), if readable."""
+    try:
+        meta = json.loads((ckpt / "drafter" / "config.json").read_text())
+        return meta["provenance"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

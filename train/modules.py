@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftheads.data.features import target_features
+from draftheads.data.features import packed_inputs, target_features
 from draftheads.heads.config import DraftConfig
 from draftheads.train.objectives import (
     Stats,
@@ -23,6 +23,7 @@ from draftheads.train.objectives import (
     head_stats,
     head_warmup,
     kl_to_teacher,
+    label_mask,
     masked_mean,
     medusa_loss,
     shift_left,
@@ -58,7 +59,13 @@ class Objective(nn.Module):
     def features(self, batch: dict) -> torch.Tensor:
         if "features" in batch:  # offline: cached by draftheads data
             return batch["features"]
-        f, _ = target_features(self.target, batch["input_ids"], batch["attention_mask"], self.layers())
+        f, _ = target_features(
+            self.target,
+            batch["input_ids"],
+            batch["attention_mask"],
+            self.layers(),
+            position_ids=batch.get("position_ids"),
+        )
         return f
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
@@ -80,6 +87,7 @@ class MedusaObjective(Objective):
             self.cfg.head_loss_weight,
             self.cfg.head_loss_decay,
             self.topk,
+            batch.get("position_ids"),
         )
 
     def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
@@ -95,7 +103,7 @@ class MedusaObjective(Objective):
         for k in range(min(depth, hh.shape[0])):
             pred = chunked_argmax(lambda x, k=k: self.drafter.head_logits(k, x), hh[k])
             correct.append(pred == shift_left(greedy, k + 1, -1))
-            valid.append(shift_left(batch["loss_mask"], k + 2).bool())
+            valid.append(label_mask(batch["loss_mask"], k + 2, batch.get("position_ids")))
         return torch.stack(correct), torch.stack(valid)
 
 
@@ -114,7 +122,7 @@ class Medusa2Objective(MedusaObjective):
     def features(self, batch: dict) -> torch.Tensor:
         out = self.adapted(
             input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
+            **packed_inputs(self.adapted, batch["attention_mask"], batch.get("position_ids")),
             output_hidden_states=True,
             use_cache=False,
             logits_to_keep=1,
@@ -167,11 +175,12 @@ class EagleObjective(Objective):
         inp, final = self.split(self.features(batch))
         teacher = self.teacher(final, batch["loss_mask"])
         inp = uniform_noise(inp[:, :-1], self.cfg.feature_noise)
-        outs = unroll(self.drafter, inp, batch["input_ids"], self.steps())
+        pos = batch.get("position_ids")
+        outs = unroll(self.drafter, inp, batch["input_ids"], self.steps(), pos)
         total = final.new_zeros(())
         stats: Stats = {}
         for s, out in enumerate(outs):
-            loss, st = self.step_loss(s, out, final, batch["loss_mask"], teacher)
+            loss, st = self.step_loss(s, out, final, label_mask(batch["loss_mask"], s + 2, pos), teacher)
             total = total + self.cfg.ttt_decay**s * loss
             stats.update(st)
         return total, stats
@@ -198,11 +207,11 @@ class EagleObjective(Objective):
         return {"index": index, "greedy": greedy, "logits": full}
 
     def step_loss(
-        self, s: int, out: torch.Tensor, final: torch.Tensor, loss_mask: torch.Tensor, teacher: dict
+        self, s: int, out: torch.Tensor, final: torch.Tensor, counted_rows: torch.Tensor, teacher: dict
     ) -> tuple[torch.Tensor, Stats]:
+        """Step s's loss over the rows t that count a prediction of x_{t+s+2} (``counted_rows``)."""
         R = out.shape[1]
-        rows = shift_left(loss_mask, s + 2)[:, :R].bool()
-        b, t = rows.nonzero(as_tuple=True)
+        b, t = counted_rows[:, :R].nonzero(as_tuple=True)
         o, f = out[b, t], final[b, t + s + 1]  # step s at row t predicts the state at t+s+1
         k = teacher["index"][b, t + s + 1]
         greedy, target_logits = teacher["greedy"][k], teacher["logits"][k]
@@ -228,11 +237,12 @@ class EagleObjective(Objective):
         """Step s at row t (no noise) against the target's greedy token at t+s+1."""
         inp, final = self.split(self.features(batch))
         greedy = chunked_argmax(self.lm_head, final)
-        outs = unroll(self.drafter, inp[:, :-1], batch["input_ids"], depth)
+        pos = batch.get("position_ids")
+        outs = unroll(self.drafter, inp[:, :-1], batch["input_ids"], depth, pos)
         R = outs[0].shape[1]
         correct, valid = [], []
         for s, out in enumerate(outs):
             pred = self.drafter.draft_to_target(chunked_argmax(self.drafter.logits, out))
             correct.append(pred == shift_left(greedy, s + 1, -1)[:, :R])
-            valid.append(shift_left(batch["loss_mask"], s + 2)[:, :R].bool())
+            valid.append(label_mask(batch["loss_mask"], s + 2, pos)[:, :R])
         return torch.stack(correct), torch.stack(valid)

@@ -8,7 +8,8 @@ target's lm_head turns into its prediction of x_{t+1}):
 * EAGLE step s at row t reads (f_t, x_{t+1}) at s = 0, then its own previous output with
   x_{t+s+1}, and predicts f_{t+s+1} and x_{t+s+2}     -> target position ``p = t+s+1``.
 
-Both count a prediction of x_j only where ``loss_mask[j] = 1``. Every loss is a mean over
+Both count a prediction of x_j only where ``loss_mask[j] = 1`` and, in packed rows (which carry
+``position_ids``), only when x_j lies in the same document as the position that predicts it. Every loss is a mean over
 the counted positions and is 0 (still attached to the graph) when there are none, so a
 batch without assistant tokens cannot produce a NaN.
 
@@ -27,17 +28,30 @@ IGNORE = -100
 Stats = dict[str, torch.Tensor]
 
 
-def future_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, offset: int) -> torch.Tensor:
-    """``labels[b, t] = input_ids[b, t+offset]`` where ``loss_mask[b, t+offset]``, else IGNORE.
+def label_mask(
+    loss_mask: torch.Tensor, offset: int, position_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B, T]`` bool: position t counts a prediction of x_{t+offset}.
 
-    Medusa head k uses ``offset = k + 2``. Positions whose label would fall past the end are IGNORE.
+    That is ``loss_mask[t+offset]``, and for packed rows also "t+offset is in t's document",
+    i.e. ``position_ids[t+offset] == position_ids[t] + offset`` (documents are contiguous and
+    count positions from 0). False where t+offset falls past the end.
     """
-    labels = torch.full_like(input_ids, IGNORE)
-    T = input_ids.shape[1]
-    if offset < T:
-        keep = loss_mask[:, offset:].bool()
-        labels[:, : T - offset] = torch.where(keep, input_ids[:, offset:], IGNORE)
-    return labels
+    keep = shift_left(loss_mask, offset).bool()
+    if position_ids is not None:
+        keep &= shift_left(position_ids, offset, -1) == position_ids + offset
+    return keep
+
+
+def future_labels(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, offset: int, position_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``labels[b, t] = input_ids[b, t+offset]`` where :func:`label_mask`, else IGNORE.
+
+    Medusa head k uses ``offset = k + 2``.
+    """
+    keep = label_mask(loss_mask, offset, position_ids)
+    return torch.where(keep, shift_left(input_ids, offset), IGNORE)
 
 
 def shift_left(x: torch.Tensor, offset: int, fill: float | int = 0) -> torch.Tensor:
@@ -83,6 +97,7 @@ def medusa_loss(
     weight: float,
     decay: float,
     topk: int = 5,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """Medusa-1: L = sum_k weight * decay**k * CE(head_k(f_t), x_{t+k+2}) over counted positions.
 
@@ -93,7 +108,7 @@ def medusa_loss(
     total = head_hidden.new_zeros(())
     stats: Stats = {}
     for k in range(head_hidden.shape[0]):
-        labels = future_labels(input_ids, loss_mask, k + 2)
+        labels = future_labels(input_ids, loss_mask, k + 2, position_ids)
         rows = labels != IGNORE
         y = labels[rows]
         logits = logits_fn(k, head_hidden[k][rows]).float()

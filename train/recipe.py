@@ -132,10 +132,11 @@ class TrainRecipe:
 
     def resume_point(self) -> Path | None:
         resume = self.cfg.train.resume
-        if resume == "auto":
-            return checkpoint.latest_checkpoint(self.ckpt_root)
         if resume != "none":
-            return Path(resume)
+            ckpt = checkpoint.latest_checkpoint(self.ckpt_root) if resume == "auto" else Path(resume)
+            if ckpt is not None:
+                self.check_resumable(ckpt)
+            return ckpt
         latest = checkpoint.latest_checkpoint(self.ckpt_root)
         if latest is not None:
             raise UserError(
@@ -143,6 +144,22 @@ class TrainRecipe:
                 "pass train.resume=auto to continue it, or pick another train.output_dir"
             )
         return None
+
+    def check_resumable(self, ckpt: Path) -> None:
+        """Refuse a checkpoint written by a differently configured run: its steps would not continue
+        this one (another drafter shape, data, order or optimizer)."""
+        saved = checkpoint.saved_config(ckpt)
+        if saved is None:
+            raise UserError(
+                f"{ckpt} has no readable drafter/config.json, so its run config is unknown; "
+                "pick another checkpoint or pass train.resume=none with a new train.output_dir"
+            )
+        diff = checkpoint.config_mismatch(saved, config_dict(self.cfg))
+        if diff is not None:
+            raise UserError(
+                f"cannot resume from {ckpt}: {diff}; rerun with the checkpoint's value, "
+                "or start fresh in another train.output_dir"
+            )
 
     def build_objective(self) -> Objective:
         d, topk = self.cfg.draft, self.cfg.train.topk
@@ -169,7 +186,7 @@ class TrainRecipe:
             from draftheads.data.prepare import prepare_dataset
 
             source, _ = prepare_dataset(self.cfg.data, self.tokenizer, split="train")
-        keep = ("input_ids", "loss_mask", "features")
+        keep = ("input_ids", "loss_mask", "position_ids", "features")
         rows = [{k: r[k] for k in keep if k in r} for r in source]
         check_rows(rows)
         return rows

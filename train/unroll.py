@@ -12,26 +12,33 @@ from __future__ import annotations
 
 import torch
 
+from draftheads.decode.masks import additive_mask, packed_causal
 from draftheads.train.objectives import shift_left
 
 
-def ttt_mask(rows: int, step: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive mask ``[1, 1, rows, (step+1)*rows]``: causal over step 0, diagonal over steps 1..step."""
-    allowed = torch.zeros(rows, (step + 1) * rows, dtype=torch.bool, device=device)
-    allowed[:, :rows] = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
-    eye = torch.eye(rows, dtype=torch.bool, device=device)
-    for j in range(1, step + 1):
-        allowed[:, j * rows : (j + 1) * rows] = eye
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
-        ~allowed, torch.finfo(dtype).min
-    )
-    return mask[None, None]
+def ttt_mask(
+    rows: int, step: int, dtype: torch.dtype, device: torch.device, position_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Additive mask ``[B, 1, rows, (step+1)*rows]``: causal over step 0 (within each packed
+    document when ``position_ids [B, rows]`` is given; B = 1 otherwise), diagonal over steps 1..step."""
+    step0 = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()[None]
+    if position_ids is not None:
+        step0 = packed_causal(position_ids)
+    eye = torch.eye(rows, dtype=torch.bool, device=device).expand(step0.shape[0], -1, -1)
+    return additive_mask(torch.cat([step0, *[eye] * step], dim=-1), dtype)
 
 
-def unroll(drafter, features: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def unroll(
+    drafter,
+    features: torch.Tensor,
+    input_ids: torch.Tensor,
+    steps: int,
+    position_ids: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
     """Outputs ``[B, T-1, H]`` of ``steps`` drafter steps; ``features`` [B, T-1, F] are f_0..f_{T-2}.
 
-    Row t of step s sits at position t+s and predicts f_{t+s+1} (and so x_{t+s+2}).
+    Row t of step s sits at position t+s and predicts f_{t+s+1} (and so x_{t+s+2}). Packed rows
+    (``position_ids``) use per-document positions and attention.
     """
     from transformers import DynamicCache
 
@@ -39,11 +46,12 @@ def unroll(drafter, features: torch.Tensor, input_ids: torch.Tensor, steps: int)
     R = T - 1
     hidden = drafter.fuse(features)
     cache = DynamicCache() if steps > 1 else None
-    positions = torch.arange(R, device=input_ids.device).expand(B, R)
+    pos = None if position_ids is None else position_ids[:, :R]
+    positions = torch.arange(R, device=input_ids.device).expand(B, R) if pos is None else pos
     outs = []
     for s in range(steps):
         ids = shift_left(input_ids, s + 1)[:, :R]
-        mask = ttt_mask(R, s, hidden.dtype, hidden.device)
+        mask = ttt_mask(R, s, hidden.dtype, hidden.device, pos)
         out = drafter(ids, hidden, positions + s, attention_mask=mask, cache=cache)
         outs.append(out)
         hidden = out
