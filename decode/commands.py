@@ -14,7 +14,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.decode.config import DecodeConfig
 from draftheads.decode.generator import SpeculativeGenerator
-from draftheads.decode.masks import additive_mask
+from draftheads.decode.masks import additive_mask, causal
 from draftheads.decode.tree import TREE_FILE, best_tree, expected_tokens
 
 # Used by `draftheads tree` only when draftheads.data.prompts is not available.
@@ -143,7 +143,7 @@ def verify_cost_curve(
         dev
     )
     cache = DynamicCache()
-    allowed = torch.ones(prefix, prefix, dtype=torch.bool, device=dev).tril()[None]
+    allowed = causal(prefix, dev)[None]
     target(ids[:, :prefix], attention_mask=additive_mask(allowed, dtype), cache=cache, use_cache=True)
     costs = {}
     for T in sizes:

@@ -35,7 +35,7 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.decode import dynamic, kv
 from draftheads.decode.config import DecodeConfig
-from draftheads.decode.masks import additive_mask
+from draftheads.decode.masks import additive_mask, padded_causal
 from draftheads.decode.tree import (
     TREE_FILE,
     StaticTree,
@@ -240,8 +240,7 @@ class EagleProposer(_Proposer):
         feats, tokens, valid, positions, n_keep, n_cpu = self.pending
         S = kv.seq_length(self.cache)
         n = tokens.shape[1]
-        causal = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-        allowed = (causal[None] & valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=tokens.device)
+        allowed = padded_causal(valid)
         mask = additive_mask(torch.cat([self.valid[:, None, :].expand(-1, n, -1), allowed], -1), feats.dtype)
         out = self.drafter(tokens, self.drafter.fuse(feats), positions, mask, self.cache)
         new_len = max(a + b for a, b in zip(self.lengths_cpu, n_cpu))
@@ -536,8 +535,7 @@ class SpeculativeGenerator:
 
         cache = DynamicCache()
         P = ids.shape[1]
-        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-        allowed = (causal[None] & valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)
+        allowed = padded_causal(valid)
         out = self.target(
             input_ids=ids,
             attention_mask=additive_mask(allowed, self.dtype),

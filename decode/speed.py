@@ -3,6 +3,7 @@
 Reusable from Python (``measure_speed``) and runnable as a short benchmark::
 
     python -m draftheads.decode.speed --heads DIR [--tiny llama] [--batch 1 4 8] [--new 64] [--prompts 8]
+    python -m draftheads.decode.speed --heads DIR --batch 1 --dynamic 4,4,8 4,5,12 3,3,6   # EAGLE-2 trees
 
 Both methods decode the same chat-templated prompts back to back in one process, batch by
 batch (left-padded), greedy; the table also says whether the outputs were identical.
@@ -104,6 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tree", default="auto")
+    ap.add_argument(
+        "--dynamic",
+        nargs="+",
+        default=None,
+        metavar="K,DEPTH,TOTAL",
+        help="EAGLE-2 tree settings to compare (top_k_draft,depth,total_tokens), one table each",
+    )
     a = ap.parse_args(argv)
     tcfg = TargetConfig(device=a.device, dtype=a.dtype)
     if a.tiny:
@@ -112,10 +120,23 @@ def main(argv: list[str] | None = None) -> None:
     directory = resolve_checkpoint_dir(a.heads)
     drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok, map_location=target.device)
     prompts = (BUILTIN_PROMPTS * (a.prompts // len(BUILTIN_PROMPTS) + 1))[: a.prompts]
-    rows = measure_speed(
-        target, drafter, tok, prompts, tuple(a.batch), a.new, DecodeConfig(tree=a.tree), str(directory)
-    )
-    print(format_rows(rows))
+    configs = [DecodeConfig(tree=a.tree)]
+    if a.dynamic:
+        configs = [DecodeConfig(tree=a.tree, **dynamic_setting(text)) for text in a.dynamic]
+    for cfg in configs:
+        rows = measure_speed(target, drafter, tok, prompts, tuple(a.batch), a.new, cfg, str(directory))
+        if a.dynamic:
+            print(f"top_k_draft={cfg.top_k_draft} depth={cfg.depth} total_tokens={cfg.total_tokens}")
+        print(format_rows(rows), flush=True)
+
+
+def dynamic_setting(text: str) -> dict[str, int]:
+    """``"K,DEPTH,TOTAL"`` -> the DecodeConfig fields of an EAGLE-2 dynamic tree."""
+    try:
+        k, depth, total = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--dynamic {text!r}: give top_k_draft,depth,total_tokens, e.g. 4,4,8") from None
+    return {"top_k_draft": k, "depth": depth, "total_tokens": total}
 
 
 if __name__ == "__main__":

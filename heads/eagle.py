@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
+from draftheads.decode.masks import additive_mask, causal
 from draftheads.heads.base import Drafter
 from draftheads.heads.config import eagle_input_layers
 from draftheads.heads.target import TargetFingerprint
@@ -206,7 +207,7 @@ class EagleDrafter(Drafter):
         rotary = self._shared.get("rotary")
         pos_emb = rotary(hidden, position_ids) if rotary is not None else None
         if attention_mask is None and (cache is None or cache.get_seq_length() == 0):
-            attention_mask = causal_mask(input_ids.shape[1], hidden.dtype, hidden.device)
+            attention_mask = additive_mask(causal(input_ids.shape[1], hidden.device)[None], hidden.dtype)
         if self.version == 3:
             first = self.layers[0]
             x = torch.cat([_input_norm(first)(emb), self.hidden_norm(hidden)], dim=-1)
@@ -233,12 +234,6 @@ class EagleDrafter(Drafter):
         if self.version == 3:
             return self.lm_head(self.norm(out))
         return self.shared("lm_head")(out)
-
-
-def causal_mask(t: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive causal mask [1, 1, t, t]: 0 on and below the diagonal, dtype-min above."""
-    m = torch.full((t, t), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
-    return m[None, None]
 
 
 def _make_layer(cls: type[nn.Module], config, idx: int) -> nn.Module:

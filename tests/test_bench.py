@@ -11,7 +11,7 @@ from draftheads.decode.bench import BEGIN, END, pipeline, replace_section, summa
 
 
 @pytest.mark.slow
-def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch):
+def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch, capsys):
     cfg, _ = compose(["target=tiny-llama"])
     b = replace(
         cfg.bench,
@@ -53,6 +53,41 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     assert [p["answer_tokens"] <= n for p, n in zip(results["scaling"], [40, 80])] == [True] * len(
         results["scaling"]
     )
+
+    # the training-throughput benchmark runs the bench recipe on the bench's feature cache
+    from draftheads.train import speed
+
+    capsys.readouterr()
+    speed.main(
+        ["--cache", str(out / "features"), "--draft", "eagle3", "--target", "tiny-llama", "--steps", "2"]
+    )
+    printed = capsys.readouterr().out
+    assert (
+        len(printed.splitlines()[0].split()) == 3 and "eagle3:" in printed and "training tokens/s" in printed
+    )
+
+    # the decoding-speed benchmark on the trained drafter: one table per tree setting, outputs
+    # identical to greedy generate at every batch size
+    from draftheads.decode import speed as decode_speed
+
+    args = [
+        "--heads",
+        str(out / "eagle3"),
+        "--tiny",
+        "llama",
+        "--batch",
+        "1",
+        "2",
+        "--new",
+        "6",
+        "--prompts",
+        "2",
+    ]
+    decode_speed.main([*args, "--dynamic", "2,2,3", "3,3,5"])
+    printed = capsys.readouterr().out
+    assert "top_k_draft=2 depth=2 total_tokens=3" in printed and "top_k_draft=3 depth=3" in printed
+    rows = [line for line in printed.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(rows) == 4 and all(line.endswith("| True |") for line in rows)
 
     # a rerun finds every stage done and trains nothing
     def no_training(*a, **k):

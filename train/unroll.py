@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.decode.masks import additive_mask, packed_causal
+from draftheads.decode.masks import additive_mask, causal, packed_causal
 from draftheads.train.objectives import shift_left
 
 
@@ -21,7 +21,7 @@ def ttt_mask(
 ) -> torch.Tensor:
     """Additive mask ``[B, 1, rows, (step+1)*rows]``: causal over step 0 (within each packed
     document when ``position_ids [B, rows]`` is given; B = 1 otherwise), diagonal over steps 1..step."""
-    step0 = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()[None]
+    step0 = causal(rows, device)[None]
     if position_ids is not None:
         step0 = packed_causal(position_ids)
     eye = torch.eye(rows, dtype=torch.bool, device=device).expand(step0.shape[0], -1, -1)
