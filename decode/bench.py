@@ -295,6 +295,23 @@ def stage_scaling(cfg: Config, b: BenchConfig, target, tok, cache: Path, kind: s
     return points
 
 
+def main_point(results: dict[str, Any], kind: str) -> list[dict]:
+    """The main drafter as the curve's last point: it was trained on every cached token and
+    evaluated on the same held-out prompts and length as the scaling points."""
+    report = results["drafters"].get(kind, {}).get("heldout")
+    if report is None:
+        return []
+    train = results["train"][kind]
+    return [
+        {
+            "answer_tokens": train["answer_tokens"],
+            "steps": train["steps"],
+            "tau": report["tau"],
+            "prompts": report["num_prompts"],
+        }
+    ]
+
+
 def scaling_plot(points: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -343,7 +360,7 @@ def pipeline(cfg: Config, b: BenchConfig) -> dict[str, Any]:
         results["drafters"][kind] = reports
     eagle = next((k for k in b.drafters if k in EAGLE_KINDS), None)
     if eagle and b.scaling_tokens:
-        results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle)
+        results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle) + main_point(results, eagle)
     results["seconds"] = time.perf_counter() - t0
     return results
 
