@@ -114,3 +114,11 @@ def test_replace_section_keeps_the_rest(tmp_path):
     p.write_text("intro\n" + p.read_text() + "outro\n")
     replace_section(p, "two")
     assert p.read_text() == f"intro\n{BEGIN}\ntwo\n{END}\noutro\n"
+
+
+def test_speed_dynamic_setting_parses_and_names_a_malformed_value():
+    from draftheads.decode.speed import dynamic_setting
+
+    assert dynamic_setting("4,5,12") == {"top_k_draft": 4, "depth": 5, "total_tokens": 12}
+    with pytest.raises(SystemExit, match=r"--dynamic '4,5': give top_k_draft,depth,total_tokens, e.g. 4,4,8"):
+        dynamic_setting("4,5")

@@ -62,32 +62,28 @@ class StepSampler:
         return [self._order(i // self.n)[i % self.n] for i in range(start, start + lay.micro_batch)]
 
 
+def right_pad(seqs: Sequence[torch.Tensor], length: int, fill: int | float = 0) -> torch.Tensor:
+    """Stack ``[n_b, ...]`` tensors into ``[B, length, ...]``, each row padded at the end with ``fill``."""
+    out = seqs[0].new_full((len(seqs), length, *seqs[0].shape[1:]), fill)
+    for b, x in enumerate(seqs):
+        out[b, : x.shape[0]] = x
+    return out
+
+
 def collate(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad rows to the longest one: input_ids, attention_mask, loss_mask (and features when
-    the rows carry cached features, position_ids when they are packed)."""
+    the rows carry cached features, position_ids, padded with 0, when they are packed)."""
     T = max(len(r["input_ids"]) for r in rows)
-    B = len(rows)
-    out = {
-        "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros(B, T, dtype=torch.long),
-        "loss_mask": torch.zeros(B, T, dtype=torch.long),
-    }
-    for b, r in enumerate(rows):
-        n = len(r["input_ids"])
-        out["input_ids"][b, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
-        out["attention_mask"][b, :n] = 1
-        out["loss_mask"][b, :n] = torch.as_tensor(r["loss_mask"], dtype=torch.long)
-    if "position_ids" in rows[0]:  # packed rows: per-document positions (padding continues from 0)
-        out["position_ids"] = torch.zeros(B, T, dtype=torch.long)
-        for b, r in enumerate(rows):
-            out["position_ids"][b, : len(r["position_ids"])] = torch.as_tensor(
-                r["position_ids"], dtype=torch.long
-            )
+
+    def column(key: str, fill: int = 0) -> torch.Tensor:
+        return right_pad([torch.as_tensor(r[key], dtype=torch.long) for r in rows], T, fill)
+
+    out = {"input_ids": column("input_ids", pad_id), "loss_mask": column("loss_mask")}
+    out["attention_mask"] = right_pad([torch.ones(len(r["input_ids"]), dtype=torch.long) for r in rows], T)
+    if "position_ids" in rows[0]:
+        out["position_ids"] = column("position_ids")
     if "features" in rows[0]:
-        feats = [torch.as_tensor(r["features"]) for r in rows]
-        out["features"] = torch.zeros(B, T, feats[0].shape[-1], dtype=feats[0].dtype)
-        for b, f in enumerate(feats):
-            out["features"][b, : f.shape[0]] = f
+        out["features"] = right_pad([torch.as_tensor(r["features"]) for r in rows], T)
     return out
 
 

@@ -8,10 +8,10 @@ target's lm_head turns into its prediction of x_{t+1}):
 * EAGLE step s at row t reads (f_t, x_{t+1}) at s = 0, then its own previous output with
   x_{t+s+1}, and predicts f_{t+s+1} and x_{t+s+2}     -> target position ``p = t+s+1``.
 
-Both count a prediction of x_j only where ``loss_mask[j] = 1`` and, in packed rows (which carry
-``position_ids``), only when x_j lies in the same document as the position that predicts it. Every loss is a mean over
-the counted positions and is 0 (still attached to the graph) when there are none, so a
-batch without assistant tokens cannot produce a NaN.
+Both count a prediction of x_j only where ``loss_mask[j] = 1`` and, in packed rows (which
+carry ``position_ids``), only when x_j lies in the same document as the position that predicts
+it. Every loss is a mean over the counted positions and is 0 (still attached to the graph) when
+there are none, so a batch without assistant tokens cannot produce a NaN.
 
 Each function also returns statistics as *sums and counts* (``Stats``) so that they can be
 added over micro-batches and ranks and divided once, exactly.
