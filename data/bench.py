@@ -13,10 +13,10 @@ import time
 
 import torch
 
+from draftheads.conf.schema.data import DataConfig
+from draftheads.conf.schema.heads import TargetConfig
 from draftheads.data.cache import build_feature_cache
-from draftheads.data.config import DataConfig
 from draftheads.data.prepare import prepare_dataset
-from draftheads.heads.config import TargetConfig
 from draftheads.heads.target import load_target
 
 

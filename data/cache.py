@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
 from draftheads.conf.errors import UserError
-from draftheads.data.features import target_features
+from draftheads.heads.features import target_features
 from draftheads.heads.target import TargetFingerprint, fingerprint
 
 MANIFEST = "manifest.json"

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.data import DistillConfig
 from draftheads.data.chat import generation_prompt, user_turn_prefix
-from draftheads.data.config import DistillConfig
 from draftheads.data.prompts import PromptRow
 from draftheads.heads.target import fingerprint
 

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.data import DataConfig
 from draftheads.data.chat import encode_chats, encode_text
-from draftheads.data.config import DataConfig
 from draftheads.data.embedded import COMPONENTS
 from draftheads.data.formats import Example, RowError, check_format, detect_format, to_example
 from draftheads.data.sources import SourceSpec, check_split, content_heldout, embedded_rows, raw_rows

@@ -29,7 +29,7 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig, Config
-from draftheads.heads.config import DraftConfig
+from draftheads.conf.schema.heads import DraftConfig
 
 EAGLE_KINDS = {"eagle": "eagle", "eagle3": "eagle3"}
 

@@ -12,10 +12,10 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
-from draftheads.decode.config import DecodeConfig
+from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode.generator import SpeculativeGenerator
-from draftheads.decode.masks import additive_mask, causal
 from draftheads.decode.tree import TREE_FILE, best_tree, expected_tokens
+from draftheads.heads.masks import additive_mask, causal
 
 # Used by `draftheads tree` only when draftheads.data.prompts is not available.
 BUILTIN_PROMPTS = [

@@ -33,9 +33,8 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import dynamic, kv
-from draftheads.decode.config import DecodeConfig
-from draftheads.decode.masks import additive_mask, padded_causal
 from draftheads.decode.tree import (
     TREE_FILE,
     StaticTree,
@@ -49,6 +48,7 @@ from draftheads.decode.tree import (
     tree_from_choices,
 )
 from draftheads.decode.verify import greedy_accept, sample_accept, typical_accept, warp
+from draftheads.heads.masks import additive_mask, padded_causal
 
 MASKABLE_ATTENTION = ("sdpa", "eager")
 

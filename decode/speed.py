@@ -16,8 +16,8 @@ import time
 
 import torch
 
+from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode.commands import BUILTIN_PROMPTS, encode_prompt
-from draftheads.decode.config import DecodeConfig
 from draftheads.decode.generator import SpeculativeGenerator
 
 
@@ -92,9 +92,9 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from draftheads.conf.schema.heads import TargetConfig
     from draftheads.heads import Drafter, load_target
     from draftheads.heads.base import resolve_checkpoint_dir
-    from draftheads.heads.config import TargetConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", required=True)

@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.decode.masks import additive_mask, causal
+from draftheads.conf.schema.heads import eagle_input_layers
 from draftheads.heads.base import Drafter
-from draftheads.heads.config import eagle_input_layers
+from draftheads.heads.masks import additive_mask, causal
 from draftheads.heads.target import TargetFingerprint
 
 

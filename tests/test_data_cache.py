@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.data import DataConfig
 from draftheads.data.cache import MANIFEST, FeatureCache, build_feature_cache, length_batches
-from draftheads.data.config import DataConfig
-from draftheads.data.features import target_features
 from draftheads.data.prepare import prepare_dataset
+from draftheads.heads.features import target_features
 
 
 @pytest.fixture(scope="module")

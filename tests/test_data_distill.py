@@ -7,7 +7,7 @@ import json
 import pytest
 
 from draftheads.conf.errors import UserError
-from draftheads.data.config import DataConfig, DistillConfig
+from draftheads.conf.schema.data import DataConfig, DistillConfig
 from draftheads.data.distill import MANIFEST, distill, diversity, hf_generate, self_prompts
 from draftheads.data.prepare import prepare_dataset
 from draftheads.data.prompts import PromptRow

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
-from draftheads.decode.config import DecodeConfig
 from draftheads.decode.generator import Tree
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
 from tests.conftest import get_target
@@ -326,7 +326,7 @@ def test_sampling_matches_the_targets_exact_distribution(kind):
 
 # ---- devices, dtypes and user errors ---------------------------------------------------------------
 def test_bf16_target_runs_on_cpu_and_matches_its_own_greedy():
-    from draftheads.heads.config import TargetConfig
+    from draftheads.conf.schema.heads import TargetConfig
     from draftheads.heads.target import load_target
 
     model, tok = load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama", dtype="bfloat16"))
@@ -367,7 +367,7 @@ def test_user_errors_are_one_line():
 
 
 def test_eager_attention_works_too():
-    from draftheads.heads.config import TargetConfig
+    from draftheads.conf.schema.heads import TargetConfig
     from draftheads.heads.target import load_target
 
     model, tok = load_target(

@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
+from draftheads.conf.schema.heads import TargetConfig
 from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
-from draftheads.heads.config import TargetConfig
 from draftheads.heads.export import FORMATS, export, export_drafter, validate_export
 
 

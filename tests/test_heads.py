@@ -187,7 +187,7 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, tiny_llama):
 def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
     """The feature cache is built from the config, training reads from the drafter: one answer."""
     from draftheads.conf.schema import Config
-    from draftheads.heads.config import DraftConfig
+    from draftheads.conf.schema.heads import DraftConfig
     from draftheads.train.recipe import build_drafter
 
     model, tok, fp = tiny_llama

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.data.features import target_features
-from draftheads.decode.masks import packed_causal
 from draftheads.heads import EagleDrafter
+from draftheads.heads.features import target_features
+from draftheads.heads.masks import packed_causal
 from draftheads.train.batching import collate
 from draftheads.train.objectives import IGNORE, future_labels, label_mask
 from draftheads.train.unroll import unroll
@@ -77,8 +77,8 @@ def test_packed_features_and_drafter_outputs_equal_each_document_alone(tiny_llam
 def test_packed_rows_give_the_loss_of_the_same_documents_unpacked(tiny_llama):
     """Every objective averages over counted positions, so one packed row of four documents
     must give the loss of a batch holding the four documents as separate rows."""
+    from draftheads.conf.schema.heads import DraftConfig
     from draftheads.heads import MedusaHeads
-    from draftheads.heads.config import DraftConfig
     from draftheads.train.modules import EagleObjective, MedusaObjective
 
     model, _, fp = tiny_llama

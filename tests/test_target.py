@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.config import TargetConfig
+from draftheads.conf.schema.heads import TargetConfig
 from draftheads.heads.target import fingerprint, load_target, resolve_dtype
 
 # Recorded once from SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32), greedy, 24 tokens:

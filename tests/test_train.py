@@ -9,8 +9,8 @@ import torch
 
 from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.train import validate
 from draftheads.train.batching import Layout, StepSampler, collate, split_heldout
-from draftheads.train.config import validate
 from draftheads.train.objectives import (
     IGNORE,
     chain_acceptance,
@@ -164,8 +164,8 @@ def test_eagle_loss_equals_the_per_step_definition(tiny_llama, version):
     must equal the docstring's definition, with the target's logits formed afresh per step."""
     import torch.nn.functional as F
 
+    from draftheads.conf.schema.heads import DraftConfig
     from draftheads.heads import EagleDrafter
-    from draftheads.heads.config import DraftConfig
     from draftheads.train.modules import EagleObjective
     from draftheads.train.unroll import unroll
 

@@ -144,7 +144,7 @@ def test_nan_loss_stops_and_names_the_last_good_checkpoint(tmp_path, rows):
 
 
 def test_medusa2_saves_adapters_and_refuses_a_target_without_them(tmp_path, rows):
-    from draftheads.heads.config import TargetConfig
+    from draftheads.conf.schema.heads import TargetConfig
     from draftheads.heads.target import load_target
     from draftheads.train.adapters import load_adapters
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.config import DraftConfig
+from draftheads.conf.schema.heads import DraftConfig
 
 ADAPTER_DIR = "adapter"
 

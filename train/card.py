@@ -44,7 +44,7 @@ Trained with `draftheads train` for {provenance.get("steps")} optimizer steps
 {adapters}
 ```python
 from draftheads.heads import Drafter, load_target
-from draftheads.heads.config import TargetConfig
+from draftheads.conf.schema.heads import TargetConfig
 target, tok = load_target(TargetConfig(name_or_path="{fp.name}"))
 drafter = Drafter.from_pretrained("<this directory>", target=target, tokenizer=tok)
 ```

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from draftheads.train.config import TrainConfig
+from draftheads.conf.schema.train import TrainConfig
 from draftheads.train.objectives import lr_factor
 
 

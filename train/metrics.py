@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from draftheads.train.config import LoggerConfig
+from draftheads.conf.schema.train import LoggerConfig
 
 
 class Window:

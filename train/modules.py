@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftheads.data.features import packed_inputs, target_features
-from draftheads.heads.config import DraftConfig
+from draftheads.conf.schema.heads import DraftConfig
+from draftheads.heads.features import packed_inputs, target_features
 from draftheads.train.objectives import (
     Stats,
     feature_regression,

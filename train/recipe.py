@@ -31,13 +31,13 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
+from draftheads.conf.schema.train import validate
 from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.target import fingerprint, load_target, target_name
 from draftheads.train import checkpoint
 from draftheads.train.adapters import add_lora, save_adapters
 from draftheads.train.batching import Layout, StepSampler, check_rows, collate, split_heldout
 from draftheads.train.card import model_card
-from draftheads.train.config import validate
 from draftheads.train.engine import build_engine, init_distributed, zero_stage
 from draftheads.train.metrics import MetricSink, Window
 from draftheads.train.modules import EagleObjective, Medusa2Objective, MedusaObjective, Objective

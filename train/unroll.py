@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.decode.masks import additive_mask, causal, packed_causal
+from draftheads.heads.masks import additive_mask, causal, packed_causal
 from draftheads.train.objectives import shift_left
 
 

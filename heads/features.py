@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftheads.decode.masks import additive_mask, packed_causal
+from draftheads.heads.masks import additive_mask, packed_causal
 
 
 @torch.no_grad()

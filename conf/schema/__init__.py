@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftheads.data.config import DataConfig
-from draftheads.decode.config import DecodeConfig, EvalConfig
-from draftheads.heads.config import DraftConfig, TargetConfig
-from draftheads.train.config import LoggerConfig, TrainConfig
+from draftheads.conf.schema.data import DataConfig
+from draftheads.conf.schema.decode import DecodeConfig, EvalConfig
+from draftheads.conf.schema.heads import DraftConfig, TargetConfig
+from draftheads.conf.schema.train import LoggerConfig, TrainConfig
 
 
 @dataclass

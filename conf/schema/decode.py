@@ -15,6 +15,15 @@ class DecodeConfig:
     EAGLE-2 dynamic trees: expand ``top_k_draft`` nodes per level for ``depth`` levels, then keep
     the ``total_tokens`` (root included) most confident. ``typical`` opts into Medusa's typical
     acceptance: faster under sampling, NOT lossless.
+
+    ``backend``: how the target's and the drafter's linear layers run: ``auto`` (``onednn`` on a
+    CPU that has it, ``eager`` elsewhere), ``eager`` (stock PyTorch), ``onednn`` (pre-packed
+    oneDNN weights, CPU), ``cuda-graphs`` (static shapes captured as CUDA graphs, GPU).
+    ``cost_aware``: each step verifies only as many drafted tokens as pay for themselves, judged
+    by the backend's measured verify-cost curve (cached under ``cost_cache``) and the drafts'
+    confidence. ``lookup``: add a branch of n-gram matches from the prompt and the text so far
+    (prompt lookup) to every tree, of up to ``lookup_tokens`` tokens matched on the last
+    ``lookup_ngram`` .. 1 tokens.
     """
 
     max_new_tokens: int = 128
@@ -40,6 +49,12 @@ class DecodeConfig:
     tree_topk: int = 10
     tree_prompts: int = 16
     tree_new_tokens: int = 48
+    backend: str = "auto"
+    cost_aware: bool = True
+    cost_cache: str | None = None
+    lookup: bool = True
+    lookup_tokens: int = 6
+    lookup_ngram: int = 3
 
 
 @dataclass
