@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from draftheads.conf.errors import UserError
-
-FORMATS = ("sharegpt", "messages", "alpaca", "prompt", "text")
+from draftheads.conf.schema.data import FORMATS
+from draftheads.conf.schema.data import check_format as schema_check_format
 
 # ShareGPT speaker names seen in the wild, mapped to chat-template roles.
 ROLE_ALIASES = {
@@ -85,9 +85,9 @@ def detect_format(columns: Iterable[str], fields: dict[str, str]) -> tuple[str, 
     )
 
 
-def check_format(fmt: str) -> str:
-    if fmt not in FORMATS and fmt != "auto":
-        raise UserError(f"data.format={fmt} is unknown; use auto or one of {', '.join(FORMATS)}")
+def check_format(fmt: str, key: str = "data.format") -> str:
+    """``fmt`` itself, when it is ``auto`` or a known format."""
+    schema_check_format(key, fmt)
     return fmt
 
 

@@ -70,7 +70,14 @@ class Config:
 
 
 def register() -> None:
-    """Make the schema known to Hydra as ``base_config`` (idempotent)."""
-    from hydra.core.config_store import ConfigStore
+    """Make the schema known to Hydra as ``base_config`` (idempotent).
 
-    ConfigStore.instance().store(name="base_config", node=Config)
+    ``data.fields`` maps field names to columns, so its node stays open to new keys:
+    ``data.fields.text=body`` works without Hydra's ``+`` (DataConfig checks the names).
+    """
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(Config)
+    OmegaConf.set_struct(node.data.fields, False)
+    ConfigStore.instance().store(name="base_config", node=node)

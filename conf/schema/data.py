@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.checks import at_least, fraction, one_of, positive, probability
+
+FORMATS = ("sharegpt", "messages", "alpaca", "prompt", "text")
+# canonical field names ``data.fields`` can map to a dataset's own column names
+FIELDS = (
+    "conversations", "from", "value", "messages", "role", "content", "instruction", "input", "output",
+    "prompt", "turns", "text", "system", "category", "id",
+)  # fmt: skip
+MIXTURE_KEYS = ("name", "path", "weight", "format", "fields", "split", "max_rows", "heldout_fraction")
+DISTILL_SOURCES = ("data", "self")
+STORE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -30,6 +44,22 @@ class DistillConfig:
     # output is the target's own (identical under greedy, same distribution when sampling)
     heads: str | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse sizes that cannot generate, before the manifest of ``out_dir`` is written."""
+        one_of("data.distill.source", self.source, DISTILL_SOURCES)
+        for key, example in (
+            ("max_new_tokens", 256),
+            ("batch_size", 16),
+            ("shard_rows", 1000),
+            ("self_prompts", 256),
+            ("prompt_max_new_tokens", 96),
+        ):
+            at_least(f"data.distill.{key}", getattr(self, key), 1, example)
+        at_least("data.distill.temperature", self.temperature, 0, "0 (greedy)")
+        at_least("data.distill.prompt_temperature", self.prompt_temperature, 0, 1.0)
+        probability("data.distill.top_p", self.top_p, 1.0)
+        probability("data.distill.prompt_top_p", self.prompt_top_p, 0.95)
+
 
 @dataclass
 class FeaturesConfig:
@@ -46,6 +76,18 @@ class FeaturesConfig:
     target_next: bool = False
     topk: int = 0
     shard_mb: float = 512.0
+
+    def __post_init__(self) -> None:
+        """Refuse cache settings that cannot store a row, before the target is loaded."""
+        at_least("data.features.batch_tokens", self.batch_tokens, 1, 4096)
+        at_least("data.features.topk", self.topk, 0, "0 (no top-k logits)")
+        positive("data.features.shard_mb", self.shard_mb, 512)
+        one_of("data.features.dtype", self.dtype, STORE_DTYPES)
+        if self.layers is not None:
+            if not self.layers:
+                raise UserError("data.features.layers=[] names no layer; drop it to use the drafter's layers")
+            for i in self.layers:
+                at_least("data.features.layers[]", i, 0, "[1,2,3]")
 
 
 @dataclass
@@ -79,3 +121,60 @@ class DataConfig:
     seed: int = 0
     distill: DistillConfig = field(default_factory=DistillConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
+
+    def __post_init__(self) -> None:
+        """Refuse values that would read nothing or train nothing, before any data is read."""
+        fraction("data.heldout_fraction", self.heldout_fraction, 0.05)
+        at_least("data.max_length", self.max_length, 2, 512)
+        at_least("data.max_rows", self.max_rows, 1, 1000)
+        at_least("data.show", self.show, 0, 2)
+        at_least("data.min_loss_tokens", self.min_loss_tokens, 0, 2)
+        check_format("data.format", self.format)
+        check_fields("data.fields", self.fields)
+        for i, comp in enumerate(self.mixture):
+            check_component(i, comp)
+        names = [str(c.get("name") or c.get("path")) for c in self.mixture]
+        if len(set(names)) != len(names):
+            raise UserError("data.mixture has two components with the same name; give each a distinct name")
+
+
+def check_format(key: str, fmt: str) -> None:
+    """``fmt`` is ``auto`` or a known row format."""
+    one_of(key, fmt, ("auto", *FORMATS))
+
+
+def check_fields(key: str, fields: dict) -> None:
+    """Every key of a field map is a canonical field name and every value a column name."""
+    for name, column in fields.items():
+        if name not in FIELDS:
+            near = difflib.get_close_matches(name, FIELDS, n=1)
+            guess = f"did you mean {key}.{near[0]}? " if near else ""
+            raise UserError(
+                f"{key}.{name} is not a field name; {guess}map one of {', '.join(FIELDS)} "
+                f"to your dataset's column (e.g. {key}.text=body)"
+            )
+        if not isinstance(column, str) or not column:
+            raise UserError(f"{key}.{name}={column!r} is not a column name; give the dataset's column")
+
+
+def check_component(i: int, comp: dict) -> None:
+    """One ``data.mixture`` entry: known keys, a path, a positive weight, sane counts."""
+    key = f"data.mixture[{i}]"
+    if not isinstance(comp, dict):
+        raise UserError(f"{key} is not a mapping; each component is {{path, weight, name?, ...}}")
+    bad = sorted(set(comp) - set(MIXTURE_KEYS))
+    if bad or "path" not in comp:
+        raise UserError(
+            f"{key} has {'unknown keys ' + str(bad) if bad else 'no path'}; "
+            f"each component takes {', '.join(sorted(MIXTURE_KEYS))}"
+        )
+    try:
+        weight = float(comp.get("weight", 1.0))
+    except (TypeError, ValueError):
+        raise UserError(f"{key}.weight={comp['weight']!r} is not a number; use a weight > 0") from None
+    positive(f"{key}.weight", weight, 1)
+    if comp.get("format") is not None:
+        check_format(f"{key}.format", comp["format"])
+    check_fields(f"{key}.fields", dict(comp.get("fields") or {}))
+    at_least(f"{key}.max_rows", comp.get("max_rows"), 1, 1000)
+    fraction(f"{key}.heldout_fraction", float(comp.get("heldout_fraction", 0.0)), 0.05)

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.checks import at_least, one_of, positive, probability
+
+BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
+BASELINES = ("pld", "assisted")
+
 
 @dataclass
 class DecodeConfig:
@@ -56,6 +62,35 @@ class DecodeConfig:
     lookup_tokens: int = 6
     lookup_ngram: int = 3
 
+    def __post_init__(self) -> None:
+        """Refuse values no decoder can use, before a model is loaded or a file written."""
+        probability("decode.top_p", self.top_p, 0.95)
+        at_least("decode.top_k", self.top_k, 0, "0 (no top-k cut)")
+        positive("decode.temperature", self.temperature, 0.7)
+        if self.typical and not self.do_sample:
+            raise UserError(
+                "decode.typical=true applies only to sampling (greedy decoding is already exact); "
+                "set decode.do_sample=true or drop decode.typical"
+            )
+        for key, low, example in (
+            ("max_new_tokens", 1, 128),
+            ("batch_size", 1, 1),
+            ("tree_size", 0, "0 (pick from the cost curve)"),
+            ("tree_max_size", 1, 64),
+            ("tree_topk", 1, 10),
+            ("tree_prompts", 1, 16),
+            ("tree_new_tokens", 1, 48),
+            ("top_k_draft", 1, 4),
+            ("depth", 1, 4),
+            ("total_tokens", 2, 8),
+            ("lookup_tokens", 0, 6),
+            ("lookup_ngram", 1, 3),
+        ):
+            at_least(f"decode.{key}", getattr(self, key), low, example)
+        at_least("decode.typical_epsilon", self.typical_epsilon, 0, 0.09)
+        at_least("decode.typical_delta", self.typical_delta, 0, 0.3)
+        one_of("decode.backend", self.backend, BACKENDS)
+
 
 @dataclass
 class EvalConfig:
@@ -72,3 +107,14 @@ class EvalConfig:
     baselines: list[str] | None = None
     assistant_model: str | None = None
     warmup: int = 1
+
+    def __post_init__(self) -> None:
+        """Refuse prompt counts and baselines the evaluation cannot run, before it starts."""
+        at_least("eval.max_prompts", self.max_prompts, 1, 20)
+        at_least("eval.warmup", self.warmup, 0, 1)
+        for name in self.baselines or []:
+            one_of("eval.baselines", name, BASELINES)
+        if "assisted" in (self.baselines or []) and not self.assistant_model:
+            raise UserError(
+                "eval.baselines has assisted but no eval.assistant_model; set eval.assistant_model=PATH_OR_ID"
+            )
