@@ -263,9 +263,14 @@ class FeatureCache(Dataset):
                 f"feature cache {self.dir} is incomplete; rerun `draftheads features` to finish it"
             )
         if expected_fingerprint is not None:
-            TargetFingerprint.from_dict(m["fingerprint"]).check_compatible(
-                expected_fingerprint, what=f"feature cache {self.dir}"
-            )
+            built = TargetFingerprint.from_dict(m["fingerprint"])
+            bad = built.mismatches(expected_fingerprint)
+            if bad:
+                raise UserError(
+                    f"feature cache {self.dir} was built for target {built.short()}, not "
+                    f"{expected_fingerprint.short()} (mismatch: {', '.join(bad)}); rebuild it with "
+                    "`draftheads features` for this target, or train with the target it was built for"
+                )
         if layers is not None and list(layers) != m["layers"]:
             raise UserError(
                 f"feature cache {self.dir} holds layers {m['layers']} but the drafter reads {list(layers)}; "
@@ -297,18 +302,46 @@ class FeatureCache(Dataset):
             self._offsets[k] = self._handles[k].get_tensor("offsets")
         return self._handles[k], self._offsets[k]
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+    def columns(self) -> list[str]:
+        """The per-token columns this cache stores."""
+        names = ["input_ids", "loss_mask", "features"]
+        names += ["target_next"] if self.manifest["target_next"] else []
+        names += ["topk_ids", "topk_logits"] if self.manifest["topk"] else []
+        return names
+
+    def read(self, i: int, names: list[str]) -> dict[str, torch.Tensor]:
+        """Columns ``names`` of row ``i``, read from the memory-mapped shard (nothing else is)."""
         if not 0 <= i < len(self):
             raise IndexError(i)
         k = bisect.bisect_right(self.starts, i) - 1
         handle, offsets = self._shard(k)
         local = i - self.starts[k]
         a, b = int(offsets[local]), int(offsets[local + 1])
-        names = ["input_ids", "loss_mask", "features"]
-        names += ["target_next"] if self.manifest["target_next"] else []
-        names += ["topk_ids", "topk_logits"] if self.manifest["topk"] else []
         item = {n: handle.get_slice(n)[a:b] for n in names}
         for n in ("input_ids", "loss_mask", "target_next", "topk_ids"):
             if n in item:
                 item[n] = item[n].long()
         return item
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.read(i, self.columns())
+
+    def view(self, names: list[str]) -> CacheColumns:
+        """A dataset of only ``names`` per row (e.g. the token columns, without the features)."""
+        return CacheColumns(self, names)
+
+
+class CacheColumns(Dataset):
+    """Some columns of a :class:`FeatureCache`, row by row, read lazily."""
+
+    def __init__(self, cache: FeatureCache, names: list[str]) -> None:
+        missing = [n for n in names if n not in cache.columns()]
+        if missing:
+            raise UserError(f"feature cache {cache.dir} has no {', '.join(missing)} column")
+        self.cache, self.names = cache, list(names)
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.cache.read(i, self.names)

@@ -92,7 +92,7 @@ def test_cache_resumes_and_refuses_other_targets_and_layers(tmp_path, tiny_llama
 
     other_fp = dataclasses.replace(fp, hidden_size=128, name="other")
     with pytest.raises(
-        UserError, match="feature cache .* was trained for target .*mismatch: hidden_size"
+        UserError, match="feature cache .* was built for target .*mismatch: hidden_size.*rebuild it"
     ) as e:
         FeatureCache(tmp_path, expected_fingerprint=other_fp)
     assert "\n" not in str(e.value)

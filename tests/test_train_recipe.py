@@ -115,7 +115,7 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path, rows):
     assert (out / "checkpoints" / "step-0000003").is_dir()
     (out / "checkpoints" / ".partial-step-0000005" / "step-0000005").mkdir(parents=True)  # a killed write
     with pytest.raises(UserError, match="train.resume=auto"):
-        train(config(tmp_path, *common, name="cut"), rows)
+        train(config(tmp_path, *common, "train.resume=none", name="cut"), rows)
     with pytest.raises(UserError, match=r"train.lr=0.003 in the checkpoint, 0.001 now"):
         train(config(tmp_path, *common, "train.lr=1e-3", "train.resume=auto", name="cut"), rows)
     with pytest.raises(UserError, match=r"draft.num_decoder_layers=1 in the checkpoint, 2 now"):

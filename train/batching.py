@@ -71,8 +71,9 @@ def right_pad(seqs: Sequence[torch.Tensor], length: int, fill: int | float = 0) 
 
 
 def collate(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad rows to the longest one: input_ids, attention_mask, loss_mask (and features when
-    the rows carry cached features, position_ids, padded with 0, when they are packed)."""
+    """Right-pad rows to the longest one: input_ids, attention_mask, loss_mask (and the cached
+    features and top-k logits when the rows carry them, position_ids, padded with 0, when they
+    are packed)."""
     T = max(len(r["input_ids"]) for r in rows)
 
     def column(key: str, fill: int = 0) -> torch.Tensor:
@@ -82,9 +83,27 @@ def collate(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
     out["attention_mask"] = right_pad([torch.ones(len(r["input_ids"]), dtype=torch.long) for r in rows], T)
     if "position_ids" in rows[0]:
         out["position_ids"] = column("position_ids")
-    if "features" in rows[0]:
-        out["features"] = right_pad([torch.as_tensor(r["features"]) for r in rows], T)
+    for key in ("features", "topk_logits"):
+        if key in rows[0]:
+            out[key] = right_pad([torch.as_tensor(r[key]) for r in rows], T)
+    if "topk_ids" in rows[0]:
+        out["topk_ids"] = column("topk_ids")
     return out
+
+
+class RowView(Sequence):
+    """Rows ``source[indices[i]]``, read when indexed: a memory-mapped feature cache stays on disk."""
+
+    def __init__(self, source: Sequence, indices: Sequence[int]) -> None:
+        self.source, self.indices = source, list(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.source[j] for j in self.indices[i]]
+        return self.source[self.indices[i]]
 
 
 def check_rows(rows: Sequence[dict]) -> None:

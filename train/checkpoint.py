@@ -1,26 +1,42 @@
-"""Atomic training checkpoints under ``output_dir/checkpoints/step-NNNNNNN``.
+"""Atomic, integrity-checked training checkpoints under ``output_dir/checkpoints/step-NNNNNNN``.
 
 A checkpoint is DeepSpeed's own (module, optimizer, scheduler, engine counters; frozen
 parameters excluded) plus each rank's RNG state and the drafter as a loadable
 ``config.json`` + ``model.safetensors``. Every rank writes into
-``checkpoints/.partial-step-N/``; after a barrier rank 0 renames the finished folder to
-``step-N`` (one atomic rename) and only then updates ``latest``. A run killed mid-write
-leaves a ``.partial-*`` folder that nothing ever loads, and that the next start removes.
+``checkpoints/.partial-step-N/``; after a barrier rank 0 records every file's size and SHA-256
+in ``manifest.json``, renames the finished folder to ``step-N`` (one atomic rename) and only
+then updates ``latest``. A run killed mid-write leaves a ``.partial-*`` folder that nothing
+ever loads, and that the next start removes. Resuming picks the newest checkpoint whose files
+all match its manifest, saying which damaged ones it skipped.
+
+Nothing is unpickled with code execution: RNG state is tensors in safetensors with JSON
+metadata, and DeepSpeed's ``*.pt`` files are read with ``torch.load(weights_only=True)``,
+which admits tensors, containers and primitive values only (plus the DeepSpeed record
+classes in :data:`DEEPSPEED_SAFE_GLOBALS`, rebuilt from their fields without running code).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from draftheads.conf.errors import UserError
 
 PREFIX = "step-"
+MANIFEST = "manifest.json"
 
 
 def step_name(step: int) -> str:
@@ -46,7 +62,69 @@ def remove_partials(root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def rng_state() -> dict:
+# ---- integrity -------------------------------------------------------------------------
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """``manifest.json``: size and SHA-256 of every file of the checkpoint folder."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {
+        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": file_digest(p)} for p in files
+    }
+    (folder / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
+
+
+def damage(folder: Path) -> str | None:
+    """Why ``folder`` is not an intact checkpoint (a missing, resized or altered file), or None."""
+    try:
+        entries = json.loads((folder / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no readable {MANIFEST}"
+    for name, meta in entries.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != meta["bytes"] or file_digest(path) != meta["sha256"]:
+            return f"{name} does not match its recorded checksum"
+    return None
+
+
+def intact_checkpoint(root: Path, log: Callable[[str], None] | None = None) -> Path | None:
+    """The newest intact checkpoint under ``root``; damaged newer ones are named in one line.
+
+    Raises :class:`UserError` when checkpoints exist but none is intact.
+    """
+    found = complete_checkpoints(root)
+    skipped: list[str] = []
+    for ckpt in reversed(found):
+        why = damage(ckpt)
+        if why is None:
+            if skipped:
+                (log or _stderr)(
+                    f"skipping damaged checkpoint(s) {'; '.join(skipped)}; resuming from {ckpt.name}"
+                )
+            return ckpt
+        skipped.append(f"{ckpt.name} ({why})")
+    if found:
+        raise UserError(
+            f"no intact checkpoint under {root}: {'; '.join(skipped)}; "
+            "pass train.resume=none with a new train.output_dir to start fresh"
+        )
+    return None
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+# ---- RNG state, without pickle ---------------------------------------------------------
+def rng_state() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -54,26 +132,92 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate(state["python"])
 
 
-def save(engine, root: Path, step: int, rank: int, export_drafter) -> Path:
-    """Write checkpoint ``step`` atomically; ``export_drafter(dir)`` writes the loadable drafter."""
+def save_rng(state: dict[str, Any], path: Path) -> None:
+    """RNG state as safetensors: torch/cuda byte tensors, Python's Mersenne state as int64;
+    the Python state's version and gauss value go into the JSON metadata."""
+    version, words, gauss = state["python"]
+    tensors = {"torch": state["torch"], "python": torch.tensor(words, dtype=torch.int64)}
+    tensors.update({f"cuda{i}": s for i, s in enumerate(state["cuda"])})
+    save_file(tensors, str(path), metadata={"python": json.dumps({"version": version, "gauss": gauss})})
+
+
+def load_rng(path: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["python"])
+    t = load_file(str(path))
+    cuda = [t[f"cuda{i}"] for i in range(sum(k.startswith("cuda") for k in t))]
+    words = tuple(int(w) for w in t["python"].tolist())
+    return {"torch": t["torch"], "cuda": cuda, "python": (meta["version"], words, meta["gauss"])}
+
+
+def rng_file(folder: Path, rank: int) -> Path:
+    return folder / f"rng-rank{rank}.safetensors"
+
+
+# ---- DeepSpeed files, loaded with weights_only=True -------------------------------------
+def deepspeed_safe_globals() -> list:
+    """DeepSpeed's plain record classes that its ZeRO optimizer states hold; the weights-only
+    unpickler rebuilds them from their fields, it never calls their code."""
+    out: list = []
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+
+        out += [LossScaler, DynamicLossScaler]
+    except ImportError:
+        pass
+    try:
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        out.append(fragment_address)
+    except ImportError:
+        pass
+    try:
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+
+        out.append(ZeroStageEnum)
+    except ImportError:
+        pass
+    return out
+
+
+def use_weights_only_loader(engine) -> None:
+    """Make every DeepSpeed checkpoint read of ``engine`` a ``torch.load(weights_only=True)``."""
+    globals_ = deepspeed_safe_globals()
+
+    def load(path: str, map_location=None):
+        with torch.serialization.safe_globals(globals_):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+    engine.checkpoint_engine.load = load
+
+
+def save(engine, root: Path, step: int, rank: int, export_drafter, rng: dict | None = None) -> Path:
+    """Write checkpoint ``step`` atomically; ``export_drafter(dir)`` writes the loadable drafter.
+
+    ``rng`` is the RNG state to record (default: now); an interrupted step passes the state
+    from that step's start, so the resumed run redraws exactly what the step would have.
+    """
     name = step_name(step)
     partial = root / f".partial-{name}"
     engine.save_checkpoint(
         str(partial), tag=name, client_state={"step": step}, save_latest=False, exclude_frozen_parameters=True
     )
     (partial / name).mkdir(parents=True, exist_ok=True)
-    torch.save(rng_state(), partial / name / f"rng-rank{rank}.pt")
+    save_rng(rng or rng_state(), rng_file(partial / name, rank))
     export_drafter(partial / name / "drafter")  # collective under ZeRO-3; rank 0 writes
     dist.barrier()
     final = root / name
     if rank == 0:
+        write_manifest(partial / name)
         if final.exists():
             shutil.rmtree(final)
         os.replace(partial / name, final)
@@ -94,20 +238,28 @@ def prune(root: Path, keep: int) -> None:
 
 def load(engine, ckpt: Path, rank: int) -> int:
     """Restore engine, optimizer, scheduler and this rank's RNG; returns the step to continue from."""
-    _, client = engine.load_checkpoint(
-        str(ckpt.parent),
-        tag=ckpt.name,
-        load_module_strict=False,
-        load_optimizer_states=True,
-        load_lr_scheduler_states=True,
-    )
+    use_weights_only_loader(engine)
+    try:
+        _, client = engine.load_checkpoint(
+            str(ckpt.parent),
+            tag=ckpt.name,
+            load_module_strict=False,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+    except (RuntimeError, OSError, ValueError, pickle.UnpicklingError) as e:
+        raise UserError(
+            f"{ckpt} is not a readable training checkpoint ({str(e).splitlines()[0][:160]}); "
+            "remove it or pass train.resume=none"
+        ) from None
     if client is None:
-        from draftheads.conf.errors import UserError
-
         raise UserError(f"{ckpt} is not a readable training checkpoint; remove it or pass train.resume=none")
-    rng = ckpt / f"rng-rank{rank}.pt"
+    rng = rng_file(ckpt, rank)
     if rng.is_file():
-        set_rng_state(torch.load(rng, weights_only=False))
+        try:
+            set_rng_state(load_rng(rng))
+        except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as e:
+            raise UserError(f"{rng} is unreadable ({e}); remove {ckpt} or pass train.resume=none") from None
     return int(client["step"])
 
 

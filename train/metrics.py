@@ -17,11 +17,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from draftheads.conf.errors import UserError
 from draftheads.conf.schema.train import LoggerConfig
 
 
 class Window:
-    """Sums of statistics since the last :meth:`reduce`."""
+    """Sums of statistics since the last :meth:`reduce`.
+
+    ``group/x_sum`` is divided by ``group/x_n`` when the objective gives one (a loss over other
+    rows than the group's), else by ``group/n``.
+    """
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
@@ -41,10 +46,11 @@ class Window:
         out: dict[str, float] = {}
         for k in keys:
             group, name = k.rsplit("/", 1)
-            if name == "n":
+            if name == "n" or name.endswith("_n"):
                 continue
-            n = float(self.sums.get(f"{group}/n", torch.tensor(0.0)))
             metric = name[: -len("_sum")] if name.endswith("_sum") else f"acc_{name}"
+            count = self.sums.get(f"{group}/{metric}_n", self.sums.get(f"{group}/n", torch.tensor(0.0)))
+            n = float(count)
             out[f"{group}/{metric}"] = float(self.sums[k]) / n if n else float("nan")
         self.sums = {}
         return out
@@ -119,6 +125,14 @@ def _run_id(output_dir: Path) -> str:
 
 
 def read_metrics(output_dir: str | os.PathLike) -> list[dict]:
-    """The rows of ``metrics.jsonl``."""
+    """The rows of ``metrics.jsonl``; a torn last line (a run killed mid-write) is skipped."""
     path = Path(output_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise UserError(f"{path} line {i + 1} is corrupt; delete that line and rerun") from None
+    return rows

@@ -28,6 +28,8 @@ from draftheads.train.objectives import (
     medusa_loss,
     shift_left,
     soft_cross_entropy,
+    sparse_soft_cross_entropy,
+    topk_teacher,
     uniform_noise,
 )
 from draftheads.train.unroll import unroll
@@ -56,9 +58,17 @@ class Objective(nn.Module):
         """The target hidden states this objective reads (also what a feature cache must hold)."""
         return self.drafter.training_layers()
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The drafter's compute dtype (its trainable weights', after DeepSpeed's casting)."""
+        params = [p for p in self.drafter.parameters() if p.requires_grad] or list(self.drafter.parameters())
+        return params[0].dtype
+
     def features(self, batch: dict) -> torch.Tensor:
-        if "features" in batch:  # offline: cached by draftheads data
-            return batch["features"]
+        """The target's states for the drafter, in the drafter's dtype: a bfloat16 cache or
+        target meets an fp32 drafter here, and nowhere else."""
+        if "features" in batch:  # offline: cached by draftheads features
+            return batch["features"].to(self.dtype)
         f, _ = target_features(
             self.target,
             batch["input_ids"],
@@ -66,7 +76,7 @@ class Objective(nn.Module):
             self.layers(),
             position_ids=batch.get("position_ids"),
         )
-        return f
+        return f.to(self.dtype)
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         return self.drafter.shared("lm_head")(h)
@@ -127,7 +137,7 @@ class Medusa2Objective(MedusaObjective):
             use_cache=False,
             logits_to_keep=1,
         )
-        return out.hidden_states[self.num_layers]
+        return out.hidden_states[self.num_layers].to(self.dtype)
 
     def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
         h = self.features(batch)
@@ -173,7 +183,7 @@ class EagleObjective(Objective):
 
     def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
         inp, final = self.split(self.features(batch))
-        teacher = self.teacher(final, batch["loss_mask"])
+        teacher = self.teacher(final, batch["loss_mask"], batch.get("topk_ids"), batch.get("topk_logits"))
         inp = uniform_noise(inp[:, :-1], self.cfg.feature_noise)
         pos = batch.get("position_ids")
         outs = unroll(self.drafter, inp, batch["input_ids"], self.steps(), pos)
@@ -186,7 +196,13 @@ class EagleObjective(Objective):
         return total, stats
 
     @torch.no_grad()
-    def teacher(self, final: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    def teacher(
+        self,
+        final: torch.Tensor,
+        loss_mask: torch.Tensor,
+        topk_ids: torch.Tensor | None = None,
+        topk_logits: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
         """The target's logits, once per position p whose next token is counted (loss_mask[p+1]).
 
         Every TTT step reads the same positions shifted by one, so projecting each through the
@@ -194,9 +210,17 @@ class EagleObjective(Objective):
         largest matmuls of a step. Returns, compacted over those positions: ``index [B, T]``
         (row in the compact tensors, -1 elsewhere), ``greedy`` (full-vocabulary argmax) and
         ``logits`` (over the draft vocabulary for EAGLE-3, the full one for EAGLE-1).
+
+        With the target's cached top-k logits (``topk_ids``/``topk_logits [B, T, k]``, sorted),
+        nothing is projected: ``greedy`` is the top-1 and the soft labels are the renormalised
+        top-k mapped into the drafter's vocabulary (``ids``/``probs``, see :func:`topk_teacher`).
         """
         where = shift_left(loss_mask, 1).bool()
         index = torch.where(where, where.long().flatten().cumsum(0).view_as(where) - 1, -1)
+        if topk_ids is not None and topk_logits is not None:
+            t2d = self.drafter.t2d if self.drafter.version == 3 else None
+            ids, probs = topk_teacher(topk_ids[where], topk_logits[where], t2d)
+            return {"index": index, "greedy": topk_ids[where][:, 0].long(), "ids": ids, "probs": probs}
         full = self.lm_head(final[where])
         greedy = full.argmax(-1)
         if self.drafter.version == 3:
@@ -214,7 +238,7 @@ class EagleObjective(Objective):
         b, t = counted_rows[:, :R].nonzero(as_tuple=True)
         o, f = out[b, t], final[b, t + s + 1]  # step s at row t predicts the state at t+s+1
         k = teacher["index"][b, t + s + 1]
-        greedy, target_logits = teacher["greedy"][k], teacher["logits"][k]
+        greedy = teacher["greedy"][k]
         if self.drafter.version == 3:
             index = self.drafter.t2d.long().cumsum(0) - 1  # target id -> draft id (where t2d)
             counted = self.drafter.t2d[greedy].float()
@@ -223,13 +247,19 @@ class EagleObjective(Objective):
             counted = torch.ones_like(greedy, dtype=torch.float)
             labels = greedy
         logits = self.drafter.logits(o)
-        token = masked_mean(soft_cross_entropy(logits, target_logits), counted)
+        if "probs" in teacher:  # cached top-k soft labels
+            ce = sparse_soft_cross_entropy(logits, teacher["ids"][k], teacher["probs"][k])
+        else:
+            ce = soft_cross_entropy(logits, teacher["logits"][k])
+        token = masked_mean(ce, counted)
         loss = self.cfg.token_loss_weight * token
-        st = head_stats(f"step{s}", token, logits, labels, self.topk)
+        keep = counted.bool()  # the step's mean is over these rows, so its stats count them only
+        st = head_stats(f"step{s}", token, logits[keep], labels[keep], self.topk)
         if self.cfg.feature_loss_weight > 0:
             feat = masked_mean(feature_regression(o, f), torch.ones_like(counted))
             loss = loss + self.cfg.feature_loss_weight * feat
-            st[f"step{s}/feature_sum"] = feat.detach() * st[f"step{s}/n"]
+            rows = feat.new_tensor(float(counted.numel()))
+            st.update({f"step{s}/feature_sum": feat.detach() * rows, f"step{s}/feature_n": rows})
         return loss, st
 
     @torch.no_grad()

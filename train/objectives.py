@@ -123,6 +123,31 @@ def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> tor
     return -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
 
 
+def topk_teacher(
+    topk_ids: torch.Tensor, topk_logits: torch.Tensor, t2d: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's top-k logits ``[N, k]`` as soft labels: ``(ids, probs)``, each ``[N, k]``.
+
+    ``probs`` is the softmax over the top-k entries that the drafter can predict (renormalised
+    over them); ``ids`` index the drafter's vocabulary: the draft vocabulary when ``t2d`` (the
+    target -> draft membership mask of EAGLE-3) is given, mapped in order, else the target's.
+    Entries outside the draft vocabulary get probability 0 (id 0); a row with none left is all 0.
+    """
+    ids = topk_ids.long()
+    keep = torch.ones_like(ids, dtype=torch.bool) if t2d is None else t2d[ids]
+    if t2d is not None:
+        ids = torch.where(keep, (t2d.long().cumsum(0) - 1)[ids], 0)
+    logits = topk_logits.float().masked_fill(~keep, float("-inf"))
+    probs = torch.nan_to_num(logits.softmax(-1), nan=0.0)
+    return ids, probs
+
+
+def sparse_soft_cross_entropy(logits: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Per row: -sum_j probs_j * log_softmax(logits)[ids_j]: :func:`soft_cross_entropy` with a
+    teacher that is zero outside ``ids`` (the cached top-k), without forming it."""
+    return -(probs * logits.float().log_softmax(-1).gather(-1, ids)).sum(-1)
+
+
 def feature_regression(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per row: mean over features of SmoothL1(pred, target) (EAGLE-1's feature loss)."""
     return F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1)

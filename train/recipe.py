@@ -11,9 +11,9 @@ Features:
     * progress bar, ``metrics.jsonl``, wandb (offline without an API key), held-out top-k
       accuracy per head/step and a simulated acceptance length.
 
-Run it as ``draftheads train draft=eagle3 target=tiny-llama train.max_steps=50``, or without
-the CLI as ``python -m draftheads.train.recipe <overrides>`` (e.g. under
-``torchrun --nproc_per_node=2``). From Python: :func:`train`.
+Run it as ``draftheads train draft=eagle3 target=tiny-llama train.max_steps=50`` (under
+``torchrun --nproc_per_node=2 $(which draftheads) train ...`` for data parallelism). From
+Python: :func:`run` (a typed :class:`Config`) or :func:`train` (with rows of your own).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,10 @@ from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.target import fingerprint, load_target, target_name
 from draftheads.train import checkpoint
 from draftheads.train.adapters import add_lora, save_adapters
-from draftheads.train.batching import Layout, StepSampler, check_rows, collate, split_heldout
+from draftheads.train.batching import Layout, RowView, StepSampler, check_rows, collate, split_heldout
 from draftheads.train.card import model_card
 from draftheads.train.engine import build_engine, init_distributed, zero_stage
+from draftheads.train.guards import cast_shared_inputs, check_finished_run, check_output_dir, use_topk
 from draftheads.train.metrics import MetricSink, Window
 from draftheads.train.modules import EagleObjective, Medusa2Objective, MedusaObjective, Objective
 from draftheads.train.objectives import chain_acceptance
@@ -59,6 +61,7 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer) -> Drafter:
             feature_layers=d.feature_layers,
             draft_vocab_size=d.draft_vocab_size if d.version == 3 else None,
             save_shared=d.save_shared,
+            fc_bias=d.fc_bias,
         )
     return drafter.attach(target)
 
@@ -79,14 +82,21 @@ def config_dict(cfg: Config) -> dict[str, Any]:
 
 
 class TrainRecipe:
-    """One training run: :meth:`setup`, :meth:`train`, :meth:`save`."""
+    """One training run: :meth:`setup`, :meth:`train`, :meth:`save`.
 
-    def __init__(self, cfg: Config, rows: Any = None) -> None:
+    ``hooks`` are called as ``hook(recipe)`` after every optimizer step (progress reporting,
+    tests that interrupt a run at a given step).
+    """
+
+    def __init__(self, cfg: Config, rows: Any = None, hooks: list[Callable] | None = None) -> None:
         validate(cfg)
         self.cfg = cfg
         self.given_rows = rows
+        self.hooks = list(hooks or [])
         self.out = Path(cfg.train.output_dir)
         self.ckpt_root = self.out / "checkpoints"
+        check_finished_run(self.out, config_dict(cfg))
+        check_output_dir(self.out)
 
     # ---- setup -----------------------------------------------------------------------
     def setup(self) -> TrainRecipe:
@@ -95,21 +105,21 @@ class TrainRecipe:
         self.stage = zero_stage(cfg.deepspeed)
         resume_from = self.resume_point()
         if self.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
             checkpoint.remove_partials(self.ckpt_root)
         torch.manual_seed(t.seed)  # identical drafter initialisation on every rank
         self.target, self.tokenizer = load_target(cfg.target)
+        cast_shared_inputs(self.target)
         self.drafter = build_drafter(cfg, self.target, self.tokenizer)
         self.module = self.build_objective()
-        rows = self.load_rows()
+        rows, tokens = self.load_rows()
         train_idx, held_idx = split_heldout(len(rows), t.eval_rows, t.seed)
-        self.train_rows = [rows[i] for i in train_idx]
-        self.held_rows = [rows[i] for i in held_idx]
+        self.train_rows, self.held_rows = RowView(rows, train_idx), RowView(rows, held_idx)
+        self.train_tokens = RowView(tokens, train_idx)  # token columns only: no features read
         self.data_info = {
             "source": t.rows or t.feature_cache or cfg.data.path,
             "rows": len(self.train_rows),
             "heldout_rows": len(self.held_rows),
-            "loss_tokens": int(sum(sum(r["loss_mask"]) for r in self.train_rows)),
+            "loss_tokens": int(sum(int(sum(r["loss_mask"])) for r in self.train_tokens)),
         }
         self.init_drafter_weights()
         layout = Layout(t.micro_batch_size, t.grad_accum, self.world, self.rank)
@@ -124,16 +134,16 @@ class TrainRecipe:
         if resume_from is not None:
             self.step = checkpoint.load(self.engine, resume_from, self.rank)
         self.sink = MetricSink(self.out, cfg.logger, config_dict(cfg), self.rank)
-        if resume_from is not None:
-            self.sink.truncate_after(self.step)
+        self.sink.truncate_after(self.step)  # rows of steps this run will log again
         self.last_good = resume_from
+        self.saved_step = self.step
         self.final_metrics: dict[str, float] = {}
         return self
 
     def resume_point(self) -> Path | None:
         resume = self.cfg.train.resume
         if resume != "none":
-            ckpt = checkpoint.latest_checkpoint(self.ckpt_root) if resume == "auto" else Path(resume)
+            ckpt = checkpoint.intact_checkpoint(self.ckpt_root) if resume == "auto" else Path(resume)
             if ckpt is not None:
                 self.check_resumable(ckpt)
             return ckpt
@@ -170,13 +180,20 @@ class TrainRecipe:
             return Medusa2Objective(self.drafter, add_lora(self.target, d), d, topk)
         return MedusaObjective(self.drafter, self.target, d, topk)
 
-    def load_rows(self) -> list[dict]:
+    def load_rows(self) -> tuple[Any, Any]:
+        """(training rows, their token columns only). A feature cache stays memory-mapped on disk:
+        a row's features are read when its micro-batch is built."""
         t = self.cfg.train
         if t.features == "offline":
             from draftheads.data.cache import FeatureCache
 
-            source = FeatureCache(t.feature_cache, self.drafter.target_fingerprint, self.module.layers())
-        elif self.given_rows is not None:
+            cache = FeatureCache(t.feature_cache, self.drafter.target_fingerprint, self.module.layers())
+            names = ["input_ids", "loss_mask", "features"]
+            names += ["topk_ids", "topk_logits"] if use_topk(cache, t, self.cfg.draft) else []
+            tokens = cache.view(["input_ids", "loss_mask"])
+            check_rows(tokens)
+            return cache.view(names), tokens
+        if self.given_rows is not None:
             source = self.given_rows
         elif t.rows:
             import datasets
@@ -189,7 +206,7 @@ class TrainRecipe:
         keep = ("input_ids", "loss_mask", "position_ids", "features")
         rows = [{k: r[k] for k in keep if k in r} for r in source]
         check_rows(rows)
-        return rows
+        return rows, rows
 
     @torch.no_grad()
     def init_drafter_weights(self) -> None:
@@ -200,7 +217,7 @@ class TrainRecipe:
             if isinstance(d, MedusaHeads):
                 d.init_lm_heads_from_target()
             elif d.version == 3:
-                counts = masked_token_counts(self.train_rows, d.target_fingerprint.vocab_size)
+                counts = masked_token_counts(self.train_tokens, d.target_fingerprint.vocab_size)
                 ids = draft_vocab(counts, d.draft_vocab_size)
                 d.set_vocab(ids)
                 d.init_lm_head_from_target()
@@ -228,6 +245,7 @@ class TrainRecipe:
         grad_norm = float("nan")
         self.engine.train()
         while self.step < end:
+            self.step_rng = checkpoint.rng_state()  # what an interrupted step's rerun must redraw
             step_loss = torch.zeros(2, dtype=torch.float64)
             for micro in range(t.grad_accum):
                 batch = self.batch([self.train_rows[i] for i in self.sampler.indices(self.step, micro)])
@@ -266,6 +284,8 @@ class TrainRecipe:
                 self.sink.log(self.step, self.final_metrics)
             if (t.save_every and self.step % t.save_every == 0) or (self.step == end < self.total_steps):
                 self.save_checkpoint()
+            for hook in self.hooks:
+                hook(self)
         bar.close()
         return self
 
@@ -312,11 +332,23 @@ class TrainRecipe:
         out["eval/tau"] = float(gain.mean()) if gain.numel() else 1.0
         return out
 
-    def save_checkpoint(self) -> None:
-        path = checkpoint.save(self.engine, self.ckpt_root, self.step, self.rank, self.export_drafter)
+    def save_checkpoint(self, rng: dict | None = None) -> None:
+        path = checkpoint.save(self.engine, self.ckpt_root, self.step, self.rank, self.export_drafter, rng)
         if self.rank == 0:
             checkpoint.prune(self.ckpt_root, self.cfg.train.keep_checkpoints)
         self.last_good = path
+        self.saved_step = self.step
+
+    def save_interrupted(self) -> None:
+        """On Ctrl-C: checkpoint the completed steps (the step in flight is redone on resume)."""
+        if self.step > self.saved_step:
+            self.save_checkpoint(rng=getattr(self, "step_rng", None))
+            if self.rank == 0:
+                print(
+                    f"interrupted: steps 1-{self.step} saved in {self.last_good}; "
+                    "rerun the same command (train.resume=auto) to continue",
+                    file=sys.stderr,
+                )
 
     # ---- save ------------------------------------------------------------------------
     def provenance(self) -> dict[str, Any]:
@@ -361,33 +393,34 @@ def _metrics(out: Path) -> list[dict]:
     return read_metrics(out) if (out / "metrics.jsonl").is_file() else []
 
 
-def train(cfg: Config, rows: Any = None) -> Path:
+def train(cfg: Config, rows: Any = None, hooks: list[Callable] | None = None) -> Path:
     """Run a whole training job and return its output directory.
 
     ``rows`` (optional) replaces the data pipeline: any iterable of dicts with ``input_ids`` and
-    ``loss_mask`` (a ``datasets.Dataset`` works).
+    ``loss_mask`` (a ``datasets.Dataset`` works). On Ctrl-C the completed steps are saved as a
+    checkpoint, so the same call with ``train.resume=auto`` continues the run exactly.
     """
-    recipe = TrainRecipe(cfg, rows).setup()
+    recipe = TrainRecipe(cfg, rows, hooks).setup()
     try:
         recipe.train()
+    except KeyboardInterrupt:
+        recipe.save_interrupted()
+        recipe.sink.close()
+        raise
     except BaseException:
         recipe.sink.close()
         raise
     return recipe.save()
 
 
-def main(cfg: Config) -> None:
-    """The ``draftheads train`` command."""
+def run(cfg: Config) -> Path:
+    """The whole ``draftheads train`` job (setup -> train -> save) from a typed config."""
     out = train(cfg)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(f"drafter saved to {out}")
+    return out
 
 
-if __name__ == "__main__":  # python -m draftheads.train.recipe <overrides>, e.g. under torchrun
-    from draftheads.conf.cli import compose
-
-    try:
-        main(compose(sys.argv[1:])[0])
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+def main(cfg: Config) -> None:
+    """The ``draftheads train`` command (kept for the CLI's table; see :func:`run`)."""
+    run(cfg)

@@ -16,6 +16,7 @@ from draftheads.conf.errors import UserError
 LR_SCHEDULES = ("cosine", "linear", "constant")
 HEAD_WARMUPS = ("sine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
+SOFT_LABELS = ("auto", "full", "topk")
 LOGGER_KINDS = ("none", "wandb")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 # Keys of the deepspeed group that the recipe derives from train.*; setting them twice is a mistake.
@@ -55,15 +56,20 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     seed: int = 0
-    # none: start fresh (refuses a directory that holds checkpoints); auto: resume from the
-    # latest complete checkpoint if there is one; or a path to one checkpoint directory.
-    resume: str = "none"
+    # auto: resume from the newest intact checkpoint if there is one (so rerunning an
+    # interrupted command continues it); none: start fresh (refuses a directory that holds
+    # checkpoints); or a path to one checkpoint directory.
+    resume: str = "auto"
     # Stop after this many steps as if interrupted (the schedule still spans max_steps):
     # time-boxed or preemptible jobs, resumed later with train.resume=auto.
     stop_at: int | None = None
     # online: run the target every step; offline: read data.FeatureCache at feature_cache.
     features: str = "online"
     feature_cache: str | None = None
+    # EAGLE's token loss against the target's distribution: full (project the cached final
+    # state through the whole vocabulary), topk (the feature cache's top-k logits, EAGLE-3
+    # only), or auto (topk when the cache holds them and the drafter is EAGLE-3, else full).
+    soft_labels: str = "auto"
     # A datasets.save_to_disk directory of pre-tokenized rows (input_ids, loss_mask); skips data.*.
     rows: str | None = None
     progress: bool = True
@@ -109,6 +115,12 @@ def validate_train(t: TrainConfig) -> None:
         _at_least(f"train.{key}", getattr(t, key), 0, "0 turns it off")
     _at_least("train.stop_at", t.stop_at, 1)
     _choice("train.features", t.features, ("online", "offline"))
+    _choice("train.soft_labels", t.soft_labels, SOFT_LABELS)
+    if t.soft_labels == "topk" and t.features != "offline":
+        raise UserError(
+            "train.soft_labels=topk reads a feature cache's top-k logits; set train.features=offline "
+            "and train.feature_cache=DIR (built with data.features.topk=64), or use train.soft_labels=full"
+        )
     if t.features == "offline" and not t.feature_cache:
         raise UserError("train.features=offline needs train.feature_cache=DIR (a feature cache directory)")
     if t.resume not in ("none", "auto") and not Path(t.resume).is_dir():

@@ -1,0 +1,89 @@
+"""Checks and adjustments that come before any training work: where the run writes, what it
+would overwrite, which soft labels a feature cache allows, and dtypes where target meets drafter.
+
+Each refusal is one line (:class:`UserError`) naming the problem and the fix, raised before the
+target is loaded or anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.train import TrainConfig
+from draftheads.train.checkpoint import config_mismatch
+
+
+def check_output_dir(out: Path) -> None:
+    """Refuse an output directory that is a file, or that cannot be created and written."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"train.output_dir={out} is an existing file; pick a directory path")
+    probe = out / f".write-test-{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(
+            f"train.output_dir={out} cannot be written ({e.strerror or e}); pick a writable directory"
+        ) from None
+
+
+def check_finished_run(out: Path, current: dict[str, Any]) -> None:
+    """Refuse to train over a finished drafter of another kind or config in ``out``."""
+    meta = out / "config.json"
+    if not meta.is_file():
+        return
+    try:
+        saved = json.loads(meta.read_text())["provenance"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = None
+    diff = "it was not written by draftheads train" if saved is None else config_mismatch(saved, current)
+    if diff is not None:
+        raise UserError(
+            f"train.output_dir={out} holds a finished drafter of another run ({diff}); "
+            "pick another train.output_dir, or delete that one to replace it"
+        )
+
+
+def cast_shared_inputs(target: nn.Module) -> None:
+    """Let the target's frozen lm_head, which drafters share, take inputs of any float dtype.
+
+    A bfloat16 target under fp32 training would otherwise fail on its first step: the drafter's
+    fp32 states meet the bf16 weight. The hook casts the input to the weight's dtype (a no-op
+    when they agree); the losses are computed in fp32 anyway.
+    """
+    head = target.get_output_embeddings()
+    if head is not None and not getattr(head, "_draftheads_casts", False):
+        head.register_forward_pre_hook(lambda m, args: (args[0].to(m.weight.dtype), *args[1:]))
+        head._draftheads_casts = True
+
+
+def use_topk(cache, train: TrainConfig, d: DraftConfig) -> bool:
+    """Whether EAGLE's token loss reads the cache's top-k logits (see ``train.soft_labels``);
+    refuses a combination that cannot work, before any training."""
+    mode = train.soft_labels
+    stored = int(cache.manifest.get("topk", 0))
+    eagle3 = d.kind == "eagle" and d.version == 3
+    if mode == "topk" and not stored:
+        raise UserError(
+            f"train.soft_labels=topk but feature cache {cache.dir} stores no top-k logits; rebuild "
+            "it with data.features.topk=64, or use train.soft_labels=full"
+        )
+    if stored and mode != "full" and d.kind == "eagle" and not eagle3:
+        raise UserError(
+            f"feature cache {cache.dir} holds top-k logits, but draft=eagle (EAGLE-1) learns the "
+            "full-vocabulary distribution; pass train.soft_labels=full (projected from the cached "
+            "states) or use draft=eagle3"
+        )
+    if mode == "topk" and not eagle3:
+        raise UserError(
+            f"train.soft_labels=topk is for EAGLE-3 only (draft.kind={d.kind}); use train.soft_labels=full"
+        )
+    return bool(stored) and eagle3 and mode != "full"
