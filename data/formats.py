@@ -110,6 +110,12 @@ def _get(row: dict, fields: dict[str, str], name: str):
     return row.get(fields.get(name, name))
 
 
+def _field(fields: dict[str, str], name: str) -> str:
+    """``name`` as a skip reason shows it: with the dataset's column when ``data.fields`` maps it."""
+    column = fields.get(name, name)
+    return name if column == name else f"{name} (column {column!r})"
+
+
 def _turns(value, what: str, role_key: str, content_key: str, aliases: bool) -> list[dict[str, str]]:
     if not isinstance(value, list) or not value:
         raise RowError(f"{what} is not a non-empty list")
@@ -138,7 +144,7 @@ def to_example(
     rid = next((row.get(k) for k in (fields.get("id", "id"), "question_id", "task_id") if k in row), None)
     rid = str(rid) if rid is not None and not isinstance(rid, (dict, list)) else row_id
     if fmt == "text":
-        return Example(rid, text=_text(_get(row, fields, "text"), "text"), category=category)
+        return Example(rid, text=_text(_get(row, fields, "text"), _field(fields, "text")), category=category)
     if fmt == "sharegpt":
         msgs = _turns(
             _get(row, fields, "conversations"),
@@ -156,7 +162,7 @@ def to_example(
             aliases=False,
         )
     elif fmt == "alpaca":
-        instruction = _text(_get(row, fields, "instruction"), "instruction")
+        instruction = _text(_get(row, fields, "instruction"), _field(fields, "instruction"))
         extra = _get(row, fields, "input")
         if extra is not None and not isinstance(extra, str):
             raise RowError(f"input is {type(extra).__name__}, not a string")
@@ -164,7 +170,7 @@ def to_example(
         msgs = [{"role": "user", "content": user}]
         output = _get(row, fields, "output")
         if output is not None:
-            msgs.append({"role": "assistant", "content": _text(output, "output")})
+            msgs.append({"role": "assistant", "content": _text(output, _field(fields, "output"))})
     elif fmt == "prompt":
         turns = _get(row, fields, "turns")
         if turns is None:

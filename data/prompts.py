@@ -20,10 +20,12 @@ A missing file is a :class:`UserError` that names the path.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.decode import check_prompt_source
 from draftheads.data.embedded import embedded_items, humaneval_items
 from draftheads.data.formats import RowError, check_format, detect_format, to_example
 from draftheads.data.sources import SourceSpec, embedded_rows, raw_rows
@@ -60,26 +62,42 @@ def shared_path(name: str) -> Path:
 
 
 def _from_rows(path: str, fmt: str, fields: dict[str, str], category: str) -> list[PromptRow]:
+    """The user turns of every usable row of ``path``; none usable is a UserError with the reasons."""
     spec = SourceSpec(name=path, path=path, format=check_format(fmt), fields=fields)
     rows = embedded_rows(spec, "train") if spec.embedded else raw_rows(spec)
-    out, skipped, fmt_used, fields_used = [], 0, None if fmt == "auto" else fmt, fields
+    out, skipped, fmt_used, fields_used = [], Counter(), None if fmt == "auto" else fmt, fields
     for row_id, row in rows:
         if isinstance(row, RowError):
-            skipped += 1
+            skipped[str(row)] += 1
             continue
         if fmt_used is None:
             fmt_used, fields_used = detect_format(row.keys(), fields)
         try:
             ex = to_example(row, fmt_used, fields_used, row_id)
-        except RowError:
-            skipped += 1
+        except RowError as e:
+            skipped[str(e)] += 1
             continue
         turns = ex.user_turns()
         if turns:
             out.append(PromptRow(ex.id, ex.category or category, turns))
+        else:
+            skipped["no user turn"] += 1
+    if not out:
+        raise UserError(
+            f"no usable prompts in {path} ({reasons(skipped) or 'no rows'}); "
+            "check the file, data.format and data.fields"
+        )
     if skipped:
-        print(f"load_prompts({path}): skipped {skipped} malformed rows", file=sys.stderr)
+        print(
+            f"load_prompts({path}): skipped {sum(skipped.values())} rows ({reasons(skipped)})",
+            file=sys.stderr,
+        )
     return out
+
+
+def reasons(counts: Counter, most: int = 3) -> str:
+    """``"3x invalid JSON, 1x empty text"``: the commonest skip reasons, for one-line messages."""
+    return ", ".join(f"{n}x {r}" for r, n in counts.most_common(most))
 
 
 def _renders(tokenizer, row: PromptRow) -> bool:
@@ -110,11 +128,16 @@ def load_prompts(
         p = Path(source).expanduser()
         if p.name == "question.jsonl" and not p.is_file():
             raise UserError(f"Spec-Bench file {source} is absent; check the path")
+        check_prompt_source("eval.prompts", source)
         rows = _from_rows(source, fmt, fields, p.stem if p.exists() else source)
     if tokenizer is not None:
+        n = len(rows)
         rows = [r for r in rows if _renders(tokenizer, r)]
-    if not rows:
-        raise UserError(f"no prompts in {source}; check the path, data.format and data.fields")
+        if n and not rows:
+            raise UserError(
+                f"none of the {n} prompts in {source} renders with the target's chat template; "
+                "use a target with a chat template or other prompts"
+            )
     return rows[:max_prompts] if max_prompts is not None else rows
 
 
@@ -122,18 +145,23 @@ def prompts_from_config(cfg, split: str = "train") -> list[PromptRow]:
     """The user turns of every row of ``cfg``'s sources on one side of the split, ids prefixed by source."""
     from draftheads.data.prepare import SourceReport, examples, source_specs
 
-    rows = []
+    rows, why = [], []
     for spec in source_specs(cfg):
-        report = SourceReport(spec.name, spec.path)
+        report, skipped = SourceReport(spec.name, spec.path), Counter()
         for ex in examples(spec, split, report, strict=cfg.strict, system=None):
             if isinstance(ex, tuple):
                 if cfg.strict:
                     raise UserError(
                         f"malformed row {ex[0]} in {spec.path}: {ex[1]}; fix it or set data.strict=false"
                     )
-                continue
-            if ex.user_turns():
+                skipped[str(ex[1])] += 1
+            elif ex.user_turns():
                 rows.append(PromptRow(f"{spec.name}/{ex.id}", ex.category or spec.name, ex.user_turns()))
+            else:
+                skipped["no user turn"] += 1
+        why.append(f"{spec.path}: {report.read} read" + (f", {reasons(skipped)}" if skipped else ""))
     if not rows:
-        raise UserError(f"no prompts in data.path={cfg.path}; check the path, data.format and data.fields")
+        raise UserError(
+            f"no usable prompts in split {split} ({'; '.join(why)}); check data.path, data.format and data.fields"
+        )
     return rows

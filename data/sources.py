@@ -101,6 +101,13 @@ def read_with_datasets(path: str, split: str) -> Iterator[tuple[str, dict]]:
         yield f"{name}:{i}", row
 
 
+def is_empty_file(path: Path) -> bool:
+    """A file with nothing but whitespace, or an empty JSON array or object, in it."""
+    if path.stat().st_size > 64:
+        return False
+    return path.read_bytes().strip() in (b"", b"[]", b"{}")
+
+
 def jsonl_files(directory: Path) -> list[Path]:
     """The JSON Lines files of a folder: a distillation's shards only, else every ``*.jsonl``."""
     if (directory / "distill.json").is_file():
@@ -112,6 +119,8 @@ def raw_rows(spec: SourceSpec) -> Iterator[tuple[str, dict | RowError]]:
     """The raw rows of a non-embedded source, in file order."""
     p = Path(spec.path).expanduser()
     if p.is_file():
+        if is_empty_file(p):
+            raise UserError(f"data.path={spec.path} is empty; give a file with at least one row")
         if p.suffix not in LOCAL_SUFFIXES:
             raise UserError(
                 f"data.path={spec.path}: unsupported file type {p.suffix!r}; use .jsonl, .json, .parquet or .arrow"

@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.checks import at_least, one_of, positive, probability
 
 BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 BASELINES = ("pld", "assisted")
+PROMPT_SETS = ("heldout", "humaneval", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
+
+
+def check_prompt_source(key: str, source: str) -> None:
+    """``source`` is a named prompt set, ``embedded[:component]``, an existing path or a hub id.
+
+    A bare word that is none of these (a typo'd set name) is refused with the valid names
+    instead of being looked up on the Hub; a path-like name that does not exist is refused too.
+    """
+    if source in PROMPT_SETS or source == "embedded" or source.startswith("embedded:"):
+        return
+    p = Path(source).expanduser()
+    if p.exists():
+        return
+    if source.startswith((".", "/", "~")) or p.suffix in DATA_SUFFIXES:
+        raise UserError(f"{key}={source} does not exist; check the path")
+    if not HUB_ID.fullmatch(source):
+        raise UserError(
+            f"{key}={source} is not a prompt set, a file or folder, or a dataset id ORG/NAME; "
+            f"use one of {', '.join(PROMPT_SETS)}, embedded, a path, or ORG/NAME"
+        )
 
 
 @dataclass
@@ -110,6 +135,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         """Refuse prompt counts and baselines the evaluation cannot run, before it starts."""
+        check_prompt_source("eval.prompts", self.prompts)
         at_least("eval.max_prompts", self.max_prompts, 1, 20)
         at_least("eval.warmup", self.warmup, 0, 1)
         for name in self.baselines or []:

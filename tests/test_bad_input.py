@@ -1,0 +1,203 @@
+"""Bad input to configs and the data layer: one line that names the key or file and the fix.
+
+Config values are checked when the config is composed (the dataclasses' ``__post_init__``), so
+a command stops before it loads a model or writes a file: the command-line tests compare a
+snapshot of the working directory before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from draftheads.conf.cli import compose, main
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.data import DataConfig, DistillConfig
+from draftheads.conf.schema.decode import PROMPT_SETS, DecodeConfig
+from draftheads.data.prepare import prepare_dataset
+from draftheads.data.prompts import SHARED, load_prompts, prompts_from_config
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file and folder under ``root`` with a hash of its content."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def write_jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def one_line_error(capsys) -> str:
+    """The single ``error: ...`` line a failed command printed on stderr."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "override,needles",
+    [
+        ("decode.top_p=1.5", ["decode.top_p=1.5", "(0, 1]"]),
+        ("decode.top_p=0", ["decode.top_p=0", "(0, 1]"]),
+        ("decode.top_k=-5", ["decode.top_k=-5", ">= 0"]),
+        ("decode.temperature=0", ["decode.temperature=0", "> 0"]),
+        ("decode.typical=true", ["decode.typical=true", "decode.do_sample=true"]),
+        ("decode.max_new_tokens=0", ["decode.max_new_tokens=0", ">= 1"]),
+        ("decode.batch_size=0", ["decode.batch_size=0", ">= 1"]),
+        ("decode.tree_size=-1", ["decode.tree_size=-1", ">= 0"]),
+        ("decode.tree_max_size=0", ["decode.tree_max_size=0", ">= 1"]),
+        ("decode.tree_topk=0", ["decode.tree_topk=0", ">= 1"]),
+        ("decode.tree_prompts=0", ["decode.tree_prompts=0", ">= 1"]),
+        ("decode.tree_new_tokens=0", ["decode.tree_new_tokens=0", ">= 1"]),
+        ("decode.top_k_draft=0", ["decode.top_k_draft=0", ">= 1"]),
+        ("decode.depth=0", ["decode.depth=0", ">= 1"]),
+        ("decode.total_tokens=1", ["decode.total_tokens=1", ">= 2"]),
+        ("decode.backend=gpu", ["decode.backend=gpu", "auto, eager, onednn, cuda-graphs"]),
+        ("decode.lookup_tokens=-1", ["decode.lookup_tokens=-1", ">= 0"]),
+        ("decode.lookup_ngram=0", ["decode.lookup_ngram=0", ">= 1"]),
+        ("eval.max_prompts=0", ["eval.max_prompts=0", ">= 1"]),
+        ("eval.warmup=-1", ["eval.warmup=-1", ">= 0"]),
+        ("eval.baselines=[pdl]", ["eval.baselines=pdl", "pld, assisted"]),
+        ("eval.baselines=[assisted]", ["eval.assistant_model"]),
+        ("eval.prompts=heldot", ["eval.prompts=heldot", ", ".join(PROMPT_SETS)]),
+        ("eval.prompts=./missing.jsonl", ["eval.prompts=./missing.jsonl", "does not exist"]),
+        ("data.heldout_fraction=1.5", ["data.heldout_fraction=1.5", "[0, 1)"]),
+        ("data.heldout_fraction=-0.1", ["data.heldout_fraction=-0.1", "[0, 1)"]),
+        ("data.max_length=1", ["data.max_length=1", ">= 2"]),
+        ("data.max_rows=0", ["data.max_rows=0", ">= 1"]),
+        ("data.format=xml", ["data.format=xml", "sharegpt"]),
+        ("data.fields.txt=body", ["data.fields.txt", "did you mean data.fields.text"]),
+        ("data.features.batch_tokens=0", ["data.features.batch_tokens=0", ">= 1"]),
+        ("data.features.topk=-1", ["data.features.topk=-1", ">= 0"]),
+        ("data.features.shard_mb=0", ["data.features.shard_mb=0", "> 0"]),
+        ("data.features.dtype=int8", ["data.features.dtype=int8", "bfloat16"]),
+        ("data.features.layers=[]", ["data.features.layers=[]"]),
+        ("data.distill.batch_size=0", ["data.distill.batch_size=0", ">= 1"]),
+        ("data.distill.shard_rows=0", ["data.distill.shard_rows=0", ">= 1"]),
+        ("data.distill.max_new_tokens=0", ["data.distill.max_new_tokens=0", ">= 1"]),
+        ("data.distill.self_prompts=0", ["data.distill.self_prompts=0", ">= 1"]),
+        ("data.distill.top_p=2", ["data.distill.top_p=2", "(0, 1]"]),
+        ("data.distill.temperature=-1", ["data.distill.temperature=-1", ">= 0"]),
+        ("data.distill.source=web", ["data.distill.source=web", "data, self"]),
+        ("data.mixture=[{path: a.jsonl, weight: 0}]", ["data.mixture[0].weight=0", "> 0"]),
+        ("data.mixture=[{path: a.jsonl, wieght: 2}]", ["data.mixture[0] has unknown keys ['wieght']"]),
+        ("data.mixture=[{path: a.jsonl}, {path: a.jsonl}]", ["same name"]),
+        ("data.mixture=[{path: a.jsonl, heldout_fraction: 1}]", ["data.mixture[0].heldout_fraction=1"]),
+    ],
+)
+def test_bad_config_values_stop_at_compose_with_one_line(override, needles):
+    with pytest.raises(UserError) as e:
+        compose([override])
+    msg = str(e.value)
+    assert "\n" not in msg and all(n in msg for n in needles), msg
+
+
+@pytest.mark.parametrize(
+    "group", ["decode=greedy", "decode=sample", "decode=typical", "data=broad", "data=self"]
+)
+def test_shipped_config_groups_pass_the_checks(group):
+    compose([group])
+
+
+def test_data_fields_take_new_keys_as_documented():
+    cfg, _ = compose(["data.fields.text=body", "data.fields.id=key"])
+    assert cfg.data.fields == {"text": "body", "id": "key"}
+    cfg, _ = compose(["data=broad", "data.fields.instruction=question"])
+    assert cfg.data.fields == {"instruction": "question"}
+    with pytest.raises(UserError, match="unknown config key data.fieldz"):
+        compose(["data.fieldz.text=body"])
+
+
+def test_data_fields_text_body_reads_the_column_as_documented(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"body": "def f(x):\n    return x"}])
+    cfg, _ = compose([f"data.path={path}", "data.format=text", "data.fields.text=body"])
+    ds, _ = prepare_dataset(cfg.data, tokenizer)
+    assert tokenizer.decode(ds[0]["input_ids"]) == "def f(x):\n    return x"
+
+
+def test_python_api_gets_the_same_checks():
+    with pytest.raises(UserError, match=r"decode.top_p=1.5"):
+        DecodeConfig(top_p=1.5)
+    with pytest.raises(UserError, match=r"data.distill.shard_rows=0"):
+        DistillConfig(shard_rows=0)
+    with pytest.raises(UserError, match=r"data.heldout_fraction=1.5"):
+        DataConfig(heldout_fraction=1.5)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["distill", "data.distill.batch_size=0", "data.distill.out_dir=d"], "data.distill.batch_size=0"),
+        (["distill", "data.distill.shard_rows=0", "data.distill.out_dir=d"], "data.distill.shard_rows=0"),
+        (
+            ["distill", "data.distill.max_new_tokens=0", "data.distill.out_dir=d"],
+            "data.distill.max_new_tokens=0",
+        ),
+        (
+            ["features", "data.features.batch_tokens=0", "data.features.out_dir=f"],
+            "data.features.batch_tokens=0",
+        ),
+        (["data", "data.heldout_fraction=1.5", "out=ds"], "data.heldout_fraction=1.5"),
+        (["tree", "heads=h", "decode.tree_prompts=0"], "decode.tree_prompts=0"),
+        (["tree", "heads=h", "decode.tree_new_tokens=0"], "decode.tree_new_tokens=0"),
+        (["eval", "heads=h", "eval.prompts=spec-bench", "eval.output_dir=e"], "eval.prompts=spec-bench"),
+        (["eval", "heads=h", "eval.baselines=[pdl]", "eval.output_dir=e"], "eval.baselines=pdl"),
+        (["generate", "heads=h", "prompt=hi", "decode.top_p=1.5"], "decode.top_p=1.5"),
+    ],
+)
+def test_commands_stop_before_writing_anything(tmp_path, monkeypatch, capsys, args, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "config.json").write_text("{}")
+    before = snapshot(tmp_path)
+    assert main([*args, "target=tiny-llama"]) == 1
+    assert needle in one_line_error(capsys)
+    assert snapshot(tmp_path) == before
+
+
+def test_typo_in_a_prompt_set_name_lists_the_sets_without_a_hub_lookup(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # would be looked up online if it got that far
+    with pytest.raises(UserError) as e:
+        load_prompts("gsm8k-test")
+    msg = str(e.value)
+    assert "\n" not in msg and "gsm8k-test" in msg and ", ".join(PROMPT_SETS) in msg
+    assert set(SHARED) | {"heldout", "humaneval"} == set(PROMPT_SETS)
+
+
+def test_prompt_file_without_usable_rows_names_the_file_and_the_reasons(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", ["not json", {"prompt": ""}, {"prompt": 3}])
+    with pytest.raises(UserError) as e:
+        load_prompts(path)
+    msg = str(e.value)
+    assert "\n" not in msg and "p.jsonl" in msg
+    assert "1x invalid JSON" in msg and "empty turns[0]" in msg and "turns[0] is int" in msg
+
+
+def test_corpus_without_prompts_names_the_file_and_the_reasons(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"text": "plain"}, "{broken"])
+    with pytest.raises(UserError) as e:
+        prompts_from_config(DataConfig(path=path))
+    msg = str(e.value)
+    assert "\n" not in msg and "c.jsonl: 2 read" in msg and "no user turn" in msg and "invalid JSON" in msg
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "[]"])
+def test_an_empty_data_file_is_named(tmp_path, tokenizer, content):
+    path = tmp_path / ("e.jsonl" if content != "[]" else "e.json")
+    path.write_text(content)
+    with pytest.raises(UserError, match=rf"data.path={path} is empty"):
+        prepare_dataset(DataConfig(path=str(path)), tokenizer)
+
+
+def test_a_mapped_column_that_is_absent_is_named_in_the_reasons(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"body": "some text"}])
+    with pytest.raises(UserError) as e:
+        prepare_dataset(DataConfig(path=path, format="text", fields={"text": "bdy"}), tokenizer)
+    assert "missing text (column 'bdy')" in str(e.value) and "\n" not in str(e.value)
