@@ -14,6 +14,7 @@ under reordering.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.checks import is_hub_id
 from draftheads.data.embedded import COMPONENTS, embedded_items
 from draftheads.data.formats import RowError
 
@@ -133,6 +135,12 @@ def raw_rows(spec: SourceSpec) -> Iterator[tuple[str, dict | RowError]]:
         )
     if spec.path.startswith((".", "/", "~")) or p.suffix in LOCAL_SUFFIXES:
         raise UserError(f"data.path={spec.path} does not exist; check the path")
+    if not is_hub_id(spec.path):
+        near = difflib.get_close_matches(spec.path, ["embedded", *(f"embedded:{c}" for c in COMPONENTS)], n=1)
+        raise UserError(
+            f"data.path={spec.path} is not a file or folder here, nor a dataset id ORG/NAME"
+            + (f"; did you mean data.path={near[0]}?" if near else "; check the path")
+        )
     return read_with_datasets(spec.path, spec.split)
 
 

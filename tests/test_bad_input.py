@@ -144,11 +144,11 @@ def test_python_api_gets_the_same_checks():
             ["features", "data.features.batch_tokens=0", "data.features.out_dir=f"],
             "data.features.batch_tokens=0",
         ),
-        (["data", "data.heldout_fraction=1.5", "out=ds"], "data.heldout_fraction=1.5"),
+        (["data", "data.heldout_fraction=1.5"], "data.heldout_fraction=1.5"),
         (["tree", "heads=h", "decode.tree_prompts=0"], "decode.tree_prompts=0"),
         (["tree", "heads=h", "decode.tree_new_tokens=0"], "decode.tree_new_tokens=0"),
-        (["eval", "heads=h", "eval.prompts=spec-bench", "eval.output_dir=e"], "eval.prompts=spec-bench"),
-        (["eval", "heads=h", "eval.baselines=[pdl]", "eval.output_dir=e"], "eval.baselines=pdl"),
+        (["eval", "heads=h", "eval.prompts=spec-bench"], "eval.prompts=spec-bench"),
+        (["eval", "heads=h", "eval.baselines=[pdl]"], "eval.baselines=pdl"),
         (["generate", "heads=h", "prompt=hi", "decode.top_p=1.5"], "decode.top_p=1.5"),
     ],
 )
@@ -201,3 +201,14 @@ def test_a_mapped_column_that_is_absent_is_named_in_the_reasons(tmp_path, tokeni
     with pytest.raises(UserError) as e:
         prepare_dataset(DataConfig(path=path, format="text", fields={"text": "bdy"}), tokenizer)
     assert "missing text (column 'bdy')" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_typo_in_data_path_is_refused_without_a_hub_lookup(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # would be looked up online if it got that far
+    with pytest.raises(
+        UserError, match=r"data.path=embeded is not a file .*did you mean data.path=embedded\?"
+    ):
+        prepare_dataset(DataConfig(path="embeded"), tokenizer)
+    with pytest.raises(UserError, match=r"data.path=trian.jsonl does not exist"):
+        prepare_dataset(DataConfig(path="trian.jsonl"), tokenizer)

@@ -8,9 +8,17 @@ users who build the dataclasses themselves get the same check. Each failure is a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from draftheads.conf.errors import UserError
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` is shaped like a Hugging Face repository id, ``ORG/NAME``."""
+    return HUB_ID.fullmatch(name) is not None
 
 
 def at_least(key: str, value: int | float | None, low: int | float, example: object = None) -> None:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.checks import at_least, one_of, positive, probability
+from draftheads.conf.schema.checks import at_least, is_hub_id, one_of, positive, probability
 
 BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 BASELINES = ("pld", "assisted")
 PROMPT_SETS = ("heldout", "humaneval", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 
 
@@ -29,7 +27,7 @@ def check_prompt_source(key: str, source: str) -> None:
         return
     if source.startswith((".", "/", "~")) or p.suffix in DATA_SUFFIXES:
         raise UserError(f"{key}={source} does not exist; check the path")
-    if not HUB_ID.fullmatch(source):
+    if not is_hub_id(source):
         raise UserError(
             f"{key}={source} is not a prompt set, a file or folder, or a dataset id ORG/NAME; "
             f"use one of {', '.join(PROMPT_SETS)}, embedded, a path, or ORG/NAME"
