@@ -24,23 +24,43 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from draftheads.conf.errors import UserError
+from draftheads.heads.checkpoint import (
+    CONFIG_NAME,
+    DRAFTER_KINDS,
+    FORMAT_VERSION,
+    WEIGHTS_NAME,
+    atomic_write,
+    attach_adapters,
+    check_finite,
+    check_state,
+    load_checkpoint,
+    package_version,
+    read_config,
+    read_weights,
+    resolve_checkpoint_dir,
+)
+from draftheads.heads.convert import check_tensors, convert_official, detect_layout, import_provenance
 from draftheads.heads.target import TargetFingerprint, fingerprint
 
-FORMAT_VERSION = 1
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
+__all__ = [
+    "CONFIG_NAME",
+    "FORMAT_VERSION",
+    "WEIGHTS_NAME",
+    "Drafter",
+    "read_config",
+    "read_weights",
+    "resolve_checkpoint_dir",
+]
 
 
 class Drafter(nn.Module):
     """Base class of :class:`MedusaHeads` and :class:`EagleDrafter`."""
 
     kind: ClassVar[str] = ""
-    registry: ClassVar[dict[str, type[Drafter]]] = {}
+    registry: ClassVar[dict[str, type[Drafter]]] = DRAFTER_KINDS
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -100,10 +120,8 @@ class Drafter(nn.Module):
 
     # ---- checkpoint ------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
-        from draftheads.conf import __version__
-
         return {
-            "draftheads_version": __version__,
+            "draftheads_version": package_version(),
             "format_version": FORMAT_VERSION,
             "kind": self.kind,
             "spec": self.spec(),
@@ -120,8 +138,8 @@ class Drafter(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.to("cpu") for k, v in self.state_to_save().items()}
         tensors.update(extra_tensors or {})
-        _atomic_write(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
-        _atomic_write(
+        atomic_write(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+        atomic_write(
             out / CONFIG_NAME, lambda p: p.write_text(json.dumps(self.config_dict(), indent=2) + "\n")
         )
         return out
@@ -130,9 +148,13 @@ class Drafter(nn.Module):
         self, repo_id: str, private: bool = False, revision: str | None = None, **kwargs: Any
     ) -> str:
         """Upload this drafter with a model card (see :mod:`draftheads.heads.hub`); returns the commit URL."""
-        from draftheads.heads.hub import push_drafter
+        import tempfile
 
-        return push_drafter(self, repo_id, private=private, revision=revision, **kwargs)
+        from draftheads.heads.hub import push_folder
+
+        with tempfile.TemporaryDirectory(prefix="draftheads-push-") as tmp:
+            self.save_pretrained(tmp)
+            return push_folder(tmp, repo_id, private=private, revision=revision, **kwargs)
 
     @classmethod
     def from_pretrained(
@@ -143,132 +165,35 @@ class Drafter(nn.Module):
         revision: str | None = None,
         map_location: str | torch.device = "cpu",
     ) -> Drafter:
-        """Load a drafter strictly. With ``target`` (and ``tokenizer``), check the fingerprint and attach."""
-        directory = resolve_checkpoint_dir(path_or_repo, revision)
-        from draftheads.heads.convert import detect_layout, import_official
+        """Load a drafter strictly; with ``target``, check the fingerprint and attach it.
 
+        The one loader every command uses. An official Medusa/EAGLE layout is converted for
+        ``target``. Medusa-2 heads get their LoRA adapters put on ``target`` (in place) when it
+        has none, so the returned drafter decodes with the adapted target. Weights with NaN or
+        infinity, or for another target (shape, architecture, weights, tokenizer), are refused.
+        """
+        directory = resolve_checkpoint_dir(path_or_repo, revision)
         official = detect_layout(directory)
-        if official is not None:  # an official Medusa/EAGLE layout: convert it for this target
-            return import_official(
-                directory,
-                target,
-                tokenizer,
-                source=str(path_or_repo),
-                revision=revision,
-                map_location=map_location,
-                expected_kind=cls.kind or None,
-                ckpt=official,
-            )
-        cfg = read_config(directory)
-        kind = cfg.get("kind")
-        if kind not in Drafter.registry:
-            raise UserError(
-                f"{directory / CONFIG_NAME}: unknown drafter kind {kind!r}; expected one of {sorted(Drafter.registry)}"
-            )
-        klass = Drafter.registry[kind]
-        if cls is not Drafter and klass is not cls:
-            raise UserError(
-                f"{directory} holds a {kind} drafter, not a {cls.kind}; load it with Drafter.from_pretrained"
-            )
-        fp = TargetFingerprint.from_dict(cfg.get("target") or {})
-        if target is not None and tokenizer is not None:
-            fp.check_compatible(fingerprint(target, tokenizer))
-        try:
-            model = klass(**cfg["spec"], target=fp)
-        except (TypeError, KeyError, ValueError) as e:
-            raise UserError(
-                f"{directory / CONFIG_NAME}: invalid drafter spec ({e}); the file is damaged or from another tool"
-            ) from None
-        model.provenance = cfg.get("provenance") or {}
-        model.source_dir = directory
-        model.requires_adapters = bool(cfg.get("requires_adapters", False))
-        if model.requires_adapters and target is not None and not getattr(target, "peft_config", None):
-            raise UserError(
-                f"{directory} holds Medusa-2 heads trained with LoRA adapters on the target, but the target has none; load them first: draftheads.train.adapters.load_adapters(target, '{directory}')"
-            )
-        tensors = read_weights(directory)
-        model.load_checked(tensors, str(directory / WEIGHTS_NAME))
-        model.to(map_location)
-        if target is not None:
-            model.attach(target)
-        return model
+        if official is not None:
+            fp = fingerprint(target, tokenizer) if target is not None else None
+            kind, spec, tensors = convert_official(official, target, fp, expected_kind=cls.kind or None)
+            model = Drafter.registry[kind](fp, **spec)
+            check_tensors(model.state_dict(), tensors, official, fp)
+            check_finite(tensors, official.where())
+            model.load_state_dict(tensors, strict=True)
+            model.provenance = import_provenance(official, str(path_or_repo), revision)
+            return model.to(map_location).attach(target)
+        model = load_checkpoint(directory, expected_kind=cls.kind or None).to(map_location)
+        if target is None:
+            return model
+        if tokenizer is not None:
+            model.target_fingerprint.check_compatible(fingerprint(target, tokenizer))
+        if model.requires_adapters:
+            attach_adapters(target, directory)
+        return model.attach(target)
 
     def load_checked(self, tensors: dict[str, torch.Tensor], where: str) -> None:
-        """``load_state_dict(strict=True)`` with shape checks and a one-line error."""
-        own = self.state_dict()
-        missing = sorted(set(own) - set(tensors))
-        unexpected = sorted(set(tensors) - set(own))
-        if missing or unexpected:
-            raise UserError(
-                f"{where} does not match the drafter in config.json "
-                f"(missing {missing[:3]}{'…' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
-                f"{'…' if len(unexpected) > 3 else ''}); the checkpoint is from another drafter or damaged"
-            )
-        for k, v in own.items():
-            if tuple(v.shape) != tuple(tensors[k].shape):
-                raise UserError(
-                    f"{where}: tensor {k} has shape {tuple(tensors[k].shape)}, config.json implies {tuple(v.shape)}; the checkpoint is damaged"
-                )
+        """``load_state_dict(strict=True)`` after key, shape and finiteness checks, with one-line errors."""
+        check_state(self.state_dict(), tensors, where)
+        check_finite(tensors, where)
         self.load_state_dict(tensors, strict=True)
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def resolve_checkpoint_dir(path_or_repo: str | os.PathLike, revision: str | None = None) -> Path:
-    """A local directory as is; anything else is treated as a hub repo id and downloaded (or read from cache)."""
-    p = Path(path_or_repo).expanduser()
-    if p.is_dir():
-        return p
-    s = str(path_or_repo)
-    if p.exists() or s.startswith((".", "/", "~")) or s.count("/") != 1:
-        raise UserError(
-            f"heads={s}: no such checkpoint directory; pass a directory with config.json or a hub id ORG/NAME"
-        )
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        return Path(snapshot_download(repo_id=s, revision=revision))
-    except (RepositoryNotFoundError, LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(
-            f"heads={s}: cannot fetch it from the Hugging Face Hub ({first}); check the repo id, revision and network, or pass a local directory"
-        ) from None
-
-
-def read_config(directory: Path) -> dict[str, Any]:
-    path = directory / CONFIG_NAME
-    if not path.is_file():
-        raise UserError(f"{directory}: no {CONFIG_NAME}; this is not a draftheads checkpoint directory")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(
-            f"{path} is not valid JSON ({e}); the file is truncated or corrupt, re-save or re-download it"
-        ) from None
-    if not isinstance(cfg, dict) or "kind" not in cfg or "spec" not in cfg:
-        raise UserError(
-            f"{path} is not a draftheads drafter config (no 'kind'/'spec'); official Medusa/EAGLE layouts load through Drafter.from_pretrained(dir, target=...)"
-        )
-    if int(cfg.get("format_version", 0)) > FORMAT_VERSION:
-        raise UserError(
-            f"{path} has format_version {cfg['format_version']}, newer than this draftheads supports ({FORMAT_VERSION}); upgrade draftheads"
-        )
-    return cfg
-
-
-def read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    path = directory / WEIGHTS_NAME
-    if not path.is_file():
-        raise UserError(
-            f"{directory}: no {WEIGHTS_NAME}; the checkpoint is incomplete, re-save or re-download it"
-        )
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is truncated or corrupt ({first}); re-save or re-download it") from None

@@ -6,14 +6,25 @@ import json
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
-from draftheads.heads.base import WEIGHTS_NAME, read_config, read_weights, resolve_checkpoint_dir
+from draftheads.heads.checkpoint import (
+    WEIGHTS_NAME,
+    load_checkpoint,
+    read_config,
+    read_weights,
+    resolve_checkpoint_dir,
+)
 
 
 def info(cfg: Config) -> None:
-    """Print a checkpoint's kind, shapes and target fingerprint (``heads=DIR`` or a hub id)."""
+    """Print a checkpoint's kind, shapes and target fingerprint (``heads=DIR`` or a hub id).
+
+    The checkpoint is built and loaded first, so a config.json that disagrees with the weights,
+    or weights with NaN/inf, are refused (one line, exit 1) instead of reported.
+    """
     if not cfg.heads:
         raise UserError("draftheads info needs heads=DIR (a checkpoint directory or a hub id)")
     directory = resolve_checkpoint_dir(cfg.heads, cfg.revision)
+    load_checkpoint(directory)
     conf = read_config(directory)
     tensors = read_weights(directory)
     n_params = sum(t.numel() for t in tensors.values())

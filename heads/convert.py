@@ -1,8 +1,9 @@
 """Import official Medusa and EAGLE checkpoints: detect the layout, map the keys, load strictly.
 
-``Drafter.from_pretrained(dir_or_hub_id, target=model)`` calls :func:`import_official` when the
-directory is not a draftheads checkpoint. Layouts (see ``shared/reference/medusa.md`` §2 and
-``eagle.md`` §2):
+``Drafter.from_pretrained(dir_or_hub_id, target=model)`` calls :func:`detect_layout` and, when
+the directory is not a draftheads checkpoint, :func:`convert_official`, which returns the
+drafter's kind, its constructor arguments and its tensors under our names; the drafter
+classes are built by the caller, so this module never imports them. Layouts:
 
 ==============  ===============================================  =====================================
 layout          files                                            keys
@@ -14,8 +15,9 @@ layout          files                                            keys
                 ``pytorch_model*.bin``)                          ``model.*`` and ``lm_head.weight``
 ``eagle-1``     ``pytorch_model.bin`` / ``model.safetensors``    ``fc.*``, ``layers.{i}.*``,
                                                                  optional ``embed_tokens.weight``
-``eagle-3``     same                                             ``midlayer.*``, ``fc``, ``norm``,
-                                                                 ``lm_head``, ``d2t``, ``t2d``
+``eagle-3``     same                                             ``midlayer.*`` (or ``layers.0.*``
+                                                                 with ``hidden_norm``), ``fc`` over
+                                                                 3H, ``norm``, ``lm_head``, ``d2t``
 ==============  ===============================================  =====================================
 
 Why the target is required: official files carry no usable fingerprint (Medusa's config even
@@ -27,176 +29,30 @@ with ``torch.load(weights_only=True)`` only.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.base import CONFIG_NAME, Drafter
-from draftheads.heads.target import TargetFingerprint, fingerprint
+from draftheads.heads.layouts import (
+    MEDUSA2_PREFIX,
+    MEDUSA_KEY,
+    OfficialCheckpoint,
+    detect_layout,
+    iter_tensors,
+    read_tensors,
+)
+from draftheads.heads.target import TargetFingerprint
+
+__all__ = ["OfficialCheckpoint", "convert_official", "detect_layout", "import_provenance"]
 
 log = logging.getLogger(__name__)
-
-MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-PICKLE_INDEX = "pytorch_model.bin.index.json"
-MEDUSA2_PREFIX = "medusa_head."
 # Keys of an official EAGLE layer config that shape the drafter's own layers without touching
 # the rotary embedding it shares with the target.
 EAGLE_LAYER_KEYS = ("intermediate_size", "num_key_value_heads", "rms_norm_eps", "hidden_act")
-
-
-@dataclass
-class OfficialCheckpoint:
-    """An official checkpoint found in ``directory``: its layout, weight files and raw config."""
-
-    layout: str
-    directory: Path
-    files: list[Path]
-    config: dict[str, Any] = field(default_factory=dict)
-
-    def where(self) -> str:
-        names = ", ".join(f.name for f in self.files[:2]) + ("…" if len(self.files) > 2 else "")
-        return f"{self.directory} ({self.layout}: {names})"
-
-
-# ---- reading -------------------------------------------------------------------------------
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``; None when absent, unreadable or not an object."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def weight_files(directory: Path) -> list[Path]:
-    """The full-checkpoint weight files in ``directory``, safetensors first, sharded or not."""
-    for index, single in ((SAFETENSORS_INDEX, "model.safetensors"), (PICKLE_INDEX, "pytorch_model.bin")):
-        idx = read_json(directory / index)
-        if idx and isinstance(idx.get("weight_map"), dict):
-            names = sorted(set(idx["weight_map"].values()))
-            missing = [n for n in names if not (directory / n).is_file()]
-            if missing:
-                raise UserError(
-                    f"{directory / index} lists {missing[0]}, which is missing; the download is incomplete"
-                )
-            return [directory / n for n in names]
-        if (directory / single).is_file():
-            return [directory / single]
-    return []
-
-
-def _load_pickle(path: Path) -> dict[str, torch.Tensor]:
-    """A pickled state dict, read with ``weights_only=True`` (no code runs), memory-mapped if possible."""
-    try:
-        try:
-            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:  # legacy (non-zip) pickles cannot be memory-mapped
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # unpickling raises many types; all mean the same thing to the user
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(
-            f"{path}: cannot read it as a weights-only torch checkpoint ({first}); it is corrupt or holds code"
-        ) from None
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise UserError(f"{path} does not hold a plain state dict of tensors")
-    return sd
-
-
-def iter_tensors(
-    files: list[Path], keep: Callable[[str], bool] = lambda k: True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(key, tensor)`` for the keys that ``keep`` accepts, one tensor at a time for safetensors."""
-    for path in files:
-        if path.suffix == ".safetensors":
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    for k in f.keys():
-                        if keep(k):
-                            yield k, f.get_tensor(k)
-            except (SafetensorError, OSError) as e:
-                raise UserError(f"{path} is truncated or corrupt ({e}); re-download it") from None
-        else:
-            for k, v in _load_pickle(path).items():
-                if keep(k):
-                    yield k, v
-
-
-def list_keys(files: list[Path]) -> list[str]:
-    """All tensor names in ``files`` (safetensors: from the header only)."""
-    keys: list[str] = []
-    for path in files:
-        if path.suffix == ".safetensors":
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    keys.extend(f.keys())
-            except (SafetensorError, OSError) as e:
-                raise UserError(f"{path} is truncated or corrupt ({e}); re-download it") from None
-        else:
-            keys.extend(_load_pickle(path))
-    return keys
-
-
-def read_tensors(files: list[Path], keep: Callable[[str], bool] = lambda k: True) -> dict[str, torch.Tensor]:
-    return dict(iter_tensors(files, keep))
-
-
-# ---- detection -----------------------------------------------------------------------------
-def classify_keys(keys: list[str]) -> str | None:
-    """The official layout that a full checkpoint's tensor names imply, or None."""
-    if any(k.startswith(MEDUSA2_PREFIX) for k in keys):
-        return "medusa-2"
-    if any(k.startswith("midlayer.") for k in keys):
-        return "eagle-3"
-    if "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys):
-        return "eagle-1"
-    return None
-
-
-def detect_layout(directory: Path) -> OfficialCheckpoint | None:
-    """The official checkpoint in ``directory``; None for a draftheads checkpoint (or nothing to read).
-
-    A ``config.json`` that is a draftheads config (it has ``kind``) or is not valid JSON is left to
-    the draftheads loader, whose errors describe those cases.
-    """
-    cfg_path = directory / CONFIG_NAME
-    config = read_json(cfg_path)
-    if cfg_path.is_file() and (config is None or "kind" in config):
-        return None
-    config = config or {}
-    for name in MEDUSA_FILES:
-        if (directory / name).is_file():
-            keys = list_keys([directory / name])
-            version = "v1" if _medusa_has_lm_heads(keys) else "v2"
-            return OfficialCheckpoint(f"medusa-{version}", directory, [directory / name], config)
-    files = weight_files(directory)
-    if not files:
-        return None
-    layout = classify_keys(list_keys(files))
-    if layout is None:
-        raise UserError(
-            f"{directory}: neither a draftheads checkpoint (config.json with 'kind') nor an official Medusa "
-            f"or EAGLE layout (medusa_lm_head.*, medusa_head.*, fc + layers.0.*, midlayer.*) in {files[0].name}"
-        )
-    return OfficialCheckpoint(layout, directory, files, config)
-
-
-_MEDUSA_KEY = re.compile(r"^(\d+)\.(\d+)\.(?:(linear)\.)?(weight|bias)$")
-
-
-def _medusa_has_lm_heads(keys: list[str]) -> bool:
-    return any((m := _MEDUSA_KEY.match(k)) and m.group(3) is None for k in keys)
 
 
 # ---- conversion ----------------------------------------------------------------------------
@@ -205,7 +61,7 @@ def medusa_spec(keys: list[str], where: str) -> tuple[int, int, str]:
     blocks: dict[int, set[int]] = {}
     heads_with_lm: dict[int, int] = {}
     for k in keys:
-        m = _MEDUSA_KEY.match(k)
+        m = MEDUSA_KEY.match(k)
         if m is None:
             raise UserError(f"{where}: unexpected key {k!r}; not a Medusa head checkpoint")
         h, i, linear, what = int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
@@ -243,16 +99,14 @@ def medusa_tensors(sd: dict[str, torch.Tensor], num_layers: int) -> dict[str, to
     return out
 
 
-def eagle1_tensors(sd: dict[str, torch.Tensor], hidden: int) -> dict[str, torch.Tensor]:
-    """Official EAGLE-1 keys are ours, minus the embedding copy; a bias-less ``fc`` gets a zero bias."""
-    out = {k: v for k, v in sd.items() if k != "embed_tokens.weight"}
-    if "fc.weight" in out and "fc.bias" not in out:
-        out["fc.bias"] = torch.zeros(hidden, dtype=out["fc.weight"].dtype)
-    return out
+def eagle1_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Official EAGLE-1 keys are ours, minus the embedding copy (a bias-less ``fc`` builds ``fc_bias=False``)."""
+    return {k: v for k, v in sd.items() if k != "embed_tokens.weight"}
 
 
 def eagle3_tensors(sd: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.Tensor]:
-    """Official EAGLE-3 keys -> ours: ``midlayer.hidden_norm`` -> ``hidden_norm``, ``midlayer.*`` -> ``layers.0.*``.
+    """Official EAGLE-3 keys -> ours: ``midlayer.hidden_norm`` (or vLLM's ``layers.0.hidden_norm``)
+    -> ``hidden_norm``, ``midlayer.*`` -> ``layers.0.*``.
 
     A missing ``t2d`` (ModelOpt exports only ``d2t``) is rebuilt from ``d2t``.
     """
@@ -260,7 +114,7 @@ def eagle3_tensors(sd: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.T
     for k, v in sd.items():
         if k == "embed_tokens.weight":
             continue
-        if k == "midlayer.hidden_norm.weight":
+        if k in ("midlayer.hidden_norm.weight", "layers.0.hidden_norm.weight"):
             out["hidden_norm.weight"] = v
         elif k.startswith("midlayer."):
             out["layers.0." + k[len("midlayer.") :]] = v
@@ -344,9 +198,10 @@ def check_backbone(ckpt: OfficialCheckpoint, target: nn.Module) -> int:
     return compared
 
 
-def build_medusa(ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerprint) -> tuple[Drafter, dict]:
-    from draftheads.heads.medusa import MedusaHeads
-
+def build_medusa(
+    ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerprint
+) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """Medusa layouts -> (``"medusa"``, MedusaHeads arguments, tensors under our names)."""
     if ckpt.layout == "medusa-2":
         check_backbone(ckpt, target)
         sd = {
@@ -365,20 +220,22 @@ def build_medusa(ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerpr
             num_heads,
             num_heads,
         )
-    drafter = MedusaHeads(fp, num_heads=num_heads, num_layers=num_layers, lm_head=lm_head)
-    return drafter, medusa_tensors(sd, num_layers)
+    spec = {"num_heads": num_heads, "num_layers": num_layers, "lm_head": lm_head}
+    return "medusa", spec, medusa_tensors(sd, num_layers)
 
 
-def build_eagle(ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerprint) -> tuple[Drafter, dict]:
-    from draftheads.heads.eagle import EagleDrafter
-
+def build_eagle(
+    ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerprint
+) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """EAGLE layouts -> (``"eagle"``, EagleDrafter arguments, tensors under our names)."""
     sd = read_tensors(ckpt.files)
     check_embedding(sd, target, ckpt.where())
     layer_cfg = eagle_layer_config(target, ckpt.config)
     if ckpt.layout == "eagle-1":
         n = len({k.split(".")[1] for k in sd if k.startswith("layers.")})
-        drafter = EagleDrafter(fp, target_config=layer_cfg, version=1, num_decoder_layers=n)
-        return drafter, eagle1_tensors(sd, fp.hidden_size)
+        spec = {"target_config": layer_cfg, "version": 1, "num_decoder_layers": n}
+        spec["fc_bias"] = "fc.bias" in sd
+        return "eagle", spec, eagle1_tensors(sd)
     target_hidden = ckpt.config.get("target_hidden_size")
     if target_hidden is not None and target_hidden != ckpt.config.get("hidden_size", fp.hidden_size):
         raise UserError(
@@ -389,20 +246,22 @@ def build_eagle(ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerpri
         raise UserError(
             f"{ckpt.where()}: an EAGLE-3 checkpoint needs lm_head.weight and d2t; it is incomplete"
         )
-    drafter = EagleDrafter(
-        fp,
-        target_config=layer_cfg,
-        version=3,
-        num_decoder_layers=1,
-        feature_layers=eagle3_feature_layers(ckpt.config),
-        draft_vocab_size=int(lm.shape[0]),
-    )
+    spec = {
+        "target_config": layer_cfg,
+        "version": 3,
+        "num_decoder_layers": 1,
+        "feature_layers": eagle3_feature_layers(ckpt.config),
+        "draft_vocab_size": int(lm.shape[0]),
+    }
     tensors = eagle3_tensors(sd, fp.vocab_size)
     check_vocab_maps(tensors["d2t"], tensors["t2d"], fp.vocab_size, ckpt.where())
-    return drafter, tensors
+    return "eagle", spec, tensors
 
 
-BUILDERS: dict[str, Callable[[OfficialCheckpoint, nn.Module, TargetFingerprint], tuple[Drafter, dict]]] = {
+Builder = Callable[
+    [OfficialCheckpoint, nn.Module, TargetFingerprint], tuple[str, dict[str, Any], dict[str, torch.Tensor]]
+]
+BUILDERS: dict[str, Builder] = {
     "medusa-v1": build_medusa,
     "medusa-v2": build_medusa,
     "medusa-2": build_medusa,
@@ -411,9 +270,13 @@ BUILDERS: dict[str, Callable[[OfficialCheckpoint, nn.Module, TargetFingerprint],
 }
 
 
-def check_tensors(drafter: Drafter, tensors: dict[str, torch.Tensor], ckpt: OfficialCheckpoint) -> None:
-    """Strict key and shape check, with errors that name the official file and the target."""
-    own = drafter.state_dict()
+def check_tensors(
+    own: dict[str, torch.Tensor],
+    tensors: dict[str, torch.Tensor],
+    ckpt: OfficialCheckpoint,
+    fp: TargetFingerprint,
+) -> None:
+    """Strict key and shape check against the built drafter's state ``own``, naming the file and the target."""
     missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
     if missing or unexpected:
         raise UserError(
@@ -425,30 +288,22 @@ def check_tensors(drafter: Drafter, tensors: dict[str, torch.Tensor], ckpt: Offi
         if tuple(v.shape) != tuple(tensors[k].shape):
             raise UserError(
                 f"{ckpt.where()}: tensor {k} has shape {tuple(tensors[k].shape)} but target "
-                f"{drafter.target_fingerprint.short()} needs {tuple(v.shape)}; it was trained for another "
+                f"{fp.short()} needs {tuple(v.shape)}; it was trained for another "
                 f"target{f' ({base})' if base else ''}"
             )
 
 
-def import_official(
-    directory: Path,
+def convert_official(
+    ckpt: OfficialCheckpoint,
     target: nn.Module | None,
-    tokenizer: Any = None,
-    source: str | None = None,
-    revision: str | None = None,
-    map_location: str | torch.device = "cpu",
+    fp: TargetFingerprint | None,
     expected_kind: str | None = None,
-    ckpt: OfficialCheckpoint | None = None,
-) -> Drafter:
-    """Convert the official checkpoint in ``directory`` into a drafter for ``target`` and attach it.
+) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """The official checkpoint ``ckpt`` as (kind, constructor arguments, tensors) for ``target``.
 
-    ``target`` is required: the drafter's shapes and fingerprint come from it. ``source`` and
-    ``revision`` (the hub id or path the user gave) are recorded in the drafter's provenance.
+    ``target`` is required: the drafter's shapes and fingerprint come from it.
     """
-    ckpt = ckpt or detect_layout(directory)
-    if ckpt is None:
-        raise UserError(f"{directory}: no Medusa or EAGLE checkpoint found")
-    if target is None:
+    if target is None or fp is None:
         raise UserError(
             f"{ckpt.where()} is an official checkpoint; importing it needs its target model: "
             "Drafter.from_pretrained(path, target=model, tokenizer=tok), or target=... on the command line"
@@ -458,18 +313,17 @@ def import_official(
         raise UserError(
             f"{ckpt.where()} holds a drafter of kind {kind!r}, not {expected_kind!r}; use Drafter.from_pretrained"
         )
-    fp = fingerprint(target, tokenizer)
-    drafter, tensors = BUILDERS[ckpt.layout](ckpt, target, fp)
-    check_tensors(drafter, tensors, ckpt)
-    drafter.load_state_dict(tensors, strict=True)
-    drafter.provenance = {
+    return BUILDERS[ckpt.layout](ckpt, target, fp)
+
+
+def import_provenance(ckpt: OfficialCheckpoint, source: str | None, revision: str | None) -> dict[str, Any]:
+    """What an imported drafter records about where it came from."""
+    return {
         "imported_from": {
             "layout": ckpt.layout,
-            "source": source or str(directory),
+            "source": source or str(ckpt.directory),
             "revision": revision,
             "files": [f.name for f in ckpt.files],
             "config": ckpt.config,
         }
     }
-    drafter.to(map_location)
-    return drafter.attach(target)

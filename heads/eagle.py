@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.heads import eagle_input_layers
+from draftheads.conf.schema.heads import eagle_input_layers, feature_layers_problem
 from draftheads.heads.base import Drafter
 from draftheads.heads.masks import additive_mask, causal
 from draftheads.heads.target import TargetFingerprint
@@ -72,6 +72,7 @@ class EagleDrafter(Drafter):
         feature_layers: list[int] | None = None,
         draft_vocab_size: int | None = None,
         save_shared: bool = False,
+        fc_bias: bool = True,
     ) -> None:
         super().__init__(target)
         from transformers import AutoConfig
@@ -93,12 +94,12 @@ class EagleDrafter(Drafter):
                 layer_cfg[key] = num_decoder_layers
         self.layer_config = AutoConfig.for_model(model_type, **layer_cfg)
         self.layer_config._attn_implementation = "sdpa"
+        self._feature_layers = eagle_input_layers(version, feature_layers, L)
+        problem = feature_layers_problem(self._feature_layers, version, L)
+        if problem:
+            raise UserError(problem)
+        self.fc_bias = bool(fc_bias) and version == 1  # EAGLE-3's fc never has one
         if version == 3:
-            self._feature_layers = eagle_input_layers(3, feature_layers, L)
-            if len(self._feature_layers) != 3 or not all(0 <= i <= L for i in self._feature_layers):
-                raise UserError(
-                    f"draft.feature_layers={self._feature_layers}: EAGLE-3 needs three layer ids in [0, {L}]"
-                )
             self.draft_vocab_size = int(draft_vocab_size or V)
             if not 1 <= self.draft_vocab_size <= V:
                 raise UserError(
@@ -106,13 +107,8 @@ class EagleDrafter(Drafter):
                 )
             self.fc = nn.Linear(3 * H, H, bias=False)
         else:
-            self._feature_layers = eagle_input_layers(1, feature_layers, L)
-            if len(self._feature_layers) != 1:
-                raise UserError(
-                    f"draft.feature_layers={self._feature_layers}: EAGLE-1 reads one feature layer"
-                )
             self.draft_vocab_size = V
-            self.fc = nn.Linear(2 * H, H, bias=True)
+            self.fc = nn.Linear(2 * H, H, bias=self.fc_bias)
         cls = layer_class(self.layer_config)
         self.layers = nn.ModuleList(_make_layer(cls, self.layer_config, i) for i in range(num_decoder_layers))
         first = self.layers[0]
@@ -140,6 +136,7 @@ class EagleDrafter(Drafter):
             "feature_layers": self._feature_layers,
             "draft_vocab_size": self.draft_vocab_size if self.version == 3 else None,
             "save_shared": self.save_shared,
+            "fc_bias": self.fc_bias,
         }
 
     def feature_layers(self) -> list[int]:

@@ -24,18 +24,50 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, read_config, read_weights
+from draftheads.heads.checkpoint import (
+    ADAPTER_DIR,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_checkpoint,
+    read_config,
+)
 
 CARD_NAME = "README.md"
 REPORT_NAME = "report.json"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-ADAPTER_DIR = "adapter"  # Medusa-2 LoRA adapters (draftheads.train.adapters)
 OPTIONAL_FILES = ("tree.json", "resolved_config.yaml")
+EAGLE_SPECULATIVE_TOKENS = 3  # a chain length the engines serve well; any value works for EAGLE
+
+
+def num_speculative_tokens(conf: dict[str, Any]) -> int:
+    """``num_speculative_tokens`` for serving the drafter with config ``conf``.
+
+    Medusa: exactly the head count. vLLM copies the value into the number of heads it builds
+    (``num_lookahead_tokens``) and drops unknown keys, so a smaller value serves fewer heads and
+    a larger one builds heads with no weights. EAGLE drafts autoregressively: any chain length.
+    """
+    if conf["kind"] == "medusa":
+        return int(conf["spec"]["num_heads"])
+    return EAGLE_SPECULATIVE_TOKENS
+
+
+def serve_command(engine: str, method: str, target: str, draft: str, k: int) -> str:
+    """The command that serves ``target`` with the exported ``draft`` (also in docs/hub.md).
+
+    ``k`` is :func:`num_speculative_tokens`. SGLang's three tuning flags are left to its auto
+    choice (set all three or none).
+    """
+    if engine == "vllm":
+        spec = json.dumps({"method": method, "model": draft, "num_speculative_tokens": k})
+        return f"vllm serve {target} --speculative-config '{spec}'"
+    return (
+        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {method} "
+        f"--speculative-draft-model-path {draft}"
+    )
 
 
 def is_hub_id(name: str) -> bool:
@@ -170,19 +202,9 @@ def results_section(report: dict[str, Any] | None) -> str:
 
 def usage_section(conf: dict[str, Any], repo_id: str) -> str:
     """Snippets for draftheads, vLLM and SGLang (the engines need ``draftheads export`` first)."""
-    from draftheads.heads.export import serve_command
-
     target = conf["target"]["name"]
-    if conf.get("requires_adapters"):  # Medusa-2: the heads only work on the LoRA-adapted target
-        load = (
-            "from draftheads.train.adapters import load_adapters\n"
-            "from huggingface_hub import snapshot_download\n\n"
-            f'local = snapshot_download("{repo_id}")\n'
-            "target = load_adapters(target, local)\n"
-            "drafter = Drafter.from_pretrained(local, target=target, tokenizer=tok)"
-        )
-    else:
-        load = f'drafter = Drafter.from_pretrained("{repo_id}", target=target, tokenizer=tok)'
+    # Medusa-2: from_pretrained puts the checkpoint's LoRA adapters on the target itself.
+    load = f'drafter = Drafter.from_pretrained("{repo_id}", target=target, tokenizer=tok)'
     py = f"""```python
 from draftheads.decode import SpeculativeGenerator
 from draftheads.heads import Drafter
@@ -204,7 +226,7 @@ out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
     for engine, method in engines:
         name = "vLLM" if engine == "vllm" else "SGLang"
         out = f"./{repo_id.split('/')[-1]}-{engine}"
-        cmd = serve_command(engine, method, target, out)
+        cmd = serve_command(engine, method, target, out, num_speculative_tokens(conf))
         parts.append(
             f"### {name}\n\n```bash\ndraftheads export heads={repo_id} format={engine} out={out}\n{cmd}\n```\n"
         )
@@ -238,7 +260,7 @@ the drafter is the target's own; the drafter only makes it faster.
 
 Target fingerprint (checked on load): `{target["architecture"]}`, hidden {target["hidden_size"]},
 vocab {target["vocab_size"]}, {target["num_layers"]} layers, tokenizer `{target["tokenizer_hash"][:12] or "n/a"}`.
-{"**These heads were trained jointly with LoRA adapters on the target; load them with those adapters.**" if conf.get("requires_adapters") else ""}
+{"**These heads were trained jointly with LoRA adapters on the target (in `adapter/`); `Drafter.from_pretrained` puts them on the target.**" if conf.get("requires_adapters") else ""}
 
 ## Results
 
@@ -289,7 +311,7 @@ def push_folder(
     if not heads_dir.is_dir():
         raise UserError(f"heads={heads_dir}: no such checkpoint directory")
     conf = read_config(heads_dir)
-    read_weights(heads_dir)  # refuses a truncated or corrupt file before anything is uploaded
+    load_checkpoint(heads_dir)  # config and weights agree, all finite: never publish a damaged one
     if conf.get("requires_adapters") and not (heads_dir / ADAPTER_DIR).is_dir():
         raise UserError(
             f"{heads_dir}: Medusa-2 heads need their {ADAPTER_DIR}/ (LoRA adapters); it is missing"
@@ -325,13 +347,6 @@ def push_folder(
     except (OSError, httpx2.HTTPError) as e:
         raise UserError(f"push to {repo_id} failed ({type(e).__name__}); check the network") from None
     return str(info.commit_url)
-
-
-def push_drafter(drafter, repo_id: str, report: str | os.PathLike | None = None, **kwargs: Any) -> str:
-    """Save ``drafter`` to a temporary directory and push it (``Drafter.push_to_hub``)."""
-    with tempfile.TemporaryDirectory(prefix="draftheads-push-") as tmp:
-        drafter.save_pretrained(tmp)
-        return push_folder(tmp, repo_id, report=report, **kwargs)
 
 
 def push(cfg) -> str:

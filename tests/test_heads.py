@@ -181,7 +181,7 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, tiny_llama):
         dict(kind="medusa"),
         dict(kind="eagle", version=1),
         dict(kind="eagle", version=3, draft_vocab_size=300),
-        dict(kind="eagle", version=3, feature_layers=[0, 1, 3], draft_vocab_size=300),
+        dict(kind="eagle", version=3, feature_layers=[1, 2, 4], draft_vocab_size=300),
     ],
 )
 def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
@@ -195,7 +195,9 @@ def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
     drafter = build_drafter(cfg, model, tok)
     L = fp.num_layers
     assert drafter.training_layers() == cfg.draft.training_layers(L)
-    expected = {"medusa": [L], 1: [L, L], 3: draft.get("feature_layers", [2, L // 2, L - 3]) + [L]}
+    from draftheads.conf.schema.heads import default_eagle3_layers
+
+    expected = {"medusa": [L], 1: [L, L], 3: draft.get("feature_layers", default_eagle3_layers(L)) + [L]}
     assert (
         cfg.draft.training_layers(L) == expected["medusa" if draft["kind"] == "medusa" else draft["version"]]
     )

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftheads.conf.errors import UserError
+
+DRAFT_KINDS = ("medusa", "eagle")
+LM_HEAD_MODES = ("shared", "copy")
+EAGLE_VERSIONS = (1, 3)
+
 
 @dataclass
 class TargetConfig:
@@ -23,6 +29,14 @@ class TargetConfig:
     attn_implementation: str = "sdpa"
     cache_dir: str | None = None
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse a target with no model named (``target=hf`` leaves ``name_or_path`` empty)."""
+        if not self.tiny and not str(self.name_or_path or "").strip():
+            raise UserError(
+                "target.name_or_path is not set; target=hf needs target.name_or_path=ORG/NAME "
+                "(a hub id or a local directory)"
+            )
 
 
 @dataclass
@@ -60,6 +74,15 @@ class DraftConfig:
     token_loss_weight: float = 0.1
     feature_noise: float = 0.0
     save_shared: bool = False
+    # EAGLE-1 only: fc over concat(embedding, feature) with a bias. vLLM builds this fc without
+    # one (and drops fc.bias), so a drafter meant for vLLM is trained with fc_bias=false.
+    fc_bias: bool = True
+
+    def __post_init__(self) -> None:
+        """Refuse values that cannot build or train a drafter, when the config is read."""
+        problem = draft_config_problem(self)
+        if problem:
+            raise UserError(problem)
 
     def training_layers(self, num_layers: int) -> list[int]:
         """Target hidden states a drafter of this shape trains on: what a feature cache holds.
@@ -72,9 +95,93 @@ class DraftConfig:
         return eagle_input_layers(self.version, self.feature_layers, num_layers) + [num_layers]
 
 
+def draft_config_problem(d: DraftConfig) -> str | None:
+    """The first nonsensical value in ``d`` as a one-line message naming the key, or None."""
+    if d.kind not in DRAFT_KINDS:
+        return f"draft.kind={d.kind!r} is unknown; use one of {', '.join(DRAFT_KINDS)}"
+    if d.lm_head not in LM_HEAD_MODES:
+        return f"draft.lm_head={d.lm_head!r} is unknown; use 'shared' (Medusa v2) or 'copy' (Medusa v1)"
+    if d.version not in EAGLE_VERSIONS:
+        return f"draft.version={d.version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)"
+    at_least = {
+        "num_heads": (d.num_heads, 1),
+        "num_layers": (d.num_layers, 0),
+        "num_decoder_layers": (d.num_decoder_layers, 1),
+        "ttt_steps": (d.ttt_steps, 1),
+        "lora_r": (d.lora_r, 1),
+    }
+    for key, (value, low) in at_least.items():
+        if value < low:
+            return f"draft.{key}={value} must be at least {low}"
+    if d.draft_vocab_size is not None and d.draft_vocab_size < 1:
+        return (
+            f"draft.draft_vocab_size={d.draft_vocab_size} must be at least 1; "
+            "use null for the full target vocabulary"
+        )
+    weights = (
+        "head_loss_weight",
+        "head_loss_decay",
+        "self_distill_weight",
+        "feature_loss_weight",
+        "token_loss_weight",
+        "ttt_decay",
+        "feature_noise",
+        "lora_dropout",
+        "head_lr_multiplier",
+    )
+    for key in weights:
+        if getattr(d, key) < 0:
+            return f"draft.{key}={getattr(d, key)} must not be negative"
+    if d.kind == "eagle" and d.feature_layers is not None:
+        return feature_layers_problem(list(d.feature_layers), d.version)
+    return None
+
+
+def feature_layers_problem(
+    layers: list[int], version: int, num_layers: int | None = None, last: int | None = None
+) -> str | None:
+    """Why ``layers`` cannot be an EAGLE drafter's ``draft.feature_layers``, or None.
+
+    Ids index the target's ``hidden_states`` (the input of layer i). Serving engines capture each
+    auxiliary layer once, in ascending layer order, as ``hidden_states + residual``, which does
+    not exist at layer 0; so the ids must be distinct, ascending and at least 1, or the engine
+    permutes fc's input columns (unsorted), crashes (duplicates) or fails at layer 0. With
+    ``num_layers`` the ids must also be at most ``last`` (default ``num_layers``: the final state).
+    """
+    key = f"draft.feature_layers={list(layers)}"
+    count = 3 if version == 3 else 1
+    if len(layers) != count:
+        return f"{key}: EAGLE-{version} reads {count} target layer(s), this lists {len(layers)}"
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in layers):
+        return f"{key}: layer ids are integers"
+    if len(set(layers)) != len(layers):
+        return f"{key}: a layer is listed twice; list each layer once, ascending"
+    if list(layers) != sorted(layers):
+        return f"{key}: list the layers in ascending order ({sorted(layers)}); engines concatenate them so"
+    if layers[0] < 1:
+        return f"{key}: layer 0 is the embedding output, which engines cannot capture; use ids from 1"
+    top = num_layers if last is None else last
+    if top is not None and layers[-1] > top:
+        return f"{key}: the target has {num_layers} layers, so ids must be in 1..{top}"
+    return None
+
+
 def default_eagle3_layers(num_layers: int) -> list[int]:
-    """Inputs of layers 2, L//2 and L-3, as in EAGLE-3, SpecForge and vLLM."""
-    return [min(2, num_layers), num_layers // 2, max(num_layers - 3, 0)]
+    """EAGLE-3's three feature layers for an ``num_layers``-layer target: distinct, ascending, >= 1.
+
+    Inputs of layers 2, L//2 and L-3 (as in EAGLE-3, SpecForge and vLLM) when those are distinct
+    (L >= 7); for 4 to 6 layers, the inputs of layers 1, L//2 and L-1. Targets with fewer than 4
+    layers have fewer than three servable layers (1..L-1) and are refused: name the layers
+    with ``draft.feature_layers`` or use EAGLE-1.
+    """
+    if num_layers >= 7:
+        return [2, num_layers // 2, num_layers - 3]
+    if num_layers >= 4:
+        return [1, num_layers // 2, num_layers - 1]
+    raise UserError(
+        f"EAGLE-3 reads three distinct target layers from 1..L-1, and this target has only "
+        f"{num_layers} layer(s); set draft.feature_layers=[...] explicitly or use draft=eagle"
+    )
 
 
 def eagle_input_layers(version: int, feature_layers: list[int] | None, num_layers: int) -> list[int]:
