@@ -20,6 +20,10 @@ from tests.conftest import get_target
 
 @pytest.fixture(scope="module")
 def rows():
+    return make_rows()
+
+
+def make_rows():
     """24 rows: a 4-token random prompt, then a random 3-token pattern repeated (the assistant part)."""
     g = torch.Generator().manual_seed(0)
     ids, mask = [], []

@@ -262,6 +262,7 @@ class TrainRecipe:
             value = float(step_loss[0])
             self.check_finite(value)
             self.step += 1
+            self.step_rng = None  # the step is complete: an interrupt from here on saves the RNG as is
             losses.append(value)
             tokens += float(step_loss[1])
             elapsed = time.perf_counter() - started
@@ -340,15 +341,20 @@ class TrainRecipe:
         self.saved_step = self.step
 
     def save_interrupted(self) -> None:
-        """On Ctrl-C: checkpoint the completed steps (the step in flight is redone on resume)."""
-        if self.step > self.saved_step:
-            self.save_checkpoint(rng=getattr(self, "step_rng", None))
-            if self.rank == 0:
-                print(
-                    f"interrupted: steps 1-{self.step} saved in {self.last_good}; "
-                    "rerun the same command (train.resume=auto) to continue",
-                    file=sys.stderr,
-                )
+        """On Ctrl-C: checkpoint the completed steps (the step in flight is redone on resume).
+
+        Not when the interrupt fell between the optimizer update of a step and its bookkeeping:
+        the weights would then be a step ahead of the saved counters.
+        """
+        if self.step <= self.saved_step or getattr(self.engine, "global_steps", self.step) != self.step:
+            return
+        self.save_checkpoint(rng=getattr(self, "step_rng", None))  # None: the RNG as it is now
+        if self.rank == 0:
+            print(
+                f"interrupted: steps 1-{self.step} saved in {self.last_good}; "
+                "rerun the same command (train.resume=auto) to continue",
+                file=sys.stderr,
+            )
 
     # ---- save ------------------------------------------------------------------------
     def provenance(self) -> dict[str, Any]:
