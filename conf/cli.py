@@ -1,8 +1,12 @@
-"""``draftheads <command> [hydra overrides]``: the one command line.
+"""``draftheads <command> [overrides]``: the one command line.
 
-Each command composes the Hydra config in this package (``conf/config.yaml`` and its
-groups), validates it against :class:`draftheads.conf.schema.Config`, and hands the typed
-object to the command's function. ``--cfg job`` prints the resolved config instead.
+Each command reads only its own keys (:mod:`draftheads.conf.commands`): the overrides are
+checked against the command's argument dataclass, the Hydra config in this package is composed
+and validated against :class:`draftheads.conf.schema.Config`, and the command's typed
+arguments are handed to its function. ``--cfg job`` prints them instead; ``--help`` lists them.
+
+Free text does not go through Hydra's override grammar: ``prompt=TEXT``, ``--prompt TEXT`` and
+``prompt_file=PATH`` are taken as typed (commas, quotes, emoji, newlines and all).
 
 A user error (a bad key or value, a missing file, a wrong checkpoint) prints one line and
 exits non-zero; set ``DRAFTHEADS_DEBUG=1`` to see the traceback.
@@ -10,129 +14,201 @@ exits non-zero; set ``DRAFTHEADS_DEBUG=1`` to see the traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from draftheads.conf.commands import COMMANDS, OLD_SPELLINGS, SCHEMA_NAMES, USER_NAMES, Command
+from draftheads.conf.commands.args import ROOT_FIELDS, from_config, own_keys
+from draftheads.conf.commands.compose import GROUPS, compose, config_error_line, group_options
 from draftheads.conf.errors import UserError
 
-# command -> (module:function, one-line help, example)
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "data": (
-        "draftheads.data.commands:data",
-        "prepare a training set; print counts, skips and masked examples",
-        "draftheads data data.path=train.jsonl data.show=3",
-    ),
-    "distill": (
-        "draftheads.data.commands:distill",
-        "regenerate answers with the target (resumable JSONL shards)",
-        "draftheads distill data.path=prompts.jsonl",
-    ),
-    "features": (
-        "draftheads.data.commands:features",
-        "cache the target features a drafter trains on",
-        "draftheads features draft=eagle3",
-    ),
-    "train": (
-        "draftheads.train.recipe:main",
-        "train a drafter on the frozen target",
-        "draftheads train draft=eagle train.max_steps=500",
-    ),
-    "tree": (
-        "draftheads.decode.commands:tree",
-        "pick the best Medusa tree from measured head accuracies",
-        "draftheads tree heads=outputs/train",
-    ),
-    "generate": (
-        "draftheads.decode.commands:generate",
-        "stream a speculative answer, then print tau and tokens/s",
-        'draftheads generate heads=outputs/train prompt="Explain KV caches"',
-    ),
-    "eval": (
-        "draftheads.decode.evaluate:main",
-        "acceptance (tau) and speedup on a prompt set, with baselines",
-        "draftheads eval heads=outputs/train eval.prompts=heldout",
-    ),
-    "push": (
-        "draftheads.heads.hub:push",
-        "upload a checkpoint with a model card to the Hugging Face Hub",
-        "draftheads push heads=outputs/train repo_id=ORG/NAME",
-    ),
-    "export": (
-        "draftheads.heads.export:export",
-        "export a checkpoint for vLLM or SGLang",
-        "draftheads export heads=outputs/train format=vllm out=outputs/vllm",
-    ),
-    "info": (
-        "draftheads.heads.commands:info",
-        "print a checkpoint's kind, shapes and target fingerprint",
-        "draftheads info heads=outputs/train",
-    ),
-    "demo": (
-        "draftheads.decode.bench:demo",
-        "train, evaluate and stream on the embedded default (make demo)",
-        "draftheads demo",
-    ),
-    "bench": ("draftheads.decode.bench:bench", "the end-to-end benchmark (make bench)", "draftheads bench"),
-}
+__all__ = ["compose", "main", "parse", "Invocation"]
 
-GROUPS = ("target", "draft", "data", "train", "deepspeed", "logger", "decode", "eval")
+# Commands whose finished work survives Ctrl-C (checkpoints, shards, cached stages).
+RESUMABLE = frozenset({"train", "distill", "bench", "demo"})
+RESUME_NOTE = "; completed work is saved, rerun the same command to resume"
+
+
+@dataclass
+class Invocation:
+    """A parsed command line: the command, its typed arguments, and what to do with them."""
+
+    command: str
+    args: Any
+    show_cfg: bool = False
 
 
 def usage() -> str:
-    lines = ["usage: draftheads <command> [key=value ...] [--cfg job]", "", "commands:"]
-    for name, (_, help_, example) in COMMANDS.items():
-        lines.append(f"  {name:<10} {help_}")
-        lines.append(f"  {'':<10}   e.g. {example}")
+    lines = ["usage: draftheads <command> [key=value ...] [--help] [--cfg job]", "", "commands:"]
+    for name, c in COMMANDS.items():
+        lines.append(f"  {name:<12} {c.help}")
+        lines.append(f"  {'':<12}   e.g. {c.example}")
     lines += [
         "",
         f"config groups: {', '.join(GROUPS)} (e.g. draft=eagle3 target=tiny-llama)",
-        "any key can be overridden: train.lr=3e-4 decode.max_new_tokens=64",
-        "`draftheads <command> --cfg job` prints the resolved config.",
+        "`draftheads <command> --help` lists the keys that command reads;",
+        "`draftheads <command> --cfg job` prints their resolved values.",
     ]
     return "\n".join(lines)
 
 
-def compose(overrides: list[str]):
-    """Compose and validate the config; returns the typed :class:`Config` and its DictConfig."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+def user_name(key: str) -> str:
+    return USER_NAMES.get(key, key)
+
+
+def key_lines(prefix: str, value: Any) -> list[str]:
+    """``key = default`` lines for every leaf of a dataclass value (user spellings)."""
+    if not dataclasses.is_dataclass(value):
+        return [f"    {user_name(prefix)} = {value!r}"]
+    lines = []
+    for f in dataclasses.fields(value):
+        lines += key_lines(f"{prefix}.{f.name}", getattr(value, f.name))
+    return lines
+
+
+def command_help(name: str) -> str:
+    """The command's keys with their default values, group options first."""
+    c = COMMANDS[name]
+    args = from_config(c.args, compose([])[0])
+    lines = [f"draftheads {name}: {c.help}", f"  e.g. {c.example}", "", "keys (override as key=value):"]
+    for f in dataclasses.fields(args):
+        if f.name in GROUPS:
+            lines.append(f"  {f.name}=<{'|'.join(group_options(f.name))}>")
+        lines += key_lines(f.name, getattr(args, f.name))
+    if "prompt" in {f.name for f in dataclasses.fields(args)}:
+        lines.append('  free text: prompt="..." | --prompt "..." | prompt_file=PATH')
+    return "\n".join(lines)
+
+
+def take_free_text(rest: list[str]) -> tuple[list[str], str | None]:
+    """Remove ``prompt=``, ``--prompt[=]`` and ``prompt_file=`` from ``rest``; returns the prompt."""
+    out, prompt, i = [], None, 0
+    while i < len(rest):
+        item = rest[i]
+        if item == "--prompt":
+            if i + 1 >= len(rest):
+                raise UserError('--prompt needs the text after it: --prompt "..."')
+            prompt, i = rest[i + 1], i + 2
+            continue
+        if item.startswith(("--prompt=", "prompt=")):
+            prompt = item.split("=", 1)[1]
+        elif item.startswith("prompt_file="):
+            path = Path(item.split("=", 1)[1]).expanduser()
+            if not path.is_file():
+                raise UserError(f"prompt_file={path}: no such file")
+            prompt = path.read_text(encoding="utf-8")
+        else:
+            out.append(item)
+        i += 1
+    return out, prompt
+
+
+def refusal(name: str, c: Command, key: str, value: str) -> str:
+    """The one line that refuses ``key`` for command ``name``, naming the key to use instead."""
+    top = key.split(".")[0]
+    for pattern in (key, top):
+        if pattern in c.hints:
+            return c.hints[pattern].format(value=value or "X", command=name)
+    leaf = key.split(".")[-1]
+    for f in dataclasses.fields(c.args):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default) and leaf in {g.name for g in dataclasses.fields(default)}:
+            return f"{name} does not read {key}; use {user_name(f'{f.name}.{leaf}')}={value}"
+    keys = ", ".join(user_name(f.name) for f in dataclasses.fields(c.args))
+    return f"{name} does not read {key}; it reads {keys} (see `draftheads {name} --help`)"
+
+
+def split_override(item: str) -> tuple[str, str, str]:
+    """``(prefix, key, value)`` of a Hydra override such as ``+data.fields.text=body``."""
+    prefix = item[: len(item) - len(item.lstrip("+~"))]
+    body = item[len(prefix) :]
+    key, _, value = body.partition("=")
+    return prefix, key, value
+
+
+def check_overrides(name: str, c: Command, rest: list[str]) -> tuple[list[str], list[str]]:
+    """Hydra overrides (in schema spelling) and the command's own options, or a one-line refusal."""
+    read = {f.name for f in dataclasses.fields(c.args)}
+    own = own_keys(c.args)
+    hydra, options = [], []
+    for item in rest:
+        if item.startswith("-"):
+            raise UserError(f"unknown flag {item}; run `draftheads {name} --help`")
+        prefix, key, value = split_override(item)
+        if "=" not in item and not prefix.startswith("~"):
+            raise UserError(f"{item!r} is not key=value; run `draftheads {name} --help` for the keys")
+        if key in OLD_SPELLINGS:
+            raise UserError(f"{key} is now {OLD_SPELLINGS[key]}; use {OLD_SPELLINGS[key]}={value}")
+        key = SCHEMA_NAMES.get(key, key)
+        top = key.split(".")[0]
+        if top in own:
+            options.append(f"{key}={value}")
+            continue
+        if top not in read or top not in ROOT_FIELDS:
+            raise UserError(refusal(name, c, key, value))
+        if key == "decode.tree" and value.startswith("["):
+            value = f"'{value}'"  # a choices list is the tree's text, not a Hydra list
+        hydra.append(f"{prefix}{key}={value}" if "=" in item else f"{prefix}{key}")
+    return hydra, options
+
+
+def own_options(c: Command, options: list[str]) -> dict[str, Any]:
+    """The command's own option groups (e.g. ``speed.*``), typed by its argument dataclass."""
     from omegaconf import OmegaConf
 
-    from draftheads.conf.schema import register
-
-    register()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="draftheads.conf", version_base="1.3"):
-            dcfg = hydra_compose(config_name="config", overrides=overrides)
-        return OmegaConf.to_object(dcfg), dcfg
-    except UserError:
-        raise
-    except Exception as e:  # Hydra/OmegaConf errors: reduce them to one line
-        raise UserError(config_error_line(e)) from None
-    finally:
-        GlobalHydra.instance().clear()
+    result = {}
+    for f in dataclasses.fields(c.args):
+        if f.name not in own_keys(c.args):
+            continue
+        try:
+            base = OmegaConf.structured(f.default_factory())
+            mine = [o.split(".", 1)[1] for o in options if o.split(".")[0] == f.name]
+            result[f.name] = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(mine)))
+        except Exception as e:  # OmegaConf errors: one line naming the key
+            raise UserError(config_error_line(e).replace("key ", f"key {f.name}.", 1)) from None
+    return result
 
 
-def config_error_line(e: BaseException) -> str:
-    """One line from a Hydra/OmegaConf composition error, naming the key."""
-    err = e
-    while err.__cause__ is not None and not getattr(err, "full_key", None):
-        err = err.__cause__
-    msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    key = getattr(err, "full_key", None)
-    if "not in" in msg or "Key '" in msg and "not" in msg:
-        return (
-            f"unknown config key {key or msg}: {msg}; run `draftheads <command> --cfg job` to see valid keys"
-        )
-    if "Could not find" in msg or "Could not load" in msg:
-        return f"{msg}; check the group option name (e.g. draft=medusa|medusa2|eagle|eagle3)"
-    if key:
-        return f"bad value for {key}: {msg}"
-    return f"invalid config: {msg}"
+def parse(argv: list[str]) -> Invocation:
+    """Check and compose ``draftheads <command> [overrides]`` without running it."""
+    if not argv or argv[0] not in COMMANDS:
+        got = repr(argv[0]) if argv else "nothing"
+        raise UserError(f"unknown command {got}; run `draftheads --help` for the list")
+    name, rest = argv[0], list(argv[1:])
+    c = COMMANDS[name]
+    show_cfg = "--cfg" in rest
+    if show_cfg:
+        i = rest.index("--cfg")
+        del rest[i : i + 2]
+    rest, prompt = take_free_text(rest)
+    if prompt is not None and "prompt" not in {f.name for f in dataclasses.fields(c.args)}:
+        raise UserError(refusal(name, c, "prompt", "TEXT"))
+    hydra, options = check_overrides(name, c, rest)
+    cfg, _ = compose(hydra)
+    if prompt is not None:
+        cfg.prompt = prompt
+    return Invocation(name, from_config(c.args, cfg, own_options(c, options)), show_cfg)
+
+
+def as_yaml(args: Any) -> str:
+    """The arguments as YAML, in the command line's spelling."""
+    from omegaconf import OmegaConf
+
+    data = dataclasses.asdict(args)
+    for schema, user in USER_NAMES.items():
+        *parents, leaf = schema.split(".")
+        node = data
+        for p in parents:
+            node = node.get(p, {})
+        if leaf in node:
+            node[user.split(".")[-1]] = node.pop(leaf)
+    return OmegaConf.to_yaml(OmegaConf.create(data))
 
 
 def resolve(spec: str) -> Callable:
@@ -150,37 +226,24 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
-    command, rest = argv[0], argv[1:]
-    if command not in COMMANDS:
-        print(f"error: unknown command {command!r}; run `draftheads --help` for the list", file=sys.stderr)
-        return 2
-    show_cfg = False
-    if "--cfg" in rest:
-        i = rest.index("--cfg")
-        show_cfg = True
-        del rest[i : i + 2]
-    if "-h" in rest or "--help" in rest:
-        spec, help_, example = COMMANDS[command]
-        print(f"draftheads {command}: {help_}\n  e.g. {example}\n\n{usage()}")
-        return 0
     try:
-        cfg, dcfg = compose(rest)
-        if show_cfg:
-            from omegaconf import OmegaConf
-
-            print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
+        if argv[0] in COMMANDS and ("-h" in argv[1:] or "--help" in argv[1:]):
+            print(command_help(argv[0]))
             return 0
-        resolve(COMMANDS[command][0])(cfg)
+        inv = parse(argv)
+        if inv.show_cfg:
+            print(as_yaml(inv.args), end="")
+            return 0
+        resolve(COMMANDS[inv.command].entry)(inv.args)
         return 0
     except UserError as e:
         if os.environ.get("DRAFTHEADS_DEBUG"):
             raise
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if str(e).startswith("unknown command") else 1
     except KeyboardInterrupt:
-        print(
-            "error: interrupted; completed work is saved, rerun the same command to resume", file=sys.stderr
-        )
+        resumable = argv[0] in RESUMABLE
+        print(f"error: interrupted{RESUME_NOTE if resumable else ''}", file=sys.stderr)
         return 130
 
 

@@ -6,13 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from draftheads.conf.cli import compose
-from draftheads.decode.bench import BEGIN, END, pipeline, replace_section, summary_lines, write_docs
+from draftheads.bench.pipeline import pipeline
+from draftheads.bench.report import BEGIN, END, replace_section, summary_lines, write_docs
+from draftheads.conf.cli import main, parse
 
 
 @pytest.mark.slow
 def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch, capsys):
-    cfg, _ = compose(["target=tiny-llama"])
+    cfg = parse(["bench", "target=tiny-llama"]).args
     b = replace(
         cfg.bench,
         out_dir=str(tmp_path / "bench"),
@@ -57,12 +58,9 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     assert main["answer_tokens"] == results["train"]["eagle3"]["answer_tokens"] > subsets[-1]["answer_tokens"]
 
     # the training-throughput benchmark runs the bench recipe on the bench's feature cache
-    from draftheads.train import speed
-
     capsys.readouterr()
-    speed.main(
-        ["--cache", str(out / "features"), "--draft", "eagle3", "--target", "tiny-llama", "--steps", "2"]
-    )
+    cache = f"speed.cache={out / 'features'}"
+    assert main(["train-speed", cache, "draft=eagle3", "target=tiny-llama", "speed.steps=2"]) == 0
     printed = capsys.readouterr().out
     assert (
         len(printed.splitlines()[0].split()) == 3 and "eagle3:" in printed and "training tokens/s" in printed
@@ -70,22 +68,8 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
 
     # the decoding-speed benchmark on the trained drafter: one table per tree setting, outputs
     # identical to greedy generate at every batch size
-    from draftheads.decode import speed as decode_speed
-
-    args = [
-        "--heads",
-        str(out / "eagle3"),
-        "--tiny",
-        "llama",
-        "--batch",
-        "1",
-        "2",
-        "--new",
-        "6",
-        "--prompts",
-        "2",
-    ]
-    decode_speed.main([*args, "--dynamic", "2,2,3", "3,3,5"])
+    args = [f"heads={out / 'eagle3'}", "target=tiny-llama", "speed.batch_sizes=[1,2]", "speed.prompts=2"]
+    assert main(["speed", *args, "decode.max_new_tokens=6", "speed.dynamic=[[2,2,3],[3,3,5]]"]) == 0
     printed = capsys.readouterr().out
     assert "top_k_draft=2 depth=2 total_tokens=3" in printed and "top_k_draft=3 depth=3" in printed
     rows = [line for line in printed.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
@@ -116,9 +100,7 @@ def test_replace_section_keeps_the_rest(tmp_path):
     assert p.read_text() == f"intro\n{BEGIN}\ntwo\n{END}\noutro\n"
 
 
-def test_speed_dynamic_setting_parses_and_names_a_malformed_value():
-    from draftheads.decode.speed import dynamic_setting
-
-    assert dynamic_setting("4,5,12") == {"top_k_draft": 4, "depth": 5, "total_tokens": 12}
-    with pytest.raises(SystemExit, match=r"--dynamic '4,5': give top_k_draft,depth,total_tokens, e.g. 4,4,8"):
-        dynamic_setting("4,5")
+def test_speed_dynamic_setting_names_a_malformed_value(capsys):
+    assert main(["speed", "heads=x", "speed.dynamic=[[4,4]]"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: speed.dynamic entry [4, 4]") and "[top_k_draft,depth,total_tokens]" in err

@@ -24,17 +24,18 @@ def test_help_lists_the_commands(capsys):
 
 
 def test_cfg_job_prints_the_resolved_config(capsys):
-    assert main(["info", "draft=eagle3", "train.lr=3e-4", "--cfg", "job"]) == 0
+    assert main(["train", "draft=eagle3", "train.lr=3e-4", "--cfg", "job"]) == 0
     out = capsys.readouterr().out
-    assert "version: 3" in out and "lr: 0.0003" in out
+    assert "version: 3" in out and "lr: 0.0003" in out and "out_dir:" in out and "output_dir" not in out
 
 
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["info", "train.lrr=1"], "unknown config key train.lrr"),
-        (["info", "train.lr=abc"], "bad value for train.lr"),
-        (["info", "draft=nope"], "draft/nope"),
+        (["train", "train.lrr=1"], "unknown config key train.lrr"),
+        (["train", "train.lr=abc"], "bad value for train.lr"),
+        (["train", "draft=nope"], "draft=nope is not a draft option; use one of eagle|eagle3|medusa|medusa2"),
+        (["info", "draft=eagle"], "info does not read draft; it reads heads, revision"),
         (["info", "heads=/nonexistent/dir"], "no such checkpoint directory"),
         (["info"], "needs heads=DIR"),
         (["frobnicate"], "unknown command"),

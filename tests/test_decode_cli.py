@@ -9,7 +9,7 @@ import pytest
 from draftheads.conf.cli import main
 from draftheads.conf.errors import UserError
 from draftheads.decode import SpeculativeGenerator
-from draftheads.decode.commands import head_accuracies, pick_size
+from draftheads.decode.tree_select import head_accuracies, pick_size
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
 from tests.conftest import get_target
 
@@ -51,7 +51,7 @@ def test_generate_command_streams_then_prints_tau(medusa_dir, capsys):
 
 def test_command_user_errors(medusa_dir, tmp_path, capsys):
     assert main(["generate", "target=tiny-llama", f"heads={medusa_dir}"]) == 1
-    assert "needs prompt=" in capsys.readouterr().err
+    assert "needs a prompt" in capsys.readouterr().err
     assert main(["generate", "target=tiny-llama", "prompt=x"]) == 1
     assert "heads=" in capsys.readouterr().err
     assert (
@@ -61,10 +61,10 @@ def test_command_user_errors(medusa_dir, tmp_path, capsys):
     model, tok = get_target("llama")
     EagleDrafter(fingerprint(model, tok), target_config=model.config.to_dict()).save_pretrained(tmp_path)
     with pytest.raises(UserError, match="Medusa heads"):
-        from draftheads.conf.cli import compose
-        from draftheads.decode.commands import tree
+        from draftheads.conf.cli import parse
+        from draftheads.conf.commands.decode import tree
 
-        tree(compose(["target=tiny-llama", f"heads={tmp_path}"])[0])
+        tree(parse(["tree", "target=tiny-llama", f"heads={tmp_path}"]).args)
 
 
 def test_head_accuracies_and_size_choice():

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from draftheads.conf.cli import compose
-from draftheads.decode.evaluate import TurnResult, run_eval, summarize
+from draftheads.conf.cli import main
+from draftheads.decode.evaluate import TurnResult
+from draftheads.decode.report import summarize
 from draftheads.heads import EagleDrafter, MedusaHeads
 
 
@@ -61,27 +62,27 @@ def test_summary_arithmetic_matches_a_hand_computed_example():
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle3"])
-def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind):
+def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind, capsys):
     model, tok, fp = tiny_llama
     if kind == "medusa":
         drafter = MedusaHeads(fp, num_heads=2)
     else:
         drafter = EagleDrafter(fp, target_config=model.config.to_dict(), version=3, draft_vocab_size=1000)
     drafter.save_pretrained(tmp_path / "heads")
-    cfg, _ = compose(
-        [
-            "target=tiny-llama",
-            f"heads={tmp_path / 'heads'}",
-            "eval.max_prompts=2",
-            "decode.max_new_tokens=12",
-            f"eval.output_dir={tmp_path / 'eval'}",
-            "eval.warmup=0",
-        ]
-    )
-    rep = run_eval(cfg, target=model, tokenizer=tok)
-    assert rep["greedy_identical"] == 1.0 and rep["num_prompts"] == 2 and rep["tau"] >= 1.0
-    assert rep["environment"]["versions"]["torch"] and "pld" in rep
+    argv = [
+        "eval",
+        "target=tiny-llama",
+        f"heads={tmp_path / 'heads'}",
+        "eval.max_prompts=2",
+        "decode.max_new_tokens=12",
+        f"eval.out_dir={tmp_path / 'eval'}",
+        "eval.warmup=0",
+    ]
+    assert main(argv) == 0
+    assert "τ" in capsys.readouterr().out
     on_disk = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert on_disk["greedy_identical"] == 1.0 and on_disk["num_prompts"] == 2 and on_disk["tau"] >= 1.0
+    assert on_disk["environment"]["versions"]["torch"] and "pld" in on_disk
     for key in (
         "tau",
         "per_position_acceptance",
@@ -97,3 +98,27 @@ def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind):
     for png in ("accepted_length_hist.png", "per_position_acceptance.png", "per_category.png"):
         assert (tmp_path / "eval" / png).stat().st_size > 1000
     assert "| **all** |" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_plots_put_integer_ticks_on_the_draft_position_axis(tmp_path, monkeypatch):
+    """Draft positions and accepted lengths are whole numbers: no 1.25, 1.5 ticks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from draftheads.decode.plots import write_plots
+
+    rep = summarize([turn("a", "all", [1, 3, 2], 1.0, 3.0)], [])
+    ticks = []
+    close = plt.close
+
+    def record_then_close(fig):
+        ticks.append(fig.axes[0].get_xticks().tolist())
+        close(fig)
+
+    monkeypatch.setattr(plt, "close", record_then_close)
+    write_plots(rep, tmp_path)
+    hist, positions = ticks[0], ticks[1]
+    assert len(positions) >= 2 and all(float(t).is_integer() for t in positions), positions
+    assert len(hist) >= 2 and all(float(t).is_integer() for t in hist), hist

@@ -1,9 +1,9 @@
-"""``draftheads bench`` and ``draftheads demo``: the whole pipeline on the embedded target.
+"""The benchmark pipeline behind ``draftheads bench`` and ``draftheads demo``, on the embedded target.
 
 Stages, each cached under ``bench.out_dir`` so that a rerun skips what is done:
 
 1. **distill**: the target answers prompts greedily (the embedded train split, plus GSM8K
-   train and CodeAlpaca when ``bench.shared_data`` exists) and, optionally, prompts it wrote
+   train and CodeAlpaca when the optional ``bench.shared_data`` folder exists) and, optionally, prompts it wrote
    itself; ``data.distill`` is resumable row by row.
 2. **features**: one offline feature cache of the distilled chats holding every layer any
    drafter reads (EAGLE-3's three plus the final state; Medusa reads the final state).
@@ -27,6 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from draftheads.bench.report import scaling_plot, summary_lines, write_docs
+from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig, Config
 from draftheads.conf.schema.heads import DraftConfig
@@ -48,13 +50,14 @@ def mark_done(path: Path, info: dict[str, Any] | None = None) -> None:
 
 
 def compose(overrides: list[str]) -> Config:
-    from draftheads.conf.cli import compose as cli_compose
+    """The typed root config for ``overrides`` (how a stage configures a training run)."""
+    from draftheads.conf.commands.compose import compose as compose_config
 
-    return cli_compose(overrides)[0]
+    return compose_config(overrides)[0]
 
 
 # ---- 1. distill -------------------------------------------------------------------------
-def distill_prompts(cfg: Config, b: BenchConfig) -> list:
+def distill_prompts(cfg: BenchArgs, b: BenchConfig) -> list:
     """A fixed, shuffled, breadth-first sample of training prompts (never held-out ones)."""
     from draftheads.data.prompts import prompts_from_config
 
@@ -70,7 +73,7 @@ def distill_prompts(cfg: Config, b: BenchConfig) -> list:
     return prompts[: b.distill_prompts]
 
 
-def stage_distill(cfg: Config, b: BenchConfig, target, tok) -> list[Path]:
+def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
     from draftheads.data.distill import distill, self_prompts
 
     out = Path(b.out_dir) / "distill"
@@ -98,7 +101,7 @@ def stage_distill(cfg: Config, b: BenchConfig, target, tok) -> list[Path]:
 
 
 # ---- 2. features ------------------------------------------------------------------------
-def stage_features(cfg: Config, b: BenchConfig, target, tok, data_dirs: list[Path]) -> Path:
+def stage_features(cfg: BenchArgs, b: BenchConfig, target, tok, data_dirs: list[Path]) -> Path:
     import datasets
 
     from draftheads.data.cache import build_feature_cache
@@ -168,7 +171,7 @@ def train_overrides(kind: str, out: Path, steps: int) -> list[str]:
     raise UserError(f"bench.drafters: unknown drafter {kind!r}; use medusa, eagle or eagle3")
 
 
-def stage_train(cfg: Config, b: BenchConfig, kind: str, rows: list[dict], steps: int, out: Path) -> Path:
+def stage_train(cfg: BenchArgs, b: BenchConfig, kind: str, rows: list[dict], steps: int, out: Path) -> Path:
     from draftheads.train.recipe import train
 
     if done(out):
@@ -184,22 +187,26 @@ def stage_train(cfg: Config, b: BenchConfig, kind: str, rows: list[dict], steps:
     return out
 
 
-def target_group(cfg: Config) -> str:
+def target_group(cfg: BenchArgs) -> str:
     return f"tiny-{cfg.target.tiny}" if cfg.target.tiny else "smollm2"
 
 
 # ---- 4. tree ----------------------------------------------------------------------------
-def stage_tree(cfg: Config, b: BenchConfig, heads: Path) -> None:
-    from draftheads.decode.commands import tree
+def stage_tree(cfg: BenchArgs, target, tok, heads: Path) -> None:
+    """Choose the Medusa tree from measured head accuracies and this device's costs (tree.json)."""
+    from draftheads.data.prompts import load_prompts
+    from draftheads.decode.tree import TREE_FILE
+    from draftheads.decode.tree_select import select_tree
+    from draftheads.heads import Drafter
 
-    if (heads / "tree.json").is_file():
+    if (heads / TREE_FILE).is_file():
         return
     log("tree: measuring Medusa head accuracies and the verification cost curve")
-    tcfg = compose(
-        [f"target={target_group(cfg)}", f"heads={heads}", "decode.tree_size=0", "decode.tree_max_size=16"]
-    )
-    tcfg.target = cfg.target
-    tree(tcfg)
+    dc = replace(cfg.decode, tree_size=0, tree_max_size=16)
+    prompts = [r.turns[0] for r in load_prompts("heldout", max_prompts=dc.tree_prompts, tokenizer=tok)]
+    drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok, map_location=target.device)
+    record = select_tree(target, drafter, tok, prompts, dc, log=log)
+    (heads / TREE_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
 # ---- 5. eval ----------------------------------------------------------------------------
@@ -223,9 +230,10 @@ def eval_prompts(name: str, b: BenchConfig, tok) -> list:
 
 
 def stage_eval(
-    cfg: Config, b: BenchConfig, target, tok, heads: Path, name: str, baselines: list[str]
+    cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path, name: str, baselines: list[str]
 ) -> dict | None:
     from draftheads.decode.evaluate import run_eval
+    from draftheads.decode.report import environment, summarize, write_report
     from draftheads.heads import Drafter
 
     out = heads / f"eval-{name}"
@@ -236,22 +244,22 @@ def stage_eval(
         log(f"eval {heads.name} on {name}: skipped (no prompts; is {b.shared_data} there?)")
         return None
     log(f"eval {heads.name} on {name}: {len(prompts)} prompts, {b.eval_new_tokens} new tokens")
-    ecfg = replace(
-        cfg,
-        eval=replace(cfg.eval, output_dir=str(out), baselines=baselines, prompts=name),
-        decode=replace(cfg.decode, max_new_tokens=b.eval_new_tokens),
-        heads=str(heads),
-    )
+    decode = replace(cfg.decode, max_new_tokens=b.eval_new_tokens)
     drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok)
-    report = run_eval(ecfg, target=target, tokenizer=tok, drafter=drafter, prompts=prompts)
+    results = run_eval(target, tok, drafter, prompts, decode, baselines, warmup=cfg.eval.warmup)
+    report = summarize(results, baselines)
+    report.update(
+        prompts=name, heads=str(heads), drafter=drafter.kind, environment=environment(target, decode)
+    )
+    write_report(report, results, baselines, out)
     mark_done(out)
     return report
 
 
 # ---- 6. scaling -------------------------------------------------------------------------
-def stage_scaling(cfg: Config, b: BenchConfig, target, tok, cache: Path, kind: str) -> list[dict]:
+def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path, kind: str) -> list[dict]:
     from draftheads.decode import SpeculativeGenerator
-    from draftheads.decode.evaluate import chat_ids
+    from draftheads.decode.prompting import encode_prompt
     from draftheads.heads import Drafter
 
     H = target.config.hidden_size
@@ -273,9 +281,7 @@ def stage_scaling(cfg: Config, b: BenchConfig, target, tok, cache: Path, kind: s
             gen = SpeculativeGenerator(target, drafter, tokenizer=tok, config=cfg.decode)
             accepted, steps_n = 0, 0
             for p in prompts:
-                ids = chat_ids(
-                    tok, [{"role": "user", "content": p.turns[0]}], next(target.parameters()).device
-                )
+                ids = encode_prompt(tok, p.turns[0]).to(next(target.parameters()).device)
                 gen.generate(ids, max_new_tokens=b.eval_new_tokens)
                 accepted += sum(gen.last_stats.accepted_lengths)
                 steps_n += len(gen.last_stats.accepted_lengths)
@@ -312,28 +318,8 @@ def main_point(results: dict[str, Any], kind: str) -> list[dict]:
     ]
 
 
-def scaling_plot(points: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([p["answer_tokens"] for p in points], [p["tau"] for p in points], marker="o")
-    ax.set(
-        xscale="log",
-        xlabel="training answer tokens",
-        ylabel="τ on held-out prompts",
-        title="τ against training data",
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # ---- the pipeline -----------------------------------------------------------------------
-def pipeline(cfg: Config, b: BenchConfig) -> dict[str, Any]:
+def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
     """Run (or resume) every stage; returns what the docs page is written from."""
     from draftheads.heads.target import load_target
 
@@ -350,7 +336,7 @@ def pipeline(cfg: Config, b: BenchConfig) -> dict[str, Any]:
         del rows
         results["train"][kind] = json.loads((heads / ".done").read_text())
         if kind == "medusa":
-            stage_tree(cfg, b, heads)
+            stage_tree(cfg, target, tok, heads)
         reports = {}
         for name in b.eval_sets:
             baselines = list(b.baselines) if kind == b.drafters[0] else []
@@ -365,7 +351,7 @@ def pipeline(cfg: Config, b: BenchConfig) -> dict[str, Any]:
     return results
 
 
-def bench(cfg: Config) -> None:
+def bench(cfg: BenchArgs) -> None:
     """``make bench``: the whole pipeline at benchmark size; writes ``bench.docs``."""
     b = cfg.bench
     results = pipeline(cfg, b)
@@ -379,9 +365,10 @@ def bench(cfg: Config) -> None:
     print(summary_lines(results))
 
 
-def demo(cfg: Config) -> None:
+def demo(cfg: BenchArgs) -> None:
     """``make demo``: a small drafter trained, evaluated and streaming, in minutes."""
-    from draftheads.decode.commands import generate
+    from draftheads.conf.commands.args import GenerateArgs
+    from draftheads.conf.commands.decode import generate
 
     b = replace(
         cfg.bench,
@@ -403,125 +390,5 @@ def demo(cfg: Config) -> None:
     print(summary_lines(results))
     prompt = cfg.prompt or "Write a Python function that checks whether a number is prime."
     log(f"streaming one answer with speculative decoding: {prompt!r}")
-    gcfg = replace(
-        cfg,
-        heads=str(Path(b.out_dir) / "eagle3"),
-        prompt=prompt,
-        decode=replace(cfg.decode, max_new_tokens=160),
-    )
-    generate(gcfg)
-
-
-def summary_lines(results: dict[str, Any]) -> str:
-    lines = []
-    for kind, reports in results["drafters"].items():
-        for name, r in reports.items():
-            line = (
-                f"{kind:<7} {name:<11} τ {r['tau']:.2f}  speedup {r['speedup']:.2f}×  "
-                f"({r['tokens_per_s']:.1f} vs {r['baseline_tokens_per_s']:.1f} tok/s)  "
-                f"greedy identical {r['greedy_identical']:.2f}"
-            )
-            if "pld" in r:
-                line += f"  | prompt lookup τ {r['pld']['tau']:.2f} speedup {r['pld']['speedup']:.2f}×"
-            lines.append(line)
-    for p in results.get("scaling", []):
-        lines.append(f"scaling: {p['answer_tokens']} answer tokens -> τ {p['tau']:.2f}")
-    return "\n".join(lines)
-
-
-def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
-    """docs/benchmarks.md from the measured results (overwritten by every bench run)."""
-    env = next((r["environment"] for reps in results["drafters"].values() for r in reps.values()), {})
-    pld = {name: r["pld"] for reps in results["drafters"].values() for name, r in reps.items() if "pld" in r}
-    lines = [
-        "## Measured results",
-        "",
-        "Measured by `make bench` (`draftheads bench`), greedy, batch 1, on the embedded SmolLM2-135M-Instruct "
-        "target in fp32. Every number below comes from one run; speedups compare, in that same run and on the "
-        "same prompts, against the target's plain greedy `generate` and transformers' prompt lookup decoding "
-        "(`prompt_lookup_num_tokens=10`).",
-        "",
-        f"- Hardware: {env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores, torch threads "
-        f"{env.get('torch_threads', '?')}, device {env.get('device', '?')}",
-        f"- Versions: {json.dumps(env.get('versions', {}))}",
-        f"- Whole run: {results['seconds'] / 60:.0f} min. Settings: `{json.dumps(vars(b))}`",
-        "",
-        "## Training",
-        "",
-        "| drafter | steps | answer tokens | minutes |",
-        "|---|---|---|---|",
-    ]
-    for kind, t in results["train"].items():
-        lines.append(
-            f"| {kind} | {t.get('steps')} | {t.get('answer_tokens')} | {t.get('seconds', 0) / 60:.1f} |"
-        )
-    lines += [
-        "",
-        "## Acceptance and speed",
-        "",
-        "| drafter | prompt set | τ | speedup | tok/s | greedy tok/s | greedy identical | turns |"
-        " prompt lookup τ | prompt lookup speedup |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for kind, reports in results["drafters"].items():
-        for name, r in reports.items():
-            p = pld.get(name, {})
-            lines.append(
-                f"| {kind} | {name} | {r['tau']:.2f} | {r['speedup']:.2f}× | {r['tokens_per_s']:.1f} | "
-                f"{r['baseline_tokens_per_s']:.1f} | {r['greedy_identical']:.2f} | {r['num_turns']} | "
-                f"{p.get('tau', float('nan')):.2f} | {p.get('speedup', float('nan')):.2f}× |"
-            )
-    for kind, reports in results["drafters"].items():
-        cats = reports.get("spec_bench", {}).get("per_category")
-        if not cats:
-            continue
-        lines += [
-            "",
-            f"### Spec-Bench per category: {kind}",
-            "",
-            "| category | τ | speedup | prompt lookup speedup |",
-            "|---|---|---|---|",
-        ]
-        pcats = (
-            next(
-                (r for r in results["drafters"].values() if "spec_bench" in r and "pld" in r["spec_bench"]),
-                {},
-            )
-            .get("spec_bench", {})
-            .get("per_category", {})
-        )
-        for cat, r in cats.items():
-            ps = pcats.get(cat, {}).get("pld", {}).get("speedup", float("nan"))
-            lines.append(f"| {cat} | {r['tau']:.2f} | {r['speedup']:.2f}× | {ps:.2f}× |")
-    if results["scaling"]:
-        lines += [
-            "",
-            "## τ against training data (EAGLE drafter, held-out prompts)",
-            "",
-            "| answer tokens | steps | τ |",
-            "|---|---|---|",
-        ]
-        for p in results["scaling"]:
-            lines.append(f"| {p['answer_tokens']} | {p['steps']} | {p['tau']:.2f} |")
-        lines += ["", f"Plot: `{Path(b.out_dir) / 'scaling.png'}`."]
-    lines += [
-        "",
-        "Reproduce: `make bench` (or `draftheads bench bench.out_dir=outputs/bench`); stages are cached "
-        "under `bench.out_dir`, so a rerun skips what is done.",
-    ]
-    replace_section(path, "\n".join(lines))
-
-
-BEGIN, END = "<!-- bench:begin (written by draftheads bench) -->", "<!-- bench:end -->"
-
-
-def replace_section(path: Path, body: str) -> None:
-    """Write ``body`` between the bench markers of ``path``, keeping the hand-written rest."""
-    text = path.read_text() if path.is_file() else ""
-    block = f"{BEGIN}\n{body}\n{END}"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
-    else:
-        text = (text.rstrip() + "\n\n" if text else "") + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    decode = replace(cfg.decode, max_new_tokens=160)
+    generate(GenerateArgs(cfg.target, decode, heads=str(Path(b.out_dir) / "eagle3"), prompt=prompt))

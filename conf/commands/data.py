@@ -1,12 +1,13 @@
-"""``draftheads data | distill | features``: the pipeline's commands, each taking the typed Config."""
+"""``draftheads data | distill | features``: the data pipeline's commands."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+from draftheads.conf.commands.args import DataArgs, DistillArgs, FeaturesArgs
+from draftheads.conf.commands.checks import not_a_checkpoint
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema import Config
 
 TRAINED_OPEN, TRAINED_CLOSE = "\u27e6", "\u27e7"
 
@@ -25,10 +26,17 @@ def mark_trained(tokenizer, input_ids: list[int], loss_mask: list[int]) -> str:
     return "".join(f"{TRAINED_OPEN}{t}{TRAINED_CLOSE}" if m else t for m, t in parts)
 
 
-def data(cfg: Config) -> None:
-    """Prepare the configured data set; print counts, skip reasons and ``data.show`` marked examples."""
+def data(cfg: DataArgs) -> None:
+    """Prepare the configured data set; print counts, skip reasons and ``data.show`` marked examples.
+
+    ``out_dir=DIR`` saves the rows (``datasets.save_to_disk``); a directory holding a drafter
+    checkpoint or a training run is refused before any work.
+    """
     from draftheads.data.prepare import prepare_dataset
     from draftheads.heads.target import load_tokenizer
+
+    if cfg.out:
+        not_a_checkpoint(cfg.out, "out_dir")
 
     tok = load_tokenizer(cfg.target)
     ds, report = prepare_dataset(cfg.data, tok, "train")
@@ -46,14 +54,14 @@ def data(cfg: Config) -> None:
         print(f"saved {len(ds)} rows to {cfg.out}")
 
 
-def drafter_layers(cfg: Config, num_layers: int) -> list[int]:
+def drafter_layers(cfg: FeaturesArgs, num_layers: int) -> list[int]:
     """The target layers the configured drafter reads (what the feature cache must store)."""
     if cfg.data.features.layers:
         return list(cfg.data.features.layers)
     return cfg.draft.training_layers(num_layers)
 
 
-def features(cfg: Config) -> None:
+def features(cfg: FeaturesArgs) -> None:
     """Build the offline feature cache of the configured data set for the configured drafter."""
     from draftheads.data.cache import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
@@ -64,6 +72,7 @@ def features(cfg: Config) -> None:
             "the feature cache needs unpacked rows (packed documents would attend to each other); "
             "set data.packing=false"
         )
+    not_a_checkpoint(cfg.data.features.out_dir, "data.features.out_dir")
     model, tok = load_target(cfg.target)
     ds, report = prepare_dataset(cfg.data, tok, "train")
     print(report.format(), file=sys.stderr)
@@ -86,7 +95,7 @@ def features(cfg: Config) -> None:
     )
 
 
-def distill(cfg: Config) -> None:
+def distill(cfg: DistillArgs) -> None:
     """Answer the configured prompts (or target-written ones) with the target; resumable."""
     from draftheads.data.distill import distill as run_distill
     from draftheads.data.distill import self_prompts
@@ -96,6 +105,7 @@ def distill(cfg: Config) -> None:
     d = cfg.data.distill
     if d.source not in ("data", "self"):
         raise UserError(f"data.distill.source={d.source} is unknown; use data (answer data.path) or self")
+    not_a_checkpoint(d.out_dir, "data.distill.out_dir")
     model, tok = load_target(cfg.target)
     generate = None
     if d.heads:

@@ -2,8 +2,8 @@
 
 Reusable from Python (``measure_speed``) and runnable as a short benchmark::
 
-    python -m draftheads.decode.speed --heads DIR [--tiny llama] [--batch 1 4 8] [--new 64] [--prompts 8]
-    python -m draftheads.decode.speed --heads DIR --batch 1 --dynamic 4,4,8 4,5,12 3,3,6   # EAGLE-2 trees
+    draftheads speed heads=DIR [target=tiny-llama] [speed.batch_sizes=[1,4,8]] [decode.max_new_tokens=64]
+    draftheads speed heads=DIR speed.batch_sizes=[1] speed.dynamic=[[4,4,8],[4,5,12]]  # EAGLE-2 trees
 
 Both methods decode the same chat-templated prompts back to back in one process, batch by
 batch (left-padded), greedy; the table also says whether the outputs were identical.
@@ -11,14 +11,28 @@ batch (left-padded), greedy; the table also says whether the outputs were identi
 
 from __future__ import annotations
 
-import argparse
 import time
+from dataclasses import replace
 
 import torch
 
+from draftheads.conf.commands.args import SpeedArgs
+from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
-from draftheads.decode.commands import BUILTIN_PROMPTS, encode_prompt
 from draftheads.decode.generator import SpeculativeGenerator
+from draftheads.decode.prompting import encode_prompt
+
+# A fixed, varied prompt set: the measurement needs no data download.
+BUILTIN_PROMPTS = [
+    "Explain what a KV cache is in two sentences.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What is 17 times 23? Show your steps.",
+    "Give three tips for writing clear emails.",
+    "Summarise the plot of Romeo and Juliet.",
+    "How do I reverse a list in Python?",
+    "Name the planets of the solar system in order.",
+    "What causes the seasons on Earth?",
+]
 
 
 def _batches(tok, prompts: list[str], size: int):
@@ -91,53 +105,41 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join([head, *body])
 
 
-def main(argv: list[str] | None = None) -> None:
-    from draftheads.conf.schema.heads import TargetConfig
+def speed(args: SpeedArgs) -> None:
+    """``draftheads speed``: one table per decode setting (``speed.dynamic`` compares EAGLE-2 trees)."""
     from draftheads.heads import Drafter, load_target
     from draftheads.heads.base import resolve_checkpoint_dir
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--heads", required=True)
-    ap.add_argument("--tiny", default=None, help="a tiny random target (llama, gpt2, ...) instead of SmolLM2")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--tree", default="auto")
-    ap.add_argument(
-        "--dynamic",
-        nargs="+",
-        default=None,
-        metavar="K,DEPTH,TOTAL",
-        help="EAGLE-2 tree settings to compare (top_k_draft,depth,total_tokens), one table each",
-    )
-    a = ap.parse_args(argv)
-    tcfg = TargetConfig(device=a.device, dtype=a.dtype)
-    if a.tiny:
-        tcfg = TargetConfig(name_or_path=f"tiny-{a.tiny}", tiny=a.tiny, device=a.device, dtype=a.dtype)
-    target, tok = load_target(tcfg)
-    directory = resolve_checkpoint_dir(a.heads)
+    if not args.heads:
+        raise UserError("draftheads speed needs heads=DIR (a checkpoint directory or a hub id)")
+    configs = [replace(args.decode, **dynamic_setting(text)) for text in args.speed.dynamic] or [args.decode]
+    directory = resolve_checkpoint_dir(args.heads, args.revision)
+    target, tok = load_target(args.target)
     drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok, map_location=target.device)
-    prompts = (BUILTIN_PROMPTS * (a.prompts // len(BUILTIN_PROMPTS) + 1))[: a.prompts]
-    configs = [DecodeConfig(tree=a.tree)]
-    if a.dynamic:
-        configs = [DecodeConfig(tree=a.tree, **dynamic_setting(text)) for text in a.dynamic]
-    for cfg in configs:
-        rows = measure_speed(target, drafter, tok, prompts, tuple(a.batch), a.new, cfg, str(directory))
-        if a.dynamic:
-            print(f"top_k_draft={cfg.top_k_draft} depth={cfg.depth} total_tokens={cfg.total_tokens}")
+    n = args.speed.prompts
+    prompts = (BUILTIN_PROMPTS * (n // len(BUILTIN_PROMPTS) + 1))[:n]
+    for dc in configs:
+        rows = measure_speed(
+            target,
+            drafter,
+            tok,
+            prompts,
+            tuple(args.speed.batch_sizes),
+            dc.max_new_tokens,
+            dc,
+            str(directory),
+        )
+        if args.speed.dynamic:
+            print(f"top_k_draft={dc.top_k_draft} depth={dc.depth} total_tokens={dc.total_tokens}")
         print(format_rows(rows), flush=True)
 
 
-def dynamic_setting(text: str) -> dict[str, int]:
-    """``"K,DEPTH,TOTAL"`` -> the DecodeConfig fields of an EAGLE-2 dynamic tree."""
-    try:
-        k, depth, total = (int(x) for x in text.split(","))
-    except ValueError:
-        raise SystemExit(f"--dynamic {text!r}: give top_k_draft,depth,total_tokens, e.g. 4,4,8") from None
+def dynamic_setting(setting: list[int]) -> dict[str, int]:
+    """``[K, DEPTH, TOTAL]`` -> the DecodeConfig fields of an EAGLE-2 dynamic tree."""
+    if len(setting) != 3:
+        raise UserError(
+            f"speed.dynamic entry {list(setting)}: give [top_k_draft,depth,total_tokens], "
+            "e.g. speed.dynamic=[[4,4,8],[4,5,12]]"
+        )
+    k, depth, total = setting
     return {"top_k_draft": k, "depth": depth, "total_tokens": total}
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,144 @@
+"""The benchmark's summary lines, its scaling plot, and the measured section of its docs page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from draftheads.conf.schema import BenchConfig
+
+
+def scaling_plot(points: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot([p["answer_tokens"] for p in points], [p["tau"] for p in points], marker="o")
+    ax.set(
+        xscale="log",
+        xlabel="training answer tokens",
+        ylabel="τ on held-out prompts",
+        title="τ against training data",
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_lines(results: dict[str, Any]) -> str:
+    lines = []
+    for kind, reports in results["drafters"].items():
+        for name, r in reports.items():
+            line = (
+                f"{kind:<7} {name:<11} τ {r['tau']:.2f}  speedup {r['speedup']:.2f}×  "
+                f"({r['tokens_per_s']:.1f} vs {r['baseline_tokens_per_s']:.1f} tok/s)  "
+                f"greedy identical {r['greedy_identical']:.2f}"
+            )
+            if "pld" in r:
+                line += f"  | prompt lookup τ {r['pld']['tau']:.2f} speedup {r['pld']['speedup']:.2f}×"
+            lines.append(line)
+    for p in results.get("scaling", []):
+        lines.append(f"scaling: {p['answer_tokens']} answer tokens -> τ {p['tau']:.2f}")
+    return "\n".join(lines)
+
+
+def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
+    """docs/benchmarks.md from the measured results (overwritten by every bench run)."""
+    env = next((r["environment"] for reps in results["drafters"].values() for r in reps.values()), {})
+    pld = {name: r["pld"] for reps in results["drafters"].values() for name, r in reps.items() if "pld" in r}
+    lines = [
+        "## Measured results",
+        "",
+        "Measured by `make bench` (`draftheads bench`), greedy, batch 1, on the embedded SmolLM2-135M-Instruct "
+        "target in fp32. Every number below comes from one run; speedups compare, in that same run and on the "
+        "same prompts, against the target's plain greedy `generate` and transformers' prompt lookup decoding "
+        "(`prompt_lookup_num_tokens=10`).",
+        "",
+        f"- Hardware: {env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores, torch threads "
+        f"{env.get('torch_threads', '?')}, device {env.get('device', '?')}",
+        f"- Versions: {json.dumps(env.get('versions', {}))}",
+        f"- Whole run: {results['seconds'] / 60:.0f} min. Settings: `{json.dumps(vars(b))}`",
+        "",
+        "## Training",
+        "",
+        "| drafter | steps | answer tokens | minutes |",
+        "|---|---|---|---|",
+    ]
+    for kind, t in results["train"].items():
+        lines.append(
+            f"| {kind} | {t.get('steps')} | {t.get('answer_tokens')} | {t.get('seconds', 0) / 60:.1f} |"
+        )
+    lines += [
+        "",
+        "## Acceptance and speed",
+        "",
+        "| drafter | prompt set | τ | speedup | tok/s | greedy tok/s | greedy identical | turns |"
+        " prompt lookup τ | prompt lookup speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, reports in results["drafters"].items():
+        for name, r in reports.items():
+            p = pld.get(name, {})
+            lines.append(
+                f"| {kind} | {name} | {r['tau']:.2f} | {r['speedup']:.2f}× | {r['tokens_per_s']:.1f} | "
+                f"{r['baseline_tokens_per_s']:.1f} | {r['greedy_identical']:.2f} | {r['num_turns']} | "
+                f"{p.get('tau', float('nan')):.2f} | {p.get('speedup', float('nan')):.2f}× |"
+            )
+    for kind, reports in results["drafters"].items():
+        cats = reports.get("spec_bench", {}).get("per_category")
+        if not cats:
+            continue
+        lines += [
+            "",
+            f"### Spec-Bench per category: {kind}",
+            "",
+            "| category | τ | speedup | prompt lookup speedup |",
+            "|---|---|---|---|",
+        ]
+        pcats = (
+            next(
+                (r for r in results["drafters"].values() if "spec_bench" in r and "pld" in r["spec_bench"]),
+                {},
+            )
+            .get("spec_bench", {})
+            .get("per_category", {})
+        )
+        for cat, r in cats.items():
+            ps = pcats.get(cat, {}).get("pld", {}).get("speedup", float("nan"))
+            lines.append(f"| {cat} | {r['tau']:.2f} | {r['speedup']:.2f}× | {ps:.2f}× |")
+    if results["scaling"]:
+        lines += [
+            "",
+            "## τ against training data (EAGLE drafter, held-out prompts)",
+            "",
+            "| answer tokens | steps | τ |",
+            "|---|---|---|",
+        ]
+        for p in results["scaling"]:
+            lines.append(f"| {p['answer_tokens']} | {p['steps']} | {p['tau']:.2f} |")
+        lines += ["", f"Plot: `{Path(b.out_dir) / 'scaling.png'}`."]
+    lines += [
+        "",
+        "Reproduce: `make bench` (or `draftheads bench bench.out_dir=outputs/bench`); stages are cached "
+        "under `bench.out_dir`, so a rerun skips what is done.",
+    ]
+    replace_section(path, "\n".join(lines))
+
+
+BEGIN, END = "<!-- bench:begin (written by draftheads bench) -->", "<!-- bench:end -->"
+
+
+def replace_section(path: Path, body: str) -> None:
+    """Write ``body`` between the bench markers of ``path``, keeping the hand-written rest."""
+    text = path.read_text() if path.is_file() else ""
+    block = f"{BEGIN}\n{body}\n{END}"
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+    else:
+        text = (text.rstrip() + "\n\n" if text else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

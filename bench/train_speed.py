@@ -1,0 +1,56 @@
+"""Training throughput on this machine (a benchmark, not a test)::
+
+    draftheads train-speed speed.cache=outputs/bench/features draft=eagle3 speed.tokens=8000 speed.steps=8
+
+Trains ``speed.steps`` steps of the ``make bench`` recipe for one drafter on the first
+``speed.tokens`` answer tokens of an offline feature cache (as ``draftheads bench`` does), then
+prints the per-step losses and the mean training tokens/s after the first step (which pays
+one-off costs).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from draftheads.bench.pipeline import compose, load_rows, target_group, train_overrides
+from draftheads.conf.commands.args import TrainSpeedArgs
+from draftheads.conf.errors import UserError
+
+
+def drafter_name(args: TrainSpeedArgs) -> str:
+    """``medusa``, ``eagle`` or ``eagle3``: the bench recipe that trains ``args.draft``."""
+    if args.draft.kind == "medusa":
+        return "medusa"
+    return "eagle3" if args.draft.version == 3 else "eagle"
+
+
+def train_speed(args: TrainSpeedArgs) -> None:
+    """``draftheads train-speed``: losses and training tokens/s of a few bench-recipe steps."""
+    from draftheads.data.cache import FeatureCache
+    from draftheads.train.metrics import read_metrics
+    from draftheads.train.recipe import train
+
+    cache = Path(args.speed.cache)
+    if not (cache / "manifest.json").is_file():
+        raise UserError(
+            f"speed.cache={cache} is not a feature cache; build one with `draftheads features` or `make bench`"
+        )
+    kind = drafter_name(args)
+    with tempfile.TemporaryDirectory() as out:
+        cfg = compose(
+            [
+                f"target={target_group(args)}",
+                *train_overrides(kind, Path(out), args.speed.steps),
+                "train.progress=false",
+                "train.log_every=1",
+            ]
+        )
+        cfg.target = args.target
+        hidden = FeatureCache(cache).fingerprint.hidden_size
+        rows = load_rows(cache, hidden, "last" if kind == "medusa" else "all", args.speed.tokens)
+        train(cfg, rows=rows)
+        logged = [r for r in read_metrics(Path(out)) if "tokens_per_s" in r]
+    rates = [r["tokens_per_s"] for r in logged[1:]] or [logged[0]["tokens_per_s"]]
+    print("losses:", " ".join(f"{r['loss']:.3f}" for r in logged))
+    print(f"{kind}: {sum(rates) / len(rates):.0f} training tokens/s over {len(logged)} steps")

@@ -1,0 +1,40 @@
+"""``draftheads bench``, ``demo``, ``speed``, ``train-speed``, ``data-speed``: the benchmark room's doors."""
+
+from __future__ import annotations
+
+from draftheads.conf.commands.args import BenchArgs, DataSpeedArgs, SpeedArgs, TrainSpeedArgs
+
+
+def bench(args: BenchArgs) -> None:
+    """The whole pipeline at benchmark size (``make bench``)."""
+    from draftheads.bench.pipeline import bench as run
+
+    run(args)
+
+
+def demo(args: BenchArgs) -> None:
+    """A small drafter trained, evaluated and streaming, in minutes (``make demo``)."""
+    from draftheads.bench.pipeline import demo as run
+
+    run(args)
+
+
+def speed(args: SpeedArgs) -> None:
+    """Speculative against plain greedy decoding, tokens/s per batch size."""
+    from draftheads.bench.decode_speed import speed as run
+
+    run(args)
+
+
+def train_speed(args: TrainSpeedArgs) -> None:
+    """Training tokens/s of the bench recipe on a feature cache."""
+    from draftheads.bench.train_speed import train_speed as run
+
+    run(args)
+
+
+def data_speed(args: DataSpeedArgs) -> None:
+    """Tokenising and feature-extraction tokens/s."""
+    from draftheads.bench.data_speed import data_speed as run
+
+    run(args)

@@ -1,0 +1,65 @@
+"""Hydra composition of the typed root config, with every failure reduced to one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftheads.conf.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parent.parent
+GROUPS = ("target", "draft", "data", "train", "deepspeed", "logger", "decode", "eval")
+
+
+def group_options(group: str) -> list[str]:
+    """The option names of a config group (its YAML files under ``conf/<group>/``)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def compose(overrides: list[str]):
+    """Compose and validate the config; returns the typed :class:`Config` and its DictConfig."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from draftheads.conf.schema import register
+
+    register()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="draftheads.conf", version_base="1.3"):
+            dcfg = hydra_compose(config_name="config", overrides=overrides)
+        return OmegaConf.to_object(dcfg), dcfg
+    except UserError:
+        raise
+    except Exception as e:  # Hydra/OmegaConf errors: reduce them to one line
+        raise UserError(config_error_line(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def missing_option_line(msg: str) -> str | None:
+    """For "Could not find 'group/name'": the line listing that group's real options."""
+    import re
+
+    m = re.search(r"Could not (?:find|load) '([\w-]+)/([^']*)'", msg)
+    if not m or m.group(1) not in GROUPS:
+        return None
+    group, name = m.groups()
+    return f"{group}={name} is not a {group} option; use one of {'|'.join(group_options(group))}"
+
+
+def config_error_line(e: BaseException) -> str:
+    """One line from a Hydra/OmegaConf composition error, naming the key."""
+    err = e
+    while err.__cause__ is not None and not getattr(err, "full_key", None):
+        err = err.__cause__
+    msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    key = getattr(err, "full_key", None)
+    if "not in" in msg or "Key '" in msg and "not" in msg:
+        return f"unknown config key {key or msg}: {msg}; run `draftheads <command> --help` to see its keys"
+    if "Could not find" in msg or "Could not load" in msg:
+        return missing_option_line(msg) or f"{msg}; check the group option name"
+    if key:
+        return f"bad value for {key}: {msg}"
+    return f"invalid config: {msg}"

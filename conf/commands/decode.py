@@ -1,0 +1,123 @@
+"""``draftheads generate``, ``tree`` and ``eval``: decoding with a trained drafter."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from draftheads.conf.commands.args import EvalArgs, GenerateArgs, TreeArgs
+from draftheads.conf.commands.checks import context_length, prompt_fits, writable_dir, writable_file
+from draftheads.conf.errors import UserError
+
+
+def load(heads: str | None, revision: str | None, target_cfg, command: str):
+    """``(target, tokenizer, drafter, checkpoint directory)`` for ``heads=`` (a directory or hub id)."""
+    from draftheads.heads import Drafter, load_target
+    from draftheads.heads.base import resolve_checkpoint_dir
+
+    if not heads:
+        raise UserError(f"draftheads {command} needs heads=DIR (a checkpoint directory or a hub id ORG/NAME)")
+    directory = resolve_checkpoint_dir(heads, revision)
+    target, tok = load_target(target_cfg)
+    drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok, map_location=target.device)
+    return target, tok, drafter, directory
+
+
+def generate(args: GenerateArgs) -> None:
+    """Stream the answer to ``prompt`` as it is accepted, then print τ and tokens/s."""
+    from transformers import TextStreamer
+
+    from draftheads.decode import SpeculativeGenerator
+    from draftheads.decode.prompting import encode_prompt
+
+    if not args.prompt:
+        raise UserError(
+            'draftheads generate needs a prompt: prompt="...", --prompt "..." or prompt_file=PATH'
+        )
+    target, tok, drafter, directory = load(args.heads, args.revision, args.target, "generate")
+    ids = encode_prompt(tok, args.prompt, args.decode.chat)
+    warning = prompt_fits(ids.shape[1], args.decode.max_new_tokens, context_length(target))
+    if warning:
+        print(warning, file=sys.stderr)
+    gen = SpeculativeGenerator(target, drafter, tok, args.decode, tree_dir=str(directory))
+    torch.manual_seed(args.decode.seed)
+    streamer = TextStreamer(tok, skip_special_tokens=True)
+    for step in gen.stream(ids.to(target.device)):
+        streamer.put(torch.tensor(step[0], dtype=torch.long))
+    streamer.end()
+    s = gen.last_stats
+    print(
+        f"\n[{s.new_tokens} tokens in {s.total_time_s:.2f}s: {s.tokens_per_s:.1f} tokens/s, "
+        f"tau {s.tau:.2f} over {s.target_forwards - 1} steps (+1 prefill), "
+        f"draft {s.draft_time_s:.2f}s / verify {s.verify_time_s:.2f}s]"
+    )
+
+
+def tree_path(args: TreeArgs) -> Path:
+    """Where tree.json goes: ``out_dir`` (a file, or a directory to hold tree.json), else beside local heads."""
+    from draftheads.decode.tree import TREE_FILE
+
+    if args.out:
+        out = Path(args.out).expanduser()
+        if out.suffix == ".json" and not out.is_dir():
+            return writable_file(out, "out_dir")
+        return writable_dir(out, "out_dir") / TREE_FILE
+    if args.heads and Path(args.heads).expanduser().is_dir():
+        return writable_file(Path(args.heads).expanduser() / TREE_FILE, "heads")
+    return writable_file(TREE_FILE, "out_dir")
+
+
+def tree(args: TreeArgs) -> None:
+    """Measure per-head top-k accuracies on held-out prompts and save the best tree as tree.json."""
+    from draftheads.data.prompts import load_prompts
+    from draftheads.decode.tree_select import select_tree
+
+    dc = args.decode
+    if dc.tree_size < 0 or dc.tree_topk < 1 or dc.tree_prompts < 1 or dc.tree_new_tokens < 1:
+        raise UserError(
+            f"decode.tree_size={dc.tree_size}, tree_topk={dc.tree_topk}, tree_prompts={dc.tree_prompts}, "
+            f"tree_new_tokens={dc.tree_new_tokens}: need size >= 0 and the others >= 1"
+        )
+    out = tree_path(args) if args.out or args.heads else None
+    target, tok, drafter, _ = load(args.heads, args.revision, args.target, "tree")
+    rows = load_prompts("heldout", max_prompts=dc.tree_prompts, tokenizer=tok)
+    record = select_tree(target, drafter, tok, [r.turns[0] for r in rows], dc)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"tree of {record['size']} tokens (expected tau {record['expected_tau']:.2f}) saved to {out}")
+    if not Path(str(args.heads)).expanduser().is_dir() and not args.out:
+        print(f"(heads= is a hub id; pass decode.tree={out} to use it)")
+
+
+def evaluate(args: EvalArgs) -> dict:
+    """τ and speedup on ``eval.prompts``; writes report.json, report.md and plots to ``eval.out_dir``."""
+    from draftheads.data.prompts import load_prompts
+    from draftheads.decode.evaluate import check_baselines, run_eval
+    from draftheads.decode.report import environment, summarize, summary_line, write_report
+
+    e = args.eval
+    baselines = list(e.baselines or [])
+    if e.assistant_model and "assisted" not in baselines:
+        baselines.append("assisted")
+    check_baselines(baselines, bool(e.assistant_model))
+    out = writable_dir(e.output_dir, "eval.out_dir")
+    target, tok, drafter, _ = load(args.heads, args.revision, args.target, "eval")
+    prompts = load_prompts(e.prompts, max_prompts=e.max_prompts, tokenizer=tok)
+    if not prompts:
+        raise UserError(f"eval.prompts={e.prompts} gave no prompts; check the path or name")
+    assistant = None
+    if e.assistant_model:
+        from transformers import AutoModelForCausalLM
+
+        assistant = AutoModelForCausalLM.from_pretrained(e.assistant_model).to(target.device)
+    results = run_eval(target, tok, drafter, prompts, args.decode, baselines, assistant, e.warmup)
+    report = summarize(results, baselines)
+    env = environment(target, args.decode)
+    report.update(prompts=e.prompts, heads=str(args.heads), drafter=drafter.kind, environment=env)
+    write_report(report, results, baselines, out)
+    print(summary_line(report, baselines))
+    print(f"report: {out / 'report.json'}")
+    return report

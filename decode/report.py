@@ -1,0 +1,152 @@
+"""The evaluation report: the turns' numbers (overall and per category), as JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode.evaluate import TurnResult
+
+
+def summarize(results: list[TurnResult], baselines: list[str]) -> dict[str, Any]:
+    """Aggregate turns into the report's numbers (overall and per category)."""
+
+    def agg(rs: list[TurnResult]) -> dict[str, Any]:
+        steps = [a for r in rs for a in r.accepted_lengths]
+        new = sum(r.new_tokens for r in rs)
+        spec_s, base_s = sum(r.spec_time_s for r in rs), sum(r.base_time_s for r in rs)
+        depth = max(steps, default=1)
+        # per_position_acceptance[i]: fraction of decoding steps that accepted more than i+1
+        # tokens, i.e. whose (i+1)-th drafted token was accepted.
+        ppa = [sum(a > i + 1 for a in steps) / max(len(steps), 1) for i in range(depth - 1)]
+        out = {
+            "tau": sum(steps) / max(len(steps), 1),
+            "per_position_acceptance": ppa,
+            "tokens_per_s": new / spec_s if spec_s else 0.0,
+            "baseline_tokens_per_s": new / base_s if base_s else 0.0,
+            "speedup": base_s / spec_s if spec_s else 0.0,
+            "greedy_identical": sum(r.identical for r in rs) / max(len(rs), 1),
+            "num_turns": len(rs),
+            "num_prompts": len({r.prompt_id for r in rs}),
+            "num_new_tokens": new,
+            "target_forwards": sum(r.target_forwards for r in rs),
+            "accepted_length_histogram": {str(k): steps.count(k) for k in sorted(set(steps))},
+            # where a decoding step's time goes: the drafter's proposal, and the target's verify
+            # forward; against the baseline's ms per token they give the break-even τ
+            "draft_ms_per_step": 1e3 * sum(r.draft_time_s for r in rs) / max(len(steps), 1),
+            "verify_ms_per_step": 1e3 * sum(r.verify_time_s for r in rs) / max(len(steps), 1),
+            "baseline_ms_per_token": 1e3 * base_s / new if new else 0.0,
+        }
+        for b in baselines:
+            b_new = sum(r.baselines[b]["new_tokens"] for r in rs)
+            b_s = sum(r.baselines[b]["time_s"] for r in rs)
+            b_fw = sum(r.baselines[b]["target_forwards"] for r in rs)
+            # the first forward of a generate call is the prefill, not a decoding step
+            b_steps = b_fw - len(rs)
+            out[b] = {
+                "tau": b_new / max(b_steps, 1),
+                "tokens_per_s": b_new / b_s if b_s else 0.0,
+                "speedup": base_s / b_s if b_s else 0.0,
+            }
+        return out
+
+    report = agg(results)
+    cats = defaultdict(list)
+    for r in results:
+        cats[r.category].append(r)
+    if len(cats) > 1:
+        report["per_category"] = {c: agg(rs) for c, rs in sorted(cats.items())}
+    return report
+
+
+def environment(target: nn.Module, decode: DecodeConfig) -> dict[str, Any]:
+    """Hardware, library versions and decode settings, recorded with every report."""
+    import transformers
+
+    from draftheads.conf import __version__
+
+    device = next(target.parameters()).device
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+
+    return {
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
+        "versions": {
+            "draftheads": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "decode": dict(vars(decode)),
+    }
+
+
+def write_markdown(report: dict[str, Any], baselines: list[str], path: Path) -> None:
+    """A Markdown table: overall row, then one row per category."""
+    cols = ["τ", "tok/s", "baseline tok/s", "speedup", "greedy identical", "turns", "new tokens"]
+    cols += ["draft ms/step", "verify ms/step", "baseline ms/token"]
+    cols += [f"{b} τ" for b in baselines] + [f"{b} speedup" for b in baselines]
+    lines = ["| set | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+
+    def row(name: str, r: dict[str, Any]) -> str:
+        vals = [
+            f"{r['tau']:.2f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['baseline_tokens_per_s']:.1f}",
+            f"{r['speedup']:.2f}×",
+            f"{r['greedy_identical']:.2f}",
+            str(r["num_turns"]),
+            str(r["num_new_tokens"]),
+            f"{r['draft_ms_per_step']:.1f}",
+            f"{r['verify_ms_per_step']:.1f}",
+            f"{r['baseline_ms_per_token']:.1f}",
+        ]
+        vals += [f"{r[b]['tau']:.2f}" for b in baselines] + [f"{r[b]['speedup']:.2f}×" for b in baselines]
+        return f"| {name} | " + " | ".join(vals) + " |"
+
+    lines.append(row("**all**", report))
+    for cat, r in report.get("per_category", {}).items():
+        lines.append(row(cat, r))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_report(report: dict[str, Any], results: list[TurnResult], baselines: list[str], out: Path) -> None:
+    """``report.json``, ``turns.jsonl``, ``report.md`` and the plots, into the directory ``out``."""
+    from draftheads.decode.plots import write_plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "turns.jsonl").write_text("".join(json.dumps(vars(r)) + "\n" for r in results))
+    write_markdown(report, baselines, out / "report.md")
+    write_plots(report, out)
+
+
+def summary_line(report: dict[str, Any], baselines: list[str]) -> str:
+    """One line: τ, speedup, tokens/s, greedy identity and each baseline's τ and speedup."""
+    line = (
+        f"τ {report['tau']:.2f}  speedup {report['speedup']:.2f}×  "
+        f"({report['tokens_per_s']:.1f} vs {report['baseline_tokens_per_s']:.1f} tok/s)  "
+        f"greedy identical {report['greedy_identical']:.2f}  on {report['num_turns']} turns"
+    )
+    for b in baselines:
+        line += f"  | {b}: τ {report[b]['tau']:.2f} speedup {report[b]['speedup']:.2f}×"
+    return line
