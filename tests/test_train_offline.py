@@ -1,0 +1,125 @@
+"""Where target features meet the drafter: a default (bfloat16) feature cache and a bfloat16
+target train fp32 drafters; top-k soft labels from the cache; exact EAGLE-3 logged losses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftheads.conf.errors import UserError
+from draftheads.data.cache import build_feature_cache
+from draftheads.heads import Drafter
+from draftheads.heads.features import target_features
+from draftheads.train.batching import collate
+from draftheads.train.metrics import Window
+from draftheads.train.modules import EagleObjective
+from draftheads.train.objectives import (
+    label_mask,
+    soft_cross_entropy,
+    sparse_soft_cross_entropy,
+    topk_teacher,
+)
+from draftheads.train.recipe import build_drafter, train
+from tests.conftest import get_target
+from tests.test_train_recipe import config, losses, make_rows
+
+EAGLE3 = ("draft=eagle3", "draft.ttt_steps=2", "train.lr=3e-3", "train.max_steps=2", "train.eval_every=2")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return make_rows()
+
+
+def feature_cache(tmp_path, rows, draft: str = "draft=eagle3", **kw):
+    """A cache built with the defaults (bfloat16 features) for the drafter ``draft``."""
+    model, tok = get_target("llama")
+    cfg = config(tmp_path, draft)
+    layers = cfg.draft.training_layers(model.config.num_hidden_layers)
+    directory = tmp_path / f"cache-{draft[6:]}-{kw.get('topk', 0)}"
+    m = build_feature_cache(model, tok, rows, directory, layers, show_progress=False, **kw)
+    assert m["dtype"] == "bfloat16"
+    return directory
+
+
+def test_a_default_feature_cache_trains_an_fp32_drafter_end_to_end(tmp_path, rows):
+    cache = feature_cache(tmp_path, rows)
+    out = train(config(tmp_path, *EAGLE3, "train.features=offline", f"train.feature_cache={cache}"))
+    assert len(losses(out)) == 2 and all(torch.isfinite(torch.tensor(losses(out))))
+    model, tok = get_target("llama")
+    assert Drafter.from_pretrained(out, target=model, tokenizer=tok).version == 3
+
+
+def test_topk_cache_trains_eagle3_and_is_refused_where_full_logits_are_needed(tmp_path, rows):
+    cache = feature_cache(tmp_path, rows, topk=16)
+    offline = ("train.features=offline", f"train.feature_cache={cache}")
+    out = train(config(tmp_path, *EAGLE3, *offline, name="topk"))
+    assert all(torch.isfinite(torch.tensor(losses(out))))
+    eagle1 = (
+        "train.features=offline",
+        f"train.feature_cache={feature_cache(tmp_path, rows, 'draft=eagle', topk=16)}",
+    )
+    with pytest.raises(UserError, match=r"holds top-k logits, but draft=eagle \(EAGLE-1\).*soft_labels=full"):
+        train(config(tmp_path, "draft=eagle", "train.max_steps=1", *eagle1, name="eagle1"))
+    assert not (tmp_path / "eagle1" / "metrics.jsonl").exists()
+    plain = feature_cache(tmp_path, rows)
+    with pytest.raises(UserError, match="stores no top-k logits; rebuild it with data.features.topk"):
+        train(
+            config(
+                tmp_path, *EAGLE3, "train.features=offline", f"train.feature_cache={plain}",
+                "train.soft_labels=topk", name="plain",
+            )
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("draft", ["draft=eagle", "draft=eagle3", "draft=medusa"])
+def test_a_bfloat16_target_trains_an_fp32_drafter(tmp_path, rows, draft):
+    cfg = config(tmp_path, draft, "target.dtype=bfloat16", "train.max_steps=2", "train.eval_every=2")
+    assert all(torch.isfinite(torch.tensor(losses(train(cfg, rows)))))
+
+
+def test_topk_loss_equals_the_full_vocabulary_loss_restricted_to_the_same_support():
+    g = torch.Generator().manual_seed(0)
+    V, D, N, k = 50, 20, 6, 8
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[torch.randperm(V, generator=g)[:D]] = True
+    draft_ids = t2d.nonzero().flatten()
+    teacher = torch.randn(N, V, generator=g) * 3
+    teacher[:, draft_ids[0]] += 10  # every row keeps at least one top-k entry in the draft vocabulary
+    student = torch.randn(N, D, generator=g)
+    vals, ids = teacher.topk(k, dim=-1)
+    support = torch.full_like(teacher, float("-inf")).scatter(1, ids, vals)
+    full = soft_cross_entropy(student, support[:, draft_ids])
+    sparse = sparse_soft_cross_entropy(student, *topk_teacher(ids, vals, t2d))
+    torch.testing.assert_close(sparse, full)
+
+
+def test_eagle3_logged_loss_weights_each_micro_batch_by_its_counted_rows(tmp_path, rows):
+    model, tok = get_target("llama")
+    cfg = config(tmp_path, "draft=eagle3", "draft.ttt_steps=1")
+    drafter = build_drafter(cfg, model, tok)
+    batches = [collate(list(rows.select(r)), 0) for r in (range(0, 3), range(3, 8))]
+
+    def greedy(batch):  # the target's top-1 at each position
+        final, _ = target_features(
+            model, batch["input_ids"], batch["attention_mask"], [model.config.num_hidden_layers]
+        )
+        return model.lm_head(final).argmax(-1)
+
+    # A draft vocabulary holding every other token the target predicts, so some rows do not count.
+    seen = torch.cat([greedy(b).flatten() for b in batches]).unique()
+    rest = torch.tensor(
+        [i for i in range(drafter.target_fingerprint.vocab_size) if i not in set(seen.tolist())]
+    )
+    drafter.set_vocab(torch.cat([seen[::2], rest])[: drafter.draft_vocab_size])
+    objective = EagleObjective(drafter, model, cfg.draft, 5)
+    window, num, den = Window(), 0.0, 0
+    for batch in batches:
+        loss, stats = objective(batch)
+        window.add(stats)
+        # by hand: rows t whose x_{t+2} is trained and whose target top-1 at t+1 is drafted
+        counted = label_mask(batch["loss_mask"], 2) & drafter.t2d[torch.roll(greedy(batch), -1, 1)]
+        n = int(counted.sum())
+        assert 0 < n < int(label_mask(batch["loss_mask"], 2).sum())
+        num, den = num + float(loss.detach()) * n, den + n
+    assert window.reduce()["step0/loss"] == pytest.approx(num / den, rel=1e-6)
