@@ -6,6 +6,12 @@ components of ``data.mixture``; ``embedded`` counts as its three components), no
 mixes components by weight, optionally packs, and returns the dataset with a
 :class:`PrepareReport`.
 
+Rows are read and normalised in Python (each malformed row is counted with its reason), and
+from there flow as ``datasets.Dataset``: tokenizing is a batched ``map``, rows that cannot
+train are removed with ``filter``, a mixture is ``select`` over the concatenated components
+(exact per-component counts, unlike sampling with ``interleave_datasets``), and packing is one
+batched ``map``. The datasets are in memory, so no cache files are written.
+
 Columns: ``input_ids`` and ``loss_mask`` (``loss_mask[t] = 1``: token ``t`` is an assistant token
 the drafter learns to predict), ``source`` (component name) and, unless packed, ``id``. Packed
 rows add ``position_ids`` restarting at 0 at each document, and never train a document's first
@@ -22,6 +28,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from draftheads.conf.errors import UserError
@@ -205,74 +212,138 @@ def finish_row(
     return ids, mask, truncated
 
 
-def prepare_source(
-    spec: SourceSpec, tokenizer, cfg: DataConfig, split: str
-) -> tuple[list[dict], SourceReport]:
-    """Rows (dicts) of one source and its report."""
-    report = SourceReport(spec.name, spec.path, spec.format, weight=spec.weight)
-    rows: list[dict] = []
-    pending: list[Example] = []
+NO_ANSWER = "prompt-only row has no answer (run `draftheads distill` to answer it)"
 
-    def flush() -> None:
-        for ex, enc in zip(pending, encode_examples(tokenizer, pending)):
-            if isinstance(enc, RowError):
-                malformed(ex.id, enc)
-                continue
-            done = finish_row(*enc, cfg.max_length, cfg.min_loss_tokens)
-            if isinstance(done, str):
-                report.skip(ex.id, done, malformed=False)
-                continue
-            ids, mask, truncated = done
-            report.truncated += truncated
-            report.kept += 1
-            report.tokens += len(ids)
-            report.loss_tokens += sum(mask)
-            rows.append({"input_ids": ids, "loss_mask": mask, "source": spec.name, "id": ex.id})
-        pending.clear()
 
-    def malformed(row_id: str, err: RowError) -> None:
-        if cfg.strict:
-            raise UserError(
-                f"malformed row {row_id} in {spec.path}: {err}; fix the row or set data.strict=false to skip it"
-            )
-        report.skip(row_id, str(err), malformed=True)
+def example_features():
+    """Arrow types of normalised examples: chat ``messages`` or plain ``text`` per row."""
+    import datasets
 
+    turn = {"role": datasets.Value("string"), "content": datasets.Value("string")}
+    return datasets.Features(
+        {"id": datasets.Value("string"), "messages": datasets.List(turn), "text": datasets.Value("string")}
+    )
+
+
+def row_features(packed: bool):
+    """Arrow types of the prepared dataset's columns."""
+    import datasets
+
+    ints = {
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "loss_mask": datasets.List(datasets.Value("int8")),
+    }
+    if packed:
+        return datasets.Features(
+            {
+                **ints,
+                "position_ids": datasets.List(datasets.Value("int32")),
+                "source": datasets.Value("string"),
+            }
+        )
+    return datasets.Features({**ints, "source": datasets.Value("string"), "id": datasets.Value("string")})
+
+
+def normalised(spec: SourceSpec, split: str, report: SourceReport, cfg: DataConfig):
+    """One source's trainable examples as a ``datasets.Dataset``; malformed and prompt-only rows counted."""
+    import datasets
+
+    records = []
     for ex in examples(spec, split, report, cfg.strict, cfg.system_prompt):
         if isinstance(ex, tuple):
-            malformed(*ex)
-            continue
-        if not ex.has_answer():
-            report.skip(ex.id, "prompt-only row has no answer (run `draftheads distill` to answer it)", False)
-            continue
-        pending.append(ex)
-        if len(pending) >= CHUNK:
-            flush()
-    flush()
-    return rows, report
+            malformed(report, spec, cfg.strict, *ex)
+        elif not ex.has_answer():
+            report.skip(ex.id, NO_ANSWER, malformed=False)
+        else:
+            records.append({"id": ex.id, "messages": ex.messages, "text": ex.text})
+    features = example_features()
+    return datasets.Dataset.from_dict({c: [r[c] for r in records] for c in features}, features=features)
 
 
-def mix(parts: list[tuple[list[dict], SourceReport]], seed: int) -> list[dict]:
+def malformed(report: SourceReport, spec: SourceSpec, strict: bool, row_id: str, err: RowError | str) -> None:
+    """Count a malformed row, or raise on it under ``data.strict=true``."""
+    if strict:
+        raise UserError(
+            f"malformed row {row_id} in {spec.path}: {err}; fix the row or set data.strict=false to skip it"
+        )
+    report.skip(row_id, str(err), malformed=True)
+
+
+def encode_batch(batch: dict, tokenizer, max_length: int, min_loss: int) -> dict:
+    """``datasets.map`` function: token ids and loss masks, or the reason a row cannot train."""
+    exs = [Example(i, m or [], t) for i, m, t in zip(batch["id"], batch["messages"], batch["text"])]
+    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "truncated": [], "reason": [], "malformed": []}
+    for enc in encode_examples(tokenizer, exs):
+        ids, mask, truncated, reason = [], [], False, ""
+        if isinstance(enc, RowError):
+            reason = str(enc)
+        else:
+            done = finish_row(*enc, max_length, min_loss)
+            if isinstance(done, str):
+                reason = done
+            else:
+                ids, mask, truncated = done
+        out["input_ids"].append(ids)
+        out["loss_mask"].append(mask)
+        out["truncated"].append(truncated)
+        out["reason"].append(reason)
+        out["malformed"].append(isinstance(enc, RowError))
+    return out
+
+
+def prepare_source(spec: SourceSpec, tokenizer, cfg: DataConfig, split: str):
+    """One source's tokenized rows (``datasets.Dataset``) and its report."""
+    import datasets
+
+    report = SourceReport(spec.name, spec.path, spec.format, weight=spec.weight)
+    ds = normalised(spec, split, report, cfg)
+    if not len(ds):
+        features = row_features(packed=False)
+        return datasets.Dataset.from_dict({c: [] for c in features}, features=features), report
+    ds = ds.map(
+        encode_batch,
+        batched=True,
+        batch_size=CHUNK,
+        fn_kwargs={"tokenizer": tokenizer, "max_length": cfg.max_length, "min_loss": cfg.min_loss_tokens},
+        remove_columns=["messages", "text"],
+        desc=f"tokenize {spec.name}",
+    )
+    for row_id, reason, bad in zip(ds["id"], ds["reason"], ds["malformed"]):
+        if bad:
+            malformed(report, spec, cfg.strict, row_id, reason)
+        elif reason:
+            report.skip(row_id, reason, malformed=False)
+    ds = ds.filter(lambda reason: not reason, input_columns="reason")
+    report.kept = len(ds)
+    report.truncated = sum(ds["truncated"])
+    report.tokens = sum(len(ids) for ids in ds["input_ids"])
+    report.loss_tokens = sum(sum(m) for m in ds["loss_mask"])
+    ds = ds.select_columns(["input_ids", "loss_mask", "id"]).map(lambda _: {"source": spec.name})
+    return ds.cast(row_features(packed=False)), report
+
+
+def mix(parts: list, seed: int):
     """Resample components to their weights' shares of the total row count, then shuffle.
 
     The total is the number of kept rows over all components. A component asked for more rows
     than it has is repeated (its ``mixed_rows`` exceeds ``kept``); the report shows both.
     """
-    total = sum(len(rows) for rows, _ in parts)
+    import datasets
+
+    total = sum(len(ds) for ds, _ in parts)
     wsum = sum(r.weight for _, r in parts)
     rng = random.Random(seed)
-    out: list[dict] = []
-    for rows, report in parts:
-        n = round(total * report.weight / wsum)
-        if not rows:
-            report.mixed_rows = 0
-            continue
-        order = list(range(len(rows)))
-        rng.shuffle(order)
-        picked = [rows[order[i % len(rows)]] for i in range(n)]
-        report.mixed_rows = len(picked)
-        out += picked
-    rng.shuffle(out)
-    return out
+    picked, offset = [], 0
+    for ds, report in parts:
+        n = round(total * report.weight / wsum) if len(ds) else 0
+        order = list(range(len(ds)))
+        if order:
+            rng.shuffle(order)
+        picked += [offset + order[i % len(ds)] for i in range(n)]
+        report.mixed_rows = n
+        offset += len(ds)
+    rng.shuffle(picked)
+    return datasets.concatenate_datasets([ds for ds, _ in parts]).select(picked)
 
 
 def pack(rows: list[dict], max_length: int) -> list[dict]:
@@ -296,39 +367,60 @@ def pack(rows: list[dict], max_length: int) -> list[dict]:
     return [p for p in packed if sum(p["loss_mask"])]
 
 
-def to_dataset(rows: list[dict], packed: bool):
+def pack_batch(batch: dict, max_length: int) -> dict:
+    """``datasets.map`` function over the whole dataset: :func:`pack` in columns."""
+    rows = [
+        {"input_ids": i, "loss_mask": m, "source": s}
+        for i, m, s in zip(batch["input_ids"], batch["loss_mask"], batch["source"])
+    ]
+    packed = pack(rows, max_length)
+    return {c: [p[c] for p in packed] for c in ("input_ids", "loss_mask", "position_ids", "source")}
+
+
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """Silence ``datasets``' per-step progress bars (the report is the output), then restore them."""
     import datasets
 
-    cols = (
-        ["input_ids", "loss_mask", "position_ids", "source"]
-        if packed
-        else ["input_ids", "loss_mask", "source", "id"]
-    )
-    features = datasets.Features(
-        {
-            "input_ids": datasets.Sequence(datasets.Value("int32")),
-            "loss_mask": datasets.Sequence(datasets.Value("int8")),
-            "position_ids": datasets.Sequence(datasets.Value("int32")),
-            "source": datasets.Value("string"),
-            "id": datasets.Value("string"),
-        }
-    )
-    return datasets.Dataset.from_dict(
-        {c: [r[c] for r in rows] for c in cols}, features=datasets.Features({c: features[c] for c in cols})
-    )
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
 
 
 def prepare_dataset(cfg: DataConfig, tokenizer, split: str = "train"):
     """Tokenized, loss-masked rows of ``cfg``'s sources: ``(datasets.Dataset, PrepareReport)``."""
     check_split(split)
+    with no_progress_bars():
+        return build(cfg, tokenizer, split)
+
+
+def build(cfg: DataConfig, tokenizer, split: str):
+    """:func:`prepare_dataset`'s work: every source through ``datasets``, mixed, maybe packed."""
+    import datasets
+
     specs = source_specs(cfg)
     parts = [prepare_source(spec, tokenizer, cfg, split) for spec in specs]
     report = PrepareReport(split=split, max_length=cfg.max_length, sources=[r for _, r in parts])
-    rows = mix(parts, cfg.seed) if cfg.mixture else [row for rows, _ in parts for row in rows]
+    if cfg.mixture:
+        ds = mix(parts, cfg.seed)
+    else:
+        ds = datasets.concatenate_datasets([d for d, _ in parts])
     if cfg.packing:
-        rows = pack(rows, cfg.max_length)
+        ds = ds.map(
+            pack_batch,
+            batched=True,
+            batch_size=None,
+            fn_kwargs={"max_length": cfg.max_length},
+            remove_columns=ds.column_names,
+            features=row_features(packed=True),
+            desc="pack",
+        )
         report.packed = True
-    if not rows:
+    if not len(ds):
         why = "; ".join(
             f"{s.name}: {s.read} read, "
             + (", ".join(f"{n}x {r}" for r, n in s.reasons.most_common(2)) or "none kept")
@@ -337,7 +429,7 @@ def prepare_dataset(cfg: DataConfig, tokenizer, split: str = "train"):
         raise UserError(
             f"no training rows for split {split} ({why}); check data.path, data.format and data.fields"
         )
-    report.rows = len(rows)
-    report.tokens = sum(len(r["input_ids"]) for r in rows)
-    report.loss_tokens = sum(sum(r["loss_mask"]) for r in rows)
-    return to_dataset(rows, cfg.packing), report
+    report.rows = len(ds)
+    report.tokens = sum(len(ids) for ids in ds["input_ids"])
+    report.loss_tokens = sum(sum(m) for m in ds["loss_mask"])
+    return ds, report
