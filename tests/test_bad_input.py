@@ -162,13 +162,23 @@ def test_commands_stop_before_writing_anything(tmp_path, monkeypatch, capsys, ar
     assert snapshot(tmp_path) == before
 
 
+def hub_lookups(monkeypatch) -> list:
+    """The calls ``datasets.load_dataset`` receives from now on (it is what looks a name up on the Hub)."""
+    import datasets
+
+    calls: list = []
+    real = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a) or real(*a, **k))
+    return calls
+
+
 def test_typo_in_a_prompt_set_name_lists_the_sets_without_a_hub_lookup(monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # would be looked up online if it got that far
+    calls = hub_lookups(monkeypatch)
     with pytest.raises(UserError) as e:
         load_prompts("gsm8k-test")
     msg = str(e.value)
     assert "\n" not in msg and "gsm8k-test" in msg and ", ".join(PROMPT_SETS) in msg
-    assert set(SHARED) | {"heldout", "humaneval"} == set(PROMPT_SETS)
+    assert set(SHARED) | {"heldout", "humaneval"} == set(PROMPT_SETS) and calls == []
 
 
 def test_prompt_file_without_usable_rows_names_the_file_and_the_reasons(tmp_path):
@@ -205,10 +215,37 @@ def test_a_mapped_column_that_is_absent_is_named_in_the_reasons(tmp_path, tokeni
 
 def test_a_typo_in_data_path_is_refused_without_a_hub_lookup(tmp_path, tokenizer, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # would be looked up online if it got that far
+    calls = hub_lookups(monkeypatch)
     with pytest.raises(
         UserError, match=r"data.path=embeded is not a file .*did you mean data.path=embedded\?"
     ):
         prepare_dataset(DataConfig(path="embeded"), tokenizer)
     with pytest.raises(UserError, match=r"data.path=trian.jsonl does not exist"):
         prepare_dataset(DataConfig(path="trian.jsonl"), tokenizer)
+    assert calls == []
+
+
+def documented_command_lines(doc: Path) -> list[list[str]]:
+    """``draftheads <command> key=value ...`` lines of a doc's code blocks and inline code, as argv."""
+    import re
+    import shlex
+
+    lines = re.findall(r"^draftheads (\w+ [^#\n]*)", doc.read_text(), flags=re.M)
+    lines += re.findall(r"`draftheads (\w+ [^`]*)`", doc.read_text())
+    return [
+        shlex.split(line.replace("...", "").replace("=DIR", "=outputs/x").replace("OUT_DIR", "outputs/x"))
+        for line in lines
+    ]
+
+
+def test_every_command_line_of_the_data_docs_is_accepted(monkeypatch, capsys):
+    doc = Path(__file__).resolve().parents[1] / "docs" / "data.md"
+    argvs = documented_command_lines(doc)
+    assert len(argvs) >= 6
+    for argv in argvs:
+        assert main([*argv, "--cfg", "job"]) == 0, (argv, capsys.readouterr().err)
+    for override in [
+        "data.fields.text=body",
+        "data.fields={conversations: dialog, from: speaker, value: text}",
+    ]:
+        assert main(["data", override, "--cfg", "job"]) == 0, capsys.readouterr().err
