@@ -201,3 +201,150 @@ def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
     assert (
         cfg.draft.training_layers(L) == expected["medusa" if draft["kind"] == "medusa" else draft["version"]]
     )
+
+
+# ---- EAGLE-3 feature layers and nonsensical drafter configs ---------------------------------------
+def test_default_eagle3_layers_are_distinct_ascending_and_servable():
+    from draftheads.conf.schema.heads import default_eagle3_layers
+
+    for L in range(4, 257):
+        layers = default_eagle3_layers(L)
+        assert len(set(layers)) == 3 and layers == sorted(layers) and 1 <= layers[0] and layers[-1] <= L - 1
+    assert default_eagle3_layers(32) == [2, 16, 29]  # EAGLE-3's own choice where it is distinct
+    for L in (1, 2, 3):  # fewer than three servable layers (1..L-1): refused, with the way out
+        with pytest.raises(UserError, match="draft.feature_layers") as e:
+            default_eagle3_layers(L)
+        assert "\n" not in str(e.value)
+
+
+def _read_draft(**overrides):
+    """A DraftConfig as the command line reads it: the schema merged with overrides, then built."""
+    from omegaconf import OmegaConf
+
+    from draftheads.conf.schema.heads import DraftConfig
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DraftConfig), overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (dict(feature_layers=[3, 1, 2]), "ascending order"),
+        (dict(feature_layers=[1, 1, 2]), "listed twice"),
+        (dict(feature_layers=[0, 1, 2]), "layer 0"),
+        (dict(feature_layers=[1, 2]), "reads 3 target layer"),
+        (dict(draft_vocab_size=0), "draft.draft_vocab_size=0"),
+        (dict(ttt_steps=0), "draft.ttt_steps=0"),
+        (dict(token_loss_weight=-1.0), "draft.token_loss_weight=-1.0 must not be negative"),
+        (dict(kind="medusa", num_heads=0), "draft.num_heads=0"),
+        (dict(kind="medusa", lm_head="tied"), "draft.lm_head='tied'"),
+        (dict(kind="mtp"), "draft.kind='mtp'"),
+        (dict(version=2), "draft.version=2"),
+    ],
+)
+def test_nonsensical_draft_configs_are_refused_when_read(overrides, match):
+    with pytest.raises(UserError, match=match) as e:
+        _read_draft(**{"kind": "eagle", "version": 3, **overrides})
+    assert "\n" not in str(e.value)
+
+
+def test_feature_layers_beyond_the_target_are_refused_when_the_drafter_is_built(tiny_llama):
+    model, _, fp = tiny_llama
+    with pytest.raises(UserError, match=r"4 layers, so ids must be in 1\.\.4"):
+        build("eagle", model, fp, version=3, feature_layers=[1, 2, 9], draft_vocab_size=300)
+
+
+# ---- what loading refuses: another target, NaN weights, disagreeing files -----------------------
+def test_a_drafter_for_another_architecture_or_other_weights_is_refused(tmp_path, tiny_llama):
+    from draftheads.conf.schema.heads import TargetConfig
+    from draftheads.heads.target import load_target
+    from tests.conftest import get_target
+
+    model, tok, fp = tiny_llama
+    MedusaHeads(fp, num_heads=2).save_pretrained(tmp_path / "d")
+    mistral, mtok = get_target("mistral")  # same sizes and tokenizer as tiny-llama
+    with pytest.raises(UserError, match=r"tiny-llama.*tiny-mistral.*mismatch: model_type") as e:
+        Drafter.from_pretrained(tmp_path / "d", target=mistral, tokenizer=mtok)
+    assert "\n" not in str(e.value)
+    reseeded, rtok = load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama", seed=1))
+    with pytest.raises(UserError, match=r"mismatch: weights"):
+        Drafter.from_pretrained(tmp_path / "d", target=reseeded, tokenizer=rtok)
+    # the same weights in bfloat16 are the same target
+    bf16, btok = load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama", dtype="bfloat16"))
+    Drafter.from_pretrained(tmp_path / "d", target=bf16, tokenizer=btok)
+
+
+def test_old_checkpoints_without_the_new_fingerprint_fields_still_load(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    MedusaHeads(fp, num_heads=2).save_pretrained(tmp_path)
+    conf = json.loads((tmp_path / "config.json").read_text())
+    for key in ("model_type", "weight_sample"):
+        del conf["target"][key]
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    loaded = Drafter.from_pretrained(tmp_path, target=model, tokenizer=tok)
+    assert loaded.target_fingerprint.model_type == "" and loaded.target_fingerprint.weight_sample == ()
+
+
+def test_nan_weights_are_refused(tmp_path, tiny_llama):
+    from safetensors.torch import load_file, save_file
+
+    model, tok, fp = tiny_llama
+    MedusaHeads(fp, num_heads=2).save_pretrained(tmp_path)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    sd["blocks.1.0.linear.weight"][3, 5] = float("nan")
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(UserError, match="blocks.1.0.linear.weight holds NaN or infinite values") as e:
+        Drafter.from_pretrained(tmp_path, target=model, tokenizer=tok)
+    assert "\n" not in str(e.value)
+
+
+def test_info_refuses_a_checkpoint_whose_config_and_weights_disagree(tmp_path, tiny_llama, capsys):
+    from draftheads.conf.schema import Config
+    from draftheads.heads.commands import info
+
+    _, _, fp = tiny_llama
+    MedusaHeads(fp, num_heads=2).save_pretrained(tmp_path)
+    info(Config(heads=str(tmp_path)))
+    assert "kind: medusa" in capsys.readouterr().out
+    conf = json.loads((tmp_path / "config.json").read_text())
+    conf["spec"]["num_heads"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(UserError, match="does not match the drafter in config.json") as e:
+        info(Config(heads=str(tmp_path)))
+    assert "\n" not in str(e.value) and "kind:" not in capsys.readouterr().out
+
+
+def test_medusa2_checkpoint_loads_its_adapters_and_decodes_like_the_adapted_target(tmp_path, tokenizer):
+    """The CLI's load (Drafter.from_pretrained on a fresh target) puts the LoRA adapters on."""
+    from draftheads.conf.schema.decode import DecodeConfig
+    from draftheads.conf.schema.heads import DraftConfig, TargetConfig
+    from draftheads.decode import SpeculativeGenerator
+    from draftheads.heads.target import fingerprint, load_target
+    from draftheads.train.adapters import add_lora, save_adapters
+
+    tcfg = TargetConfig(name_or_path="tiny-llama", tiny="llama")
+    base, tok = load_target(tcfg)
+    fp = fingerprint(base, tok)
+    adapted = add_lora(base, DraftConfig(lora=True, lora_r=4, lora_target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # adapters that change the target's greedy text
+    adapted.eval()  # no LoRA dropout
+    heads = MedusaHeads(fp, num_heads=3)
+    randomize(heads)
+    heads.requires_adapters = True
+    heads.save_pretrained(tmp_path)
+    save_adapters(adapted, tmp_path)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    expected = adapted.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+    plain, _ = load_target(tcfg)
+    plain_out = plain.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+    assert not torch.equal(plain_out, expected)  # the adapters matter
+
+    target, tok2 = load_target(tcfg)
+    drafter = Drafter.from_pretrained(tmp_path, target=target, tokenizer=tok2, map_location="cpu")
+    assert getattr(target, "peft_config", None)
+    out = SpeculativeGenerator(target, drafter, tok2, DecodeConfig()).generate(ids, max_new_tokens=24)
+    assert torch.equal(out[:, : expected.shape[1]], expected)

@@ -142,6 +142,12 @@ def test_push_errors_are_one_line(hub, tmp_path, tiny_llama, capsys):
     (heads / "model.safetensors").write_bytes(b"truncated")
     with pytest.raises(UserError, match="truncated or corrupt"):
         push_folder(heads, "org/x")
+    heads = trained("medusa", model, fp).save_pretrained(tmp_path / "heads")
+    conf = json.loads((heads / "config.json").read_text())
+    conf["spec"]["num_layers"] = 2  # config.json and the weights disagree
+    (heads / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(UserError, match="does not match the drafter in config.json"):
+        push_folder(heads, "org/x")
     assert "org/x" not in hub.repos  # nothing was published
     assert run_cli("push", [f"heads={heads}"]) == 1
     assert capsys.readouterr().err.strip() == "error: draftheads push needs heads=DIR and repo_id=ORG/NAME"
@@ -218,4 +224,4 @@ def test_push_uploads_adapters_tree_and_the_latest_eval_report(hub, tmp_path, ti
     assert not any(f.startswith("checkpoints/") for f in files)
     assert json.loads(files["report.json"])["tau"] == 2.25
     card = files["README.md"].decode()
-    assert "2.25" in card and "load_adapters(target, local)" in card and "medusa-2" in card
+    assert "2.25" in card and "puts them on the target" in card and "medusa-2" in card

@@ -294,7 +294,7 @@ def test_eagle3_aux_layer_ids_follow_each_engine_convention(tmp_path, tiny_llama
     default = write(tmp_path / "c", llama_config(draft_vocab_size=300), sd, "model.safetensors")
     assert Drafter.from_pretrained(vllm_style, target=model).feature_layers() == [1, 2, 3]
     assert Drafter.from_pretrained(sglang_style, target=model).feature_layers() == [1, 2, 3]
-    assert Drafter.from_pretrained(default, target=model).feature_layers() == [2, 2, 1]  # 2, L//2, L-3
+    assert Drafter.from_pretrained(default, target=model).feature_layers() == [1, 2, 3]  # distinct, from 1
 
 
 def test_medusa2_heads_are_refused_with_the_original_base_model(tmp_path, tiny_llama):

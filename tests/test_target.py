@@ -88,6 +88,32 @@ def test_bad_target_options_are_one_line_errors():
         load_target(TargetConfig(name_or_path="/nonexistent/model"))
 
 
+def test_target_hf_without_a_name_is_refused_when_read():
+    """conf/target/hf.yaml names no model: reading it must not fall back to the embedded SmolLM2."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    hf = OmegaConf.load(str(files("draftheads.conf") / "target" / "hf.yaml"))
+    with pytest.raises(UserError, match="target.name_or_path is not set") as e:
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TargetConfig), hf))
+    assert "\n" not in str(e.value)
+    named = OmegaConf.merge(OmegaConf.structured(TargetConfig), hf, {"name_or_path": "org/model"})
+    assert OmegaConf.to_object(named).name_or_path == "org/model"
+
+
+def test_fingerprint_records_the_architecture_and_a_weight_sample(tiny_llama):
+    from draftheads.heads.target import TargetFingerprint
+
+    model, tok, fp = tiny_llama
+    assert fp.model_type == "llama" and len(fp.weight_sample) > 0
+    assert TargetFingerprint.from_dict(fp.to_dict()) == fp
+    bf16, btok = load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama", dtype="bfloat16"))
+    assert fingerprint(bf16, btok).mismatches(fp) == []  # a bf16 load is the same target
+    other, otok = load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama", seed=7))
+    assert fingerprint(other, otok).mismatches(fp) == ["weights"]
+
+
 def test_installed_package_has_one_import_name(tmp_path):
     """From outside the repository only ``draftheads.*`` is importable, and the wheel holds nothing else."""
     code = (
