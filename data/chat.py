@@ -11,9 +11,11 @@ turns are is read off the template itself, never from hard-coded separators:
   transformers' ``return_assistant_tokens_mask`` reads them.
 
 The end-of-turn token is trained: at inference the target emits it to stop, and a drafter that
-cannot predict it proposes tokens past the end of every answer. Template text after the turn's
-last special token that is only whitespace (SmolLM2's ``"\\n"`` after ``<|im_end|>``) is not
-trained: the target never generates it, the template writes it.
+cannot predict it proposes tokens past the end of every answer. Not so for an answer marked
+``"unfinished": true`` (distillation cut it off at ``max_new_tokens``): the target did not end
+there, so its span stops where the answer's text does and the template's turn end is untrained.
+Template text after the turn's last special token that is only whitespace (SmolLM2's ``"\\n"``
+after ``<|im_end|>``) is not trained: the target never generates it, the template writes it.
 
 Tokens are assigned to a span when their character range overlaps it, so a token that
 straddles the boundary between the generation prompt and the answer is trained.
@@ -86,8 +88,20 @@ def assistant_spans(tokenizer, messages: Messages) -> tuple[str, list[tuple[int,
             raise RowError(
                 f"chat template is not prefix-stable at assistant turn {i}; its span cannot be located"
             )
-        spans.append((len(before), trim_turn_end(full, len(before), len(through), specials)))
+        if m.get("unfinished"):
+            spans.append((len(before), unfinished_end(full, len(before), len(through), m["content"])))
+        else:
+            spans.append((len(before), trim_turn_end(full, len(before), len(through), specials)))
     return full, spans
+
+
+def unfinished_end(text: str, start: int, end: int, content: str) -> int:
+    """End of an unfinished answer's span: where its own text ends inside the rendered turn."""
+    for piece in (content, content.strip()):
+        j = text.find(piece, start, end) if piece else -1
+        if j >= 0:
+            return j + len(piece)
+    raise RowError("the chat template changed an unfinished answer's text; its end cannot be located")
 
 
 def mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
@@ -115,8 +129,13 @@ def encode_chats(
     """Encode many conversations at once (one batched tokenizer call); errors are returned per row."""
     if method == "auto":
         method = "markers" if has_generation_markers(tokenizer) else "prefix"
-    if method == "markers":
-        return [_encode_markers(tokenizer, m) for m in batch]
+    if method == "markers":  # the markers cannot stop a span early: unfinished answers go by prefix
+        return [
+            encode_chats(tokenizer, [m], "prefix")[0]
+            if any(t.get("unfinished") for t in m)
+            else _encode_markers(tokenizer, m)
+            for m in batch
+        ]
     rendered: list[tuple[str, list[tuple[int, int]]] | RowError] = []
     for messages in batch:
         try:

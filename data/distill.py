@@ -9,6 +9,12 @@ Output directory::
 
 Each output row is ``{"id", "category", "messages", "gen", "finish"}``; ``gen`` repeats the
 generation parameters and the target's name and tokenizer hash, so a row is self-describing.
+An answer cut off by ``max_new_tokens`` (``finish`` "length") carries ``"unfinished": true`` in
+its message (``false`` otherwise): training then does not teach an end-of-turn the target never produced there.
+
+**Context length.** A prompt whose tokens plus ``max_new_tokens`` exceed the target's positions
+is skipped before any generation (counted in ``distill.json`` and printed); a later turn that
+would exceed them ends its conversation early (counted in the row's ``finish`` as "context").
 
 **Resume.** Prompts are sorted by length (stable) and cut into fixed batches; batch ``b`` is
 sampled with seed ``seed + b``. Rows are appended per batch and flushed. A rerun repairs a
@@ -17,8 +23,9 @@ batch with the same composition and seed, so a killed-and-resumed run writes exa
 straight run writes. A rerun with other settings is refused.
 
 **Pluggable generation.** Everything goes through a :data:`GenerateFn` (token ids in, new
-token ids out). :func:`hf_generate` wraps ``model.generate``; a speculative decoder with the
-same signature can replace it to generate faster.
+token ids out). :func:`hf_generate` wraps the target's own ``model.generate``;
+:func:`decoder_generate` wraps any decoder with that calling convention (:data:`DecodeFn`, e.g.
+a speculative decoder's ``generate``), which the caller builds and passes in.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import json
 import os
 import re
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,6 +64,9 @@ class GenParams:
 
 # (prompt token ids per row, params, seed) -> (new token ids per row, stopped at end-of-turn per row)
 GenerateFn = Callable[[list[list[int]], GenParams, int], tuple[list[list[int]], list[bool]]]
+# ``decode(input_ids, attention_mask=, max_new_tokens=, do_sample=, temperature=, top_p=,
+# eos_token_id=) -> ids [B, T + new]``: transformers' ``generate`` calling convention.
+DecodeFn = Callable[..., torch.Tensor]
 
 
 def stop_ids(model, tokenizer) -> list[int]:
@@ -115,15 +126,15 @@ def hf_generate(model, tokenizer) -> GenerateFn:
     return batched(model, tokenizer, run)
 
 
-def speculative_generate(model, tokenizer, drafter) -> GenerateFn:
-    """Batched speculative decoding with a trained drafter: the same output as :func:`hf_generate`
-    under greedy decoding (token for token) and the same distribution under sampling, faster."""
-    from draftheads.decode import SpeculativeGenerator
-
-    gen = SpeculativeGenerator(model, drafter, tokenizer=tokenizer)
+def decoder_generate(model, tokenizer, decode: DecodeFn | None = None) -> GenerateFn:
+    """Batched generation through ``decode`` (for example a speculative decoder's ``generate``,
+    which gives :func:`hf_generate`'s output token for token under greedy decoding, faster);
+    without one, the target's own ``generate``."""
+    if decode is None:
+        return hf_generate(model, tokenizer)
 
     def run(ids, attn, p: GenParams, stops, pad):
-        return gen.generate(
+        return decode(
             ids,
             attention_mask=attn,
             max_new_tokens=p.max_new_tokens,
@@ -138,6 +149,24 @@ def speculative_generate(model, tokenizer, drafter) -> GenerateFn:
 
 def sort_key(row: PromptRow) -> int:
     return len(row.turns[0])
+
+
+def max_positions(model) -> int | None:
+    """The target's number of positions (``max_position_embeddings``; GPT-2's ``n_positions``)."""
+    config = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def fits(tokenizer, prompt: PromptRow, limit: int | None, max_new_tokens: int) -> bool:
+    """Whether the first turn's prompt plus ``max_new_tokens`` fits the target's positions."""
+    if limit is None:
+        return True
+    text = generation_prompt(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + max_new_tokens <= limit
 
 
 def repair_shards(out: Path) -> set[str]:
@@ -193,6 +222,19 @@ def distill(
         raise UserError("prompt ids are not unique; give rows an id field or remove duplicates")
     generate = generate or hf_generate(model, tokenizer)
     params = GenParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
+    limit = max_positions(model)
+    kept = [p for p in prompts if fits(tokenizer, p, limit, cfg.max_new_tokens)]
+    if len(kept) < len(prompts):
+        print(
+            f"distill: skipped {len(prompts) - len(kept)} of {len(prompts)} prompts longer than the "
+            f"target's {limit} positions minus data.distill.max_new_tokens={cfg.max_new_tokens}",
+            file=sys.stderr,
+        )
+    if not kept:
+        raise UserError(
+            f"every prompt is longer than the target's {limit} positions minus "
+            f"data.distill.max_new_tokens={cfg.max_new_tokens}; use shorter prompts or fewer new tokens"
+        )
     fp = fingerprint(model, tokenizer)
     gen_meta = {
         **asdict(params),
@@ -211,13 +253,15 @@ def distill(
             "shard_rows": cfg.shard_rows,
             "source": source,
             "num_prompts": len(prompts),
+            "skipped_too_long": len(prompts) - len(kept),
         },
     )
     done = repair_shards(out)
-    order = sorted(prompts, key=sort_key)
+    ids = [p.id for p in kept]
+    order = sorted(kept, key=sort_key)
     batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
     bar = tqdm(
-        total=len(prompts),
+        total=len(kept),
         initial=len(done & set(ids)),
         unit="row",
         disable=not show_progress,
@@ -228,7 +272,7 @@ def distill(
         for b, batch in enumerate(batches):
             if all(p.id in done for p in batch):
                 continue
-            rows, n = answer_batch(tokenizer, batch, generate, params, cfg.seed + b)
+            rows, n = answer_batch(tokenizer, batch, generate, params, cfg.seed + b, limit)
             new_tokens += n
             shard = out / f"shard-{b * cfg.batch_size // cfg.shard_rows:05d}.jsonl"
             with open(shard, "a", encoding="utf-8") as f:
@@ -246,24 +290,44 @@ def distill(
 
 
 def answer_batch(
-    tokenizer, batch: list[PromptRow], generate: GenerateFn, params: GenParams, seed: int
+    tokenizer,
+    batch: list[PromptRow],
+    generate: GenerateFn,
+    params: GenParams,
+    seed: int,
+    limit: int | None = None,
 ) -> tuple[list[dict], int]:
-    """Answer each row's user turns in order (turn t sees the answers to turns < t)."""
+    """Answer each row's user turns in order (turn t sees the answers to turns < t).
+
+    A later turn whose prompt plus ``max_new_tokens`` would pass ``limit`` positions ends that
+    conversation (``finish`` gets "context"); a cut-off answer is marked ``unfinished``.
+    """
     chats: list[list[dict]] = [[] for _ in batch]
     finish: list[list[str]] = [[] for _ in batch]
+    ended: set[int] = set()
     n_new = 0
     for t in range(max(len(p.turns) for p in batch)):
-        live = [i for i, p in enumerate(batch) if t < len(p.turns)]
-        for i in live:
-            chats[i].append({"role": "user", "content": batch[i].turns[t]})
-        enc = [
-            tokenizer(generation_prompt(tokenizer, chats[i]), add_special_tokens=False)["input_ids"]
-            for i in live
-        ]
+        live, enc = [], []
+        for i, p in enumerate(batch):
+            if t >= len(p.turns) or i in ended:
+                continue
+            turn = [*chats[i], {"role": "user", "content": p.turns[t]}]
+            ids = tokenizer(generation_prompt(tokenizer, turn), add_special_tokens=False)["input_ids"]
+            if limit is not None and len(ids) + params.max_new_tokens > limit:
+                ended.add(i)
+                finish[i].append("context")
+                continue
+            chats[i] = turn
+            live.append(i)
+            enc.append(ids)
+        if not live:
+            continue
         answers, stopped = generate(enc, params, seed * 1000 + t)
         for i, ans, ok in zip(live, answers, stopped):
             n_new += len(ans)
-            chats[i].append({"role": "assistant", "content": tokenizer.decode(ans, skip_special_tokens=True)})
+            text = tokenizer.decode(ans, skip_special_tokens=True)
+            # every answer carries the flag, so JSON readers infer one schema for all rows
+            chats[i].append({"role": "assistant", "content": text, "unfinished": not ok})
             finish[i].append("stop" if ok else "length")
     rows = [
         {"id": p.id, "category": p.category, "messages": chats[i], "finish": finish[i]}

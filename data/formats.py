@@ -130,6 +130,8 @@ def _turns(value, what: str, role_key: str, content_key: str, aliases: bool) -> 
         if canon not in ("system", "user", "assistant"):
             raise RowError(f"{what}[{i}] has unknown role {role!r}")
         out.append({"role": canon, "content": _text(turn.get(content_key), f"{what}[{i}].{content_key}")})
+        if turn.get("unfinished") is True:  # a cut-off answer: no end-of-turn label (data/chat.py)
+            out[-1]["unfinished"] = True
     return out
 
 

@@ -8,9 +8,11 @@ import pytest
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DataConfig, DistillConfig
+from draftheads.data.chat import encode_chat
 from draftheads.data.distill import MANIFEST, distill, diversity, hf_generate, self_prompts
 from draftheads.data.prepare import prepare_dataset
 from draftheads.data.prompts import PromptRow
+from tests.conftest import get_target
 
 PROMPTS = [PromptRow(f"p{i}", "test", [f"Question number {i}" + "?" * (i % 3)]) for i in range(10)]
 PROMPTS[3] = PromptRow("p3", "multi", ["First turn", "Second turn"])
@@ -111,7 +113,8 @@ def test_diversity_counts_distinct_ngrams_and_lengths():
 
 def test_speculative_distillation_writes_what_plain_generation_writes(tmp_path, tiny_llama):
     """With a drafter (``data.distill.heads``), greedy distillation is token-identical and batched."""
-    from draftheads.data.distill import speculative_generate
+    from draftheads.data.distill import decoder_generate
+    from draftheads.decode import SpeculativeGenerator
     from draftheads.heads import EagleDrafter
 
     model, tok, fp = tiny_llama
@@ -124,7 +127,49 @@ def test_speculative_distillation_writes_what_plain_generation_writes(tmp_path, 
         tok,
         PROMPTS,
         cfg_for(tmp_path / "spec", temperature=0.0),
-        generate=speculative_generate(model, tok, drafter),
+        generate=decoder_generate(model, tok, SpeculativeGenerator(model, drafter, tokenizer=tok).generate),
         show_progress=False,
     )
     assert shards(spec) == shards(plain) and len(shards(plain)) == 3
+
+
+def test_cut_off_answers_are_marked_unfinished_and_train_without_an_end_of_turn(tmp_path, tiny_llama):
+    model, tok, _ = tiny_llama
+    out = distill(
+        model, tok, PROMPTS[:3], cfg_for(tmp_path, max_new_tokens=2, temperature=0.0), show_progress=False
+    )
+    rows = [json.loads(line) for text in shards(out).values() for line in text.splitlines()]
+    for r in rows:
+        answer = r["messages"][1]
+        assert answer["unfinished"] == (r["finish"][0] == "length")
+    # The exact span: the answer's own tokens; the template's end-of-turn after it is not trained.
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]
+    for unfinished, trained in ((False, "hello there<|im_end|>"), (True, "hello there")):
+        messages = [chat[0], {**chat[1], "unfinished": True} if unfinished else chat[1]]
+        ids, mask = encode_chat(tok, messages)
+        where = [i for i, m in enumerate(mask) if m]
+        assert where == list(range(where[0], where[-1] + 1))  # one contiguous span
+        assert tok.decode([ids[i] for i in where]) == trained
+        assert len(where) == len(tok(trained, add_special_tokens=False)["input_ids"])
+        if unfinished:
+            assert tok.convert_ids_to_tokens(ids[where[-1] + 1]) == "<|im_end|>" and not mask[where[-1] + 1]
+    # Through the data pipeline, from the distilled shard: the flag survives to the loss mask.
+    shard = tmp_path / "one.jsonl"
+    shard.write_text(json.dumps({"messages": [chat[0], {**chat[1], "unfinished": True}]}) + "\n")
+    ds, _ = prepare_dataset(DataConfig(path=str(shard), min_loss_tokens=1), tok)
+    trained_ids = [t for t, m in zip(ds[0]["input_ids"], ds[0]["loss_mask"]) if m]
+    assert tok.decode(trained_ids) == "hello there"
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_prompts_longer_than_the_target_positions_are_skipped_and_counted(tmp_path, kind, capsys):
+    model, tok = get_target(kind)
+    long = PromptRow("long", "test", [" ".join(["word"] * (model.config.max_position_embeddings + 10))])
+    out = distill(model, tok, [*PROMPTS[:2], long], cfg_for(tmp_path, max_new_tokens=3), show_progress=False)
+    rows = [json.loads(line) for text in shards(out).values() for line in text.splitlines()]
+    assert sorted(r["id"] for r in rows) == ["p0", "p1"]
+    assert json.loads((out / MANIFEST).read_text())["skipped_too_long"] == 1
+    assert "skipped 1 of 3 prompts longer than the target's" in capsys.readouterr().err
+    with pytest.raises(UserError, match="every prompt is longer than the target's") as e:
+        distill(model, tok, [long], cfg_for(tmp_path / "none", max_new_tokens=3), show_progress=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "none").exists()

@@ -109,11 +109,12 @@ def distill(cfg: DistillArgs) -> None:
     model, tok = load_target(cfg.target)
     generate = None
     if d.heads:
-        from draftheads.data.distill import speculative_generate
+        from draftheads.data.distill import decoder_generate
+        from draftheads.decode import SpeculativeGenerator
         from draftheads.heads import Drafter
 
         drafter = Drafter.from_pretrained(d.heads, target=model, tokenizer=tok, revision=cfg.revision)
-        generate = speculative_generate(model, tok, drafter)
+        generate = decoder_generate(model, tok, SpeculativeGenerator(model, drafter, tokenizer=tok).generate)
     if d.source == "self":
         prompts, stats = self_prompts(model, tok, d, generate=generate)
         print(f"target-written prompts: {json.dumps(stats)}")
