@@ -25,6 +25,7 @@ to ``max_length`` and kept. An empty result raises :class:`UserError`.
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -216,12 +217,16 @@ NO_ANSWER = "prompt-only row has no answer (run `draftheads distill` to answer i
 
 
 def example_features():
-    """Arrow types of normalised examples: chat ``messages`` or plain ``text`` per row."""
+    """Arrow types of normalised examples: chat ``messages`` (as JSON, so that every key a turn
+    carries, such as ``unfinished``, comes back exactly) or plain ``text`` per row."""
     import datasets
 
-    turn = {"role": datasets.Value("string"), "content": datasets.Value("string")}
     return datasets.Features(
-        {"id": datasets.Value("string"), "messages": datasets.List(turn), "text": datasets.Value("string")}
+        {
+            "id": datasets.Value("string"),
+            "messages": datasets.Value("string"),
+            "text": datasets.Value("string"),
+        }
     )
 
 
@@ -255,7 +260,7 @@ def normalised(spec: SourceSpec, split: str, report: SourceReport, cfg: DataConf
         elif not ex.has_answer():
             report.skip(ex.id, NO_ANSWER, malformed=False)
         else:
-            records.append({"id": ex.id, "messages": ex.messages, "text": ex.text})
+            records.append({"id": ex.id, "messages": json.dumps(ex.messages), "text": ex.text})
     features = example_features()
     return datasets.Dataset.from_dict({c: [r[c] for r in records] for c in features}, features=features)
 
@@ -271,7 +276,7 @@ def malformed(report: SourceReport, spec: SourceSpec, strict: bool, row_id: str,
 
 def encode_batch(batch: dict, tokenizer, max_length: int, min_loss: int) -> dict:
     """``datasets.map`` function: token ids and loss masks, or the reason a row cannot train."""
-    exs = [Example(i, m or [], t) for i, m, t in zip(batch["id"], batch["messages"], batch["text"])]
+    exs = [Example(i, json.loads(m), t) for i, m, t in zip(batch["id"], batch["messages"], batch["text"])]
     out: dict[str, list] = {"input_ids": [], "loss_mask": [], "truncated": [], "reason": [], "malformed": []}
     for enc in encode_examples(tokenizer, exs):
         ids, mask, truncated, reason = [], [], False, ""
