@@ -253,7 +253,8 @@ def distill(
             "shard_rows": cfg.shard_rows,
             "source": source,
             "num_prompts": len(prompts),
-            "skipped_too_long": len(prompts) - len(kept),
+            # only when some were: a directory written before this count existed still resumes
+            **({"skipped_too_long": len(prompts) - len(kept)} if len(kept) < len(prompts) else {}),
         },
     )
     done = repair_shards(out)
