@@ -47,7 +47,7 @@ def one_line_error(capsys) -> str:
         ("decode.top_p=1.5", ["decode.top_p=1.5", "(0, 1]"]),
         ("decode.top_p=0", ["decode.top_p=0", "(0, 1]"]),
         ("decode.top_k=-5", ["decode.top_k=-5", ">= 0"]),
-        ("decode.temperature=0", ["decode.temperature=0", "> 0"]),
+        ("decode.temperature=0", ["decode.temperature=0", "> 0", "decode.do_sample=false"]),
         ("decode.typical=true", ["decode.typical=true", "decode.do_sample=true"]),
         ("decode.max_new_tokens=0", ["decode.max_new_tokens=0", ">= 1"]),
         ("decode.batch_size=0", ["decode.batch_size=0", ">= 1"]),

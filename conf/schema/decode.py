@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.checks import at_least, is_hub_id, one_of, positive, probability
+from draftheads.conf.schema.checks import at_least, is_hub_id, one_of, probability
 
 BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 BASELINES = ("pld", "assisted")
@@ -89,7 +89,11 @@ class DecodeConfig:
         """Refuse values no decoder can use, before a model is loaded or a file written."""
         probability("decode.top_p", self.top_p, 0.95)
         at_least("decode.top_k", self.top_k, 0, "0 (no top-k cut)")
-        positive("decode.temperature", self.temperature, 0.7)
+        if self.temperature <= 0:
+            raise UserError(
+                f"decode.temperature={self.temperature} is out of range; use a value > 0 "
+                "(e.g. decode.temperature=0.7); greedy decoding is decode.do_sample=false"
+            )
         if self.typical and not self.do_sample:
             raise UserError(
                 "decode.typical=true applies only to sampling (greedy decoding is already exact); "
