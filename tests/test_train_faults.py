@@ -111,7 +111,7 @@ def test_an_unusable_output_directory_is_one_line_before_any_work(tmp_path, kind
     path = Path("/proc/draftheads-out") if kind == "proc" else tmp_path / "a-file"
     if kind == "file":
         path.write_text("keep me")
-    with pytest.raises(UserError, match=r"train.output_dir=.* (is an existing file|cannot be written)") as e:
+    with pytest.raises(UserError, match=r"train.out_dir=.* (is an existing file|cannot be written)") as e:
         TrainRecipe(config(tmp_path, name=str(path)))
     assert "\n" not in str(e.value)
     assert kind == "proc" or path.read_text() == "keep me"

@@ -114,7 +114,7 @@ def intact_checkpoint(root: Path, log: Callable[[str], None] | None = None) -> P
     if found:
         raise UserError(
             f"no intact checkpoint under {root}: {'; '.join(skipped)}; "
-            "pass train.resume=none with a new train.output_dir to start fresh"
+            "pass train.resume=none with a new train.out_dir to start fresh"
         )
     return None
 

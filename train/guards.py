@@ -23,7 +23,7 @@ from draftheads.train.checkpoint import config_mismatch
 def check_output_dir(out: Path) -> None:
     """Refuse an output directory that is a file, or that cannot be created and written."""
     if out.exists() and not out.is_dir():
-        raise UserError(f"train.output_dir={out} is an existing file; pick a directory path")
+        raise UserError(f"train.out_dir={out} is an existing file; pick a directory path")
     probe = out / f".write-test-{os.getpid()}"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -31,7 +31,7 @@ def check_output_dir(out: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise UserError(
-            f"train.output_dir={out} cannot be written ({e.strerror or e}); pick a writable directory"
+            f"train.out_dir={out} cannot be written ({e.strerror or e}); pick a writable directory"
         ) from None
 
 
@@ -47,8 +47,8 @@ def check_finished_run(out: Path, current: dict[str, Any]) -> None:
     diff = "it was not written by draftheads train" if saved is None else config_mismatch(saved, current)
     if diff is not None:
         raise UserError(
-            f"train.output_dir={out} holds a finished drafter of another run ({diff}); "
-            "pick another train.output_dir, or delete that one to replace it"
+            f"train.out_dir={out} holds a finished drafter of another run ({diff}); "
+            "pick another train.out_dir, or delete that one to replace it"
         )
 
 

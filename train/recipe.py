@@ -150,8 +150,8 @@ class TrainRecipe:
         latest = checkpoint.latest_checkpoint(self.ckpt_root)
         if latest is not None:
             raise UserError(
-                f"train.output_dir={self.out} already holds checkpoints (latest {latest.name}); "
-                "pass train.resume=auto to continue it, or pick another train.output_dir"
+                f"train.out_dir={self.out} already holds checkpoints (latest {latest.name}); "
+                "pass train.resume=auto to continue it, or pick another train.out_dir"
             )
         return None
 
@@ -162,13 +162,13 @@ class TrainRecipe:
         if saved is None:
             raise UserError(
                 f"{ckpt} has no readable drafter/config.json, so its run config is unknown; "
-                "pick another checkpoint or pass train.resume=none with a new train.output_dir"
+                "pick another checkpoint or pass train.resume=none with a new train.out_dir"
             )
         diff = checkpoint.config_mismatch(saved, config_dict(self.cfg))
         if diff is not None:
             raise UserError(
                 f"cannot resume from {ckpt}: {diff}; rerun with the checkpoint's value, "
-                "or start fresh in another train.output_dir"
+                "or start fresh in another train.out_dir"
             )
 
     def build_objective(self) -> Objective:
