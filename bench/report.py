@@ -48,6 +48,8 @@ def summary_lines(results: dict[str, Any]) -> str:
 
 def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
     """docs/benchmarks.md from the measured results (overwritten by every bench run)."""
+    # the optional data folder is named by role, not by this machine's path
+    settings = {**vars(b), "shared_data": "DATA_DIR" if b.shared_data else ""}
     env = next((r["environment"] for reps in results["drafters"].values() for r in reps.values()), {})
     pld = {name: r["pld"] for reps in results["drafters"].values() for name, r in reps.items() if "pld" in r}
     lines = [
@@ -61,7 +63,7 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
         f"- Hardware: {env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores, torch threads "
         f"{env.get('torch_threads', '?')}, device {env.get('device', '?')}",
         f"- Versions: {json.dumps(env.get('versions', {}))}",
-        f"- Whole run: {results['seconds'] / 60:.0f} min. Settings: `{json.dumps(vars(b))}`",
+        f"- Whole run: {results['seconds'] / 60:.0f} min. Settings: `{json.dumps(settings)}`",
         "",
         "## Training",
         "",

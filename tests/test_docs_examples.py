@@ -1,0 +1,74 @@
+"""Every command line the README and docs/ show parses and composes (nothing heavy runs).
+
+Documented examples cannot rot: a renamed key, a removed command or a group option that no
+longer exists fails here. ``...`` in an example stands for "more overrides" and is dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from draftheads.conf.cli import command_help, parse
+from draftheads.conf.commands import COMMANDS
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^\s*```")
+
+
+def shell_lines(text: str) -> list[str]:
+    """Lines of fenced code blocks (continuations joined, comments cut) and inline code spans."""
+    out, fenced = [], False
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif fenced:
+            out.append(re.split(r"\s#\s", line)[0])
+        else:
+            out += re.findall(r"`([^`]+)`", line)
+    return out
+
+
+def examples(path: Path) -> list[str]:
+    """The ``draftheads <command> ...`` invocations shown in ``path``."""
+    found = []
+    for line in shell_lines(path.read_text(encoding="utf-8")):
+        m = re.search(r"(?:^|[\s/])(draftheads\s+[a-z-].*)$", line.strip())
+        if m and not m.group(1).startswith("draftheads <command>"):
+            found.append(m.group(1).strip())
+    return found
+
+
+EXAMPLES = [(p.relative_to(ROOT).as_posix(), e) for p in DOCS for e in examples(p)]
+
+
+def test_the_docs_show_every_command():
+    shown = {shlex.split(e)[1] for _, e in EXAMPLES}
+    assert set(COMMANDS) <= shown, set(COMMANDS) - shown
+
+
+@pytest.mark.parametrize("where,example", EXAMPLES, ids=[f"{w}:{e[:60]}" for w, e in EXAMPLES])
+def test_documented_command_line_parses_and_composes(where, example):
+    argv = [a for a in shlex.split(example)[1:] if a != "..."]
+    if argv[0] in ("--help", "-h"):
+        return
+    assert argv[0] in COMMANDS, f"{where}: unknown command in {example!r}"
+    if "--help" in argv:
+        assert command_help(argv[0])
+        return
+    inv = parse(argv)
+    assert isinstance(inv.args, COMMANDS[argv[0]].args)
+
+
+WORK_LABELS = re.compile(r"\bsession \d|\bsessions\b|\bissue \d|\bticket|/work/|shared/reference", re.I)
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_docs_speak_of_the_project_only(path):
+    """No work-period labels, ticket numbers or paths outside the repository."""
+    hits = [line for line in path.read_text(encoding="utf-8").splitlines() if WORK_LABELS.search(line)]
+    assert not hits, hits[:5]
