@@ -123,6 +123,5 @@ def test_training_keeps_the_position_ids_of_packed_rows(tmp_path):
         "position_ids": [0, 1, 0, 1],
         "source": "a+b",
     }
-    assert TrainRecipe(cfg, [row]).load_rows() == [
-        {k: row[k] for k in ("input_ids", "loss_mask", "position_ids")}
-    ]
+    rows, tokens = TrainRecipe(cfg, [row]).load_rows()
+    assert rows == tokens == [{k: row[k] for k in ("input_ids", "loss_mask", "position_ids")}]
