@@ -147,7 +147,7 @@ def test_nan_loss_stops_and_names_the_last_good_checkpoint(tmp_path, rows):
     assert "\n" not in str(e.value)
 
 
-def test_medusa2_saves_adapters_and_refuses_a_target_without_them(tmp_path, rows):
+def test_medusa2_saves_adapters_and_loads_them_onto_the_target(tmp_path, rows):
     from draftheads.conf.schema.heads import TargetConfig
     from draftheads.heads.target import load_target
     from draftheads.train.adapters import load_adapters
@@ -169,9 +169,9 @@ def test_medusa2_saves_adapters_and_refuses_a_target_without_them(tmp_path, rows
     assert rows_m[0]["lr/heads"] == pytest.approx(4 * rows_m[0]["lr/lora"])  # head lr multiplier
     assert "train/distill/loss" in rows_m[1]
     target, tok = load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama"))
-    with pytest.raises(UserError, match="adapter"):
-        Drafter.from_pretrained(out, target=target, tokenizer=tok)
-    adapted = load_adapters(target, out)
+    drafter = Drafter.from_pretrained(out, target=target, tokenizer=tok)  # puts the adapters on the target
+    assert drafter.requires_adapters and getattr(target, "peft_config", None)
+    adapted = load_adapters(load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama"))[0], out)
     assert Drafter.from_pretrained(out, target=adapted, tokenizer=tok).requires_adapters
 
 
