@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from draftheads.conf.errors import UserError
-from draftheads.data.cache import build_feature_cache
+from draftheads.data.cache import CacheColumns, build_feature_cache
 from draftheads.heads import Drafter
 from draftheads.heads.features import target_features
 from draftheads.train.batching import collate
@@ -48,6 +48,20 @@ def test_a_default_feature_cache_trains_an_fp32_drafter_end_to_end(tmp_path, row
     assert len(losses(out)) == 2 and all(torch.isfinite(torch.tensor(losses(out))))
     model, tok = get_target("llama")
     assert Drafter.from_pretrained(out, target=model, tokenizer=tok).version == 3
+
+
+def test_training_streams_the_cache_from_disk_and_resumes_exactly(tmp_path, rows):
+    cache = feature_cache(tmp_path, rows)
+    offline = (*EAGLE3, "train.max_steps=4", "train.features=offline", f"train.feature_cache={cache}")
+    seen = []
+    straight = losses(train(config(tmp_path, *offline, name="straight"), hooks=[seen.append]))
+    # Rows are read from the memory-mapped cache when a micro-batch is built, never held as a list.
+    assert isinstance(seen[0].train_rows.source, CacheColumns)
+    assert "features" in seen[0].train_rows[0] and "features" not in seen[0].train_tokens[0]
+    train(config(tmp_path, *offline, "train.stop_at=2", "train.save_every=2", name="cut"))
+    assert losses(train(config(tmp_path, *offline, name="cut"))) == straight
+    with pytest.raises(UserError, match=r"holds layers .* but the drafter reads .*rebuild it"):
+        train(config(tmp_path, "draft=eagle", *offline[-2:], name="other-layers"))
 
 
 def test_topk_cache_trains_eagle3_and_is_refused_where_full_logits_are_needed(tmp_path, rows):
