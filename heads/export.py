@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import feature_layers_problem
 from draftheads.heads.base import Drafter
+from draftheads.heads.card import num_speculative_tokens, serve_command
 from draftheads.heads.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -39,7 +40,6 @@ from draftheads.heads.checkpoint import (
 )
 from draftheads.heads.convert import detect_layout
 from draftheads.heads.engines import ENGINES, FORMATS, RULES, validate_export
-from draftheads.heads.hub import num_speculative_tokens, serve_command
 from draftheads.heads.target import load_target
 
 __all__ = ["ENGINES", "FORMATS", "RULES", "export", "export_drafter", "validate_export"]

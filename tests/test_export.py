@@ -153,8 +153,10 @@ def test_medusa_serve_command_uses_the_head_count(tmp_path, tiny_llama, num_head
     export(config_for(tmp_path / "heads", "vllm", tmp_path / "vllm"))
     printed = capsys.readouterr().out
     assert f'"num_speculative_tokens": {num_heads}' in printed
-    card = str(model_card(d.config_dict(), "org/medusa"))
-    assert f'"num_speculative_tokens": {num_heads}' in card and '"num_speculative_tokens": 3' not in card
+    from draftheads.train.card import model_card as training_card
+
+    for card in (str(model_card(d.config_dict(), "org/medusa")), training_card(d, {}, {"val/tau": 1.2})):
+        assert f'"num_speculative_tokens": {num_heads}' in card and '"num_speculative_tokens": 3' not in card
 
 
 def test_exporting_an_official_checkpoint_imports_it_first(tmp_path, tiny_llama):

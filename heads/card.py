@@ -1,0 +1,238 @@
+"""The model card (``README.md``) of a drafter, and the commands that serve its export.
+
+One writer for both cards: the Hub card that ``draftheads push`` uploads and the card
+``draftheads train`` writes beside a trained drafter (with its held-out metrics). Built with
+huggingface_hub's ``ModelCard``/``ModelCardData``:
+
+* ``base_model`` (the target from the checkpoint's fingerprint) with ``base_model_relation``,
+  so the heads appear in the target's model tree;
+* ``library_name: draftheads`` and tags (``speculative-decoding``, ``medusa`` or ``eagle``);
+* the training data and config (the checkpoint's provenance);
+* τ and speedup from an eval report dict, and held-out training metrics, when given;
+* usage snippets for draftheads, vLLM and SGLang, with ``num_speculative_tokens`` equal to
+  the head count for Medusa.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+EAGLE_SPECULATIVE_TOKENS = 3  # a chain length the engines serve well; any value works for EAGLE
+LOCAL = "<this directory>"  # the repo id a card written beside a local checkpoint uses
+
+
+def num_speculative_tokens(conf: dict[str, Any]) -> int:
+    """``num_speculative_tokens`` for serving the drafter with config ``conf``.
+
+    Medusa: exactly the head count. vLLM copies the value into the number of heads it builds
+    (``num_lookahead_tokens``) and drops unknown keys, so a smaller value serves fewer heads and
+    a larger one builds heads with no weights. EAGLE drafts autoregressively: any chain length.
+    """
+    if conf["kind"] == "medusa":
+        return int(conf["spec"]["num_heads"])
+    return EAGLE_SPECULATIVE_TOKENS
+
+
+def serve_command(engine: str, method: str, target: str, draft: str, k: int) -> str:
+    """The command that serves ``target`` with the exported ``draft`` (also in docs/hub.md).
+
+    ``k`` is :func:`num_speculative_tokens`. SGLang's three tuning flags are left to its auto
+    choice (set all three or none).
+    """
+    if engine == "vllm":
+        spec = json.dumps({"method": method, "model": draft, "num_speculative_tokens": k})
+        return f"vllm serve {target} --speculative-config '{spec}'"
+    return (
+        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {method} "
+        f"--speculative-draft-model-path {draft}"
+    )
+
+
+def is_hub_id(name: str) -> bool:
+    """True for ``ORG/NAME`` (a Hub repo id), False for local paths and bare names like ``tiny-llama``."""
+    return bool(REPO_ID.match(name)) and not Path(name).expanduser().exists()
+
+
+def dataset_ids(provenance: dict[str, Any]) -> list[str]:
+    """Hub dataset ids named in the provenance's data section (for the card's ``datasets`` field)."""
+    data = provenance.get("data")
+    values: list[Any] = []
+    if isinstance(data, str):
+        values = [data]
+    elif isinstance(data, dict):
+        values = [data.get(k) for k in ("name", "dataset", "path", "datasets")]
+    elif isinstance(data, list):
+        values = data
+    flat = [v for x in values for v in (x if isinstance(x, list) else [x])]
+    return sorted({v for v in flat if isinstance(v, str) and is_hub_id(v)})
+
+
+def drafter_tags(conf: dict[str, Any]) -> list[str]:
+    tags = ["speculative-decoding", conf["kind"], "draftheads"]
+    if conf["kind"] == "eagle":
+        tags.append(
+            f"eagle{conf['spec'].get('version', 1)}" if conf["spec"].get("version") == 3 else "eagle1"
+        )
+    else:
+        tags.append(
+            "medusa-1"
+            if conf["spec"].get("lm_head") == "copy"
+            else "medusa-2"
+            if conf.get("requires_adapters")
+            else "medusa"
+        )
+    return sorted(set(tags))
+
+
+def describe(conf: dict[str, Any]) -> str:
+    """One line: what this drafter is."""
+    spec = conf["spec"]
+    if conf["kind"] == "medusa":
+        lm = "own lm_heads" if spec.get("lm_head") == "copy" else "the target's shared lm_head"
+        variant = (
+            "Medusa-2 (trained jointly with LoRA adapters on the target)"
+            if conf.get("requires_adapters")
+            else "Medusa-1"
+        )
+        return f"{variant} heads: {spec['num_heads']} heads × {spec['num_layers']} ResBlock(s), with {lm}"
+    version = spec.get("version", 1)
+    layers = spec.get("feature_layers")
+    extra = (
+        f", draft vocabulary {spec.get('draft_vocab_size')}, features from layers {layers}"
+        if version == 3
+        else ""
+    )
+    return f"an EAGLE-{version} drafter with {spec.get('num_decoder_layers', 1)} decoder layer(s){extra}"
+
+
+def metrics_section(metrics: dict[str, Any] | None) -> str:
+    """Held-out training metrics (accuracies, simulated τ) as a table; empty without any."""
+    rows = [f"| `{k}` | {v:.4f} |" for k, v in sorted((metrics or {}).items()) if isinstance(v, float)]
+    if not rows:
+        return ""
+    return (
+        "## Held-out metrics (last training evaluation)\n\n"
+        "Accuracies compare the drafter's top-1/top-k with the target's greedy token; `tau` is the\n"
+        "simulated acceptance length of a top-1 chain (tokens per target forward, teacher-forced on\n"
+        "the held-out rows; exact when those rows are the target's own greedy text).\n\n"
+        "| metric | value |\n|---|---|\n" + "\n".join(rows) + "\n\n"
+    )
+
+
+def results_section(report: dict[str, Any] | None) -> str:
+    if not report:
+        return "No evaluation report is attached; run `draftheads eval` to measure τ and speedup.\n"
+    rows = {
+        "mean accepted tokens per target forward (τ)": f"{report['tau']:.2f}",
+        "speedup vs plain greedy decoding": f"{report['speedup']:.2f}×" if "speedup" in report else "n/a",
+        "tokens/s (speculative)": f"{report['tokens_per_s']:.1f}" if "tokens_per_s" in report else "n/a",
+        "tokens/s (baseline)": f"{report['baseline_tokens_per_s']:.1f}"
+        if "baseline_tokens_per_s" in report
+        else "n/a",
+    }
+    lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows.items()]
+    env = report.get("environment") or report.get("env")
+    if isinstance(env, dict):
+        lines.append("")
+        lines.append(
+            "Measured with: "
+            + ", ".join(f"{k} {v}" for k, v in env.items() if isinstance(v, str | int | float))
+        )
+    return "\n".join(lines) + "\n"
+
+
+def usage_section(conf: dict[str, Any], repo_id: str) -> str:
+    """Snippets for draftheads, vLLM and SGLang (the engines need ``draftheads export`` first)."""
+    target = conf["target"]["name"]
+    # Medusa-2: from_pretrained puts the checkpoint's LoRA adapters on the target itself.
+    load = f'drafter = Drafter.from_pretrained("{repo_id}", target=target, tokenizer=tok)'
+    py = f"""```python
+from draftheads.decode import SpeculativeGenerator
+from draftheads.heads import Drafter
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+target = AutoModelForCausalLM.from_pretrained("{target}")
+tok = AutoTokenizer.from_pretrained("{target}")
+{load}
+ids = tok("Hello", return_tensors="pt").input_ids
+out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
+```
+"""
+    parts = ["### draftheads\n", py]
+    if conf["kind"] == "medusa":
+        engines = [("vllm", "medusa")]
+    else:
+        v3 = conf["spec"].get("version") == 3
+        engines = [("vllm", "eagle3" if v3 else "eagle"), ("sglang", "EAGLE3" if v3 else "EAGLE")]
+    for engine, method in engines:
+        name = "vLLM" if engine == "vllm" else "SGLang"
+        name = repo_id.split("/")[-1] if repo_id != LOCAL else conf["kind"]
+        out = f"./{name}-{engine}"
+        cmd = serve_command(engine, method, target, out, num_speculative_tokens(conf))
+        parts.append(
+            f"### {name}\n\n```bash\ndraftheads export heads={repo_id} format={engine} out={out}\n{cmd}\n```\n"
+        )
+    if conf["kind"] == "medusa":
+        parts.append(
+            "### SGLang\n\nSGLang does not support Medusa heads; use vLLM or the draftheads decoder.\n"
+        )
+    return "\n".join(parts)
+
+
+def model_card(
+    conf: dict[str, Any],
+    repo_id: str = LOCAL,
+    report: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+):
+    """The model card (a ``huggingface_hub.ModelCard``) of a drafter with config ``conf``.
+
+    ``repo_id`` is where it is published (default: a local directory); ``report`` an eval
+    report dict (τ, speedup, tokens/s); ``metrics`` the held-out metrics of training.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    target = conf["target"]
+    provenance = conf.get("provenance") or {}
+    data = ModelCardData(
+        library_name="draftheads",
+        tags=drafter_tags(conf),
+        pipeline_tag="text-generation",
+        base_model=target["name"] if is_hub_id(target["name"]) else None,
+        base_model_relation="adapter" if is_hub_id(target["name"]) else None,
+        datasets=dataset_ids(provenance) or None,
+    )
+    body = f"""
+# {repo_id.split("/")[-1] if repo_id != LOCAL else describe(conf).split(":")[0] + " for " + target["name"]}
+
+Speculative-decoding drafter for [{target["name"]}]({"https://huggingface.co/" + target["name"] if is_hub_id(target["name"]) else "#target"}):
+{describe(conf)}, trained with draftheads. Greedy output with
+the drafter is the target's own; the drafter only makes it faster.
+
+Target fingerprint (checked on load): `{target["architecture"]}`, hidden {target["hidden_size"]},
+vocab {target["vocab_size"]}, {target["num_layers"]} layers, tokenizer `{target["tokenizer_hash"][:12] or "n/a"}`.
+{"**These heads were trained jointly with LoRA adapters on the target (in `adapter/`); `Drafter.from_pretrained` puts them on the target.**" if conf.get("requires_adapters") else ""}
+
+## Results
+
+{results_section(report)}
+{metrics_section(metrics)}## Usage
+
+{usage_section(conf, repo_id)}
+## Training data and config
+
+```json
+{json.dumps(provenance, indent=2, sort_keys=True, default=str)}
+```
+
+## Drafter config
+
+```json
+{json.dumps(conf["spec"], indent=2, sort_keys=True, default=str)}
+```
+"""
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
