@@ -73,6 +73,8 @@ def test_resume_skips_a_torn_metrics_line_and_a_damaged_checkpoint_and_unpickles
         f.write('{"step": 5, "lo')  # killed mid-write
     marker = tmp_path / "executed"
     (ckpts / "step-0000002" / "rng-rank0.pt").write_bytes(pickle.dumps(Touch(marker)))
+    with pytest.raises(UserError, match=r"step-0000004 is damaged \(.*model_states.pt does not match"):
+        train(config(tmp_path, *common, f"train.resume={ckpts / 'step-0000004'}", name="cut"), rows)
     resumed = losses(train(config(tmp_path, *common, name="cut"), rows))
     err = capsys.readouterr().err
     assert "skipping damaged checkpoint(s) step-0000004 (" in err and "resuming from step-0000002" in err

@@ -144,6 +144,9 @@ class TrainRecipe:
         resume = self.cfg.train.resume
         if resume != "none":
             ckpt = checkpoint.intact_checkpoint(self.ckpt_root) if resume == "auto" else Path(resume)
+            why = checkpoint.damage(ckpt) if ckpt is not None and resume != "auto" else None
+            if why is not None:
+                raise UserError(f"train.resume={ckpt} is damaged ({why}); pick another checkpoint")
             if ckpt is not None:
                 self.check_resumable(ckpt)
             return ckpt
