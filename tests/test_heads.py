@@ -348,3 +348,42 @@ def test_medusa2_checkpoint_loads_its_adapters_and_decodes_like_the_adapted_targ
     assert getattr(target, "peft_config", None)
     out = SpeculativeGenerator(target, drafter, tok2, DecodeConfig()).generate(ids, max_new_tokens=24)
     assert torch.equal(out[:, : expected.shape[1]], expected)
+
+
+def test_heads_imports_only_itself_and_the_config_schema_without_loops():
+    """heads/ is the bottom layer: it imports heads/*, conf.errors and conf.schema.* only, and no
+    module of heads/ imports one that imports it back (function-level imports included)."""
+    import ast
+    from pathlib import Path
+
+    import draftheads.heads
+
+    root = Path(draftheads.heads.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.glob("*.py")):
+        name = path.stem
+        deps = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("draftheads"):
+                mod = node.module
+            elif isinstance(node, ast.Import):
+                mod = next((a.name for a in node.names if a.name.startswith("draftheads")), None)
+            else:
+                continue
+            if mod is None:
+                continue
+            allowed = (
+                mod.startswith(("draftheads.heads", "draftheads.conf.schema"))
+                or mod == "draftheads.conf.errors"
+            )
+            assert allowed, f"heads/{path.name} imports {mod}"
+            if mod.startswith("draftheads.heads.") and name != "__init__":
+                deps.add(mod.split(".")[2])
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(
+            d == goal or (d not in seen and reaches(d, goal, seen | {d})) for d in graph.get(start, ())
+        )
+
+    loops = [m for m in graph if reaches(m, m, {m})]
+    assert not loops, f"import loops through {loops}"
