@@ -4,15 +4,17 @@ Features:
     * every mode (Medusa-1, Medusa-2 + LoRA, EAGLE-1, EAGLE-3) through one loop on the
       DeepSpeed engine: one CPU process, or many GPUs/nodes under torchrun;
     * only trainable parameters reach the optimizer; the target is never saved;
-    * online target features every step, or offline from a feature cache;
-    * atomic checkpoints every ``train.save_every`` steps; ``train.resume=auto`` continues the
-      exact loss trajectory (data order, RNG, optimizer and schedule are all restored);
+    * online target features every step, or offline from a feature cache read from disk as
+      micro-batches need it (and its top-k logits as EAGLE-3's soft labels);
+    * atomic, checksummed checkpoints every ``train.save_every`` steps and on Ctrl-C;
+      ``train.resume=auto`` (the default) continues the exact loss trajectory (data order, RNG,
+      optimizer and schedule are all restored), past a damaged newest checkpoint;
     * a NaN/inf loss stops the run, naming the last good checkpoint;
     * progress bar, ``metrics.jsonl``, wandb (offline without an API key), held-out top-k
       accuracy per head/step and a simulated acceptance length.
 
 Run it as ``draftheads train draft=eagle3 target=tiny-llama train.max_steps=50`` (under
-``torchrun --nproc_per_node=2 $(which draftheads) train ...`` for data parallelism). From
+``torchrun --nproc_per_node=2 --no-python draftheads train ...`` for data parallelism). From
 Python: :func:`run` (a typed :class:`Config`) or :func:`train` (with rows of your own).
 """
 
