@@ -211,8 +211,13 @@ def distill(
     generate: GenerateFn | None = None,
     source: str = "data",
     show_progress: bool = True,
+    decode: DecodeFn | None = None,
 ) -> Path:
-    """Answer every prompt with the target into ``cfg.out_dir`` (resuming), and return the directory."""
+    """Answer every prompt with the target into ``cfg.out_dir`` (resuming), and return the directory.
+
+    Generation goes through ``generate``, else through ``decode`` (see :func:`decoder_generate`),
+    else through the target's own ``generate``.
+    """
     from tqdm.auto import tqdm
 
     if not prompts:
@@ -220,7 +225,7 @@ def distill(
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise UserError("prompt ids are not unique; give rows an id field or remove duplicates")
-    generate = generate or hf_generate(model, tokenizer)
+    generate = generate or decoder_generate(model, tokenizer, decode)
     params = GenParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
     limit = max_positions(model)
     kept = [p for p in prompts if fits(tokenizer, p, limit, cfg.max_new_tokens)]
@@ -360,7 +365,12 @@ def diversity(texts: list[str]) -> dict:
 
 
 def self_prompts(
-    model, tokenizer, cfg: DistillConfig, generate: GenerateFn | None = None, show_progress: bool = True
+    model,
+    tokenizer,
+    cfg: DistillConfig,
+    generate: GenerateFn | None = None,
+    show_progress: bool = True,
+    decode: DecodeFn | None = None,
 ) -> tuple[list[PromptRow], dict]:
     """Let the target write ``cfg.self_prompts`` distinct user questions (cached in ``prompts.jsonl``).
 
@@ -377,7 +387,7 @@ def self_prompts(
     if cached.is_file():
         rows = [PromptRow(**json.loads(line)) for line in cached.read_text().splitlines() if line.strip()]
         return rows, json.loads((out / "prompts.stats.json").read_text())
-    generate = generate or hf_generate(model, tokenizer)
+    generate = generate or decoder_generate(model, tokenizer, decode)
     params = GenParams(cfg.prompt_max_new_tokens, cfg.prompt_temperature, cfg.prompt_top_p)
     prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
     seen: set[str] = set()

@@ -113,7 +113,6 @@ def test_diversity_counts_distinct_ngrams_and_lengths():
 
 def test_speculative_distillation_writes_what_plain_generation_writes(tmp_path, tiny_llama):
     """With a drafter (``data.distill.heads``), greedy distillation is token-identical and batched."""
-    from draftheads.data.distill import decoder_generate
     from draftheads.decode import SpeculativeGenerator
     from draftheads.heads import EagleDrafter
 
@@ -127,7 +126,7 @@ def test_speculative_distillation_writes_what_plain_generation_writes(tmp_path, 
         tok,
         PROMPTS,
         cfg_for(tmp_path / "spec", temperature=0.0),
-        generate=decoder_generate(model, tok, SpeculativeGenerator(model, drafter, tokenizer=tok).generate),
+        decode=SpeculativeGenerator(model, drafter, tokenizer=tok).generate,
         show_progress=False,
     )
     assert shards(spec) == shards(plain) and len(shards(plain)) == 3
