@@ -14,6 +14,12 @@ proposes future tokens. Training and decoding only rely on this small surface:
 On disk a drafter is ``config.json`` (kind, format version, every shape hyper-parameter, the
 target fingerprint and the training provenance) plus ``model.safetensors``. Loading is strict
 and never unpickles anything.
+
+``Drafter`` is a ``huggingface_hub.PyTorchModelHubMixin``: the mixin's ``save_pretrained`` /
+``from_pretrained`` / ``push_to_hub`` entry points are kept, with their work done here, because
+a drafter's checkpoint is more than its ``__init__`` arguments: loading needs the target (the
+fingerprint check, official layouts, Medusa-2 adapters), files land atomically, and the model
+card is the one of :mod:`draftheads.heads.card`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from huggingface_hub import PyTorchModelHubMixin
 from safetensors.torch import save_file
 from torch import nn
 
@@ -56,7 +63,13 @@ __all__ = [
 ]
 
 
-class Drafter(nn.Module):
+class Drafter(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="draftheads",
+    pipeline_tag="text-generation",
+    tags=["speculative-decoding"],
+):
     """Base class of :class:`MedusaHeads` and :class:`EagleDrafter`."""
 
     kind: ClassVar[str] = ""
@@ -143,6 +156,22 @@ class Drafter(nn.Module):
             out / CONFIG_NAME, lambda p: p.write_text(json.dumps(self.config_dict(), indent=2) + "\n")
         )
         return out
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """The mixin's save hook: the draftheads files, written atomically."""
+        self.save_pretrained(save_directory)
+
+    def generate_model_card(self, *args: Any, **kwargs: Any):
+        """The mixin's model card hook: the draftheads card (:mod:`draftheads.heads.card`)."""
+        from draftheads.heads.card import model_card
+
+        return model_card(self.config_dict())
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision: str | None = None, **kwargs: Any) -> Drafter:
+        """The mixin's load hook: :meth:`from_pretrained` with ``target``/``tokenizer``/``map_location``."""
+        keep = {k: kwargs[k] for k in ("target", "tokenizer", "map_location") if k in kwargs}
+        return cls.from_pretrained(model_id, revision=revision, **keep)
 
     def push_to_hub(
         self, repo_id: str, private: bool = False, revision: str | None = None, **kwargs: Any

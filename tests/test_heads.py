@@ -387,3 +387,18 @@ def test_heads_imports_only_itself_and_the_config_schema_without_loops():
 
     loops = [m for m in graph if reaches(m, m, {m})]
     assert not loops, f"import loops through {loops}"
+
+
+def test_drafter_is_a_hub_mixin_whose_hooks_keep_the_draftheads_format(tmp_path, tiny_llama):
+    from huggingface_hub import PyTorchModelHubMixin
+
+    model, tok, fp = tiny_llama
+    d = MedusaHeads(fp, num_heads=2)
+    randomize(d)
+    assert isinstance(d, PyTorchModelHubMixin)
+    d._save_pretrained(tmp_path)  # the mixin's save hook writes config.json + model.safetensors
+    assert json.loads((tmp_path / "config.json").read_text())["kind"] == "medusa"
+    back = MedusaHeads._from_pretrained(model_id=str(tmp_path), target=model, tokenizer=tok)
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in d.state_dict().items())
+    card = d.generate_model_card()
+    assert "Medusa-1" in str(card) and card.data.library_name == "draftheads"
