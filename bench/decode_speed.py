@@ -79,7 +79,7 @@ def measure_speed(
             spec_n += s.new_tokens
             lengths += s.accepted_lengths
             P = ids.shape[1]
-            pad = gen._pad_id()
+            pad = gen.pad_id()
             base_n += int((ref[:, P:] != pad).sum())
             n = min(ref.shape[1], out.shape[1])
             same &= torch.equal(ref[:, P:n], out[:, P:n])

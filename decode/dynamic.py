@@ -42,8 +42,9 @@ def rerank(
     parents: torch.Tensor,
     depths: torch.Tensor,
     n: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The tree of the ``n`` best candidates plus the root: ``(tokens, parents, depths)`` [B, n+1].
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree of the ``n`` best candidates plus the root: ``(tokens, parents, depths, scores)``
+    [B, n+1] (the root's score is 0, a log-probability of 1).
 
     A stable descending sort ranks a parent before a child of equal score (the parent's index
     is smaller), so every chosen node's parent is chosen too. Chosen candidates are then put
@@ -62,4 +63,5 @@ def rerank(
         torch.cat([root[:, None], tokens.gather(1, chosen)], 1),
         torch.cat([zero, tree_parent], 1),
         torch.cat([zero, depths.gather(1, chosen)], 1),
+        torch.cat([zero.to(scores.dtype), scores.gather(1, chosen)], 1),
     )

@@ -1,8 +1,9 @@
-"""The speculative decoding loop: draft a tree, verify it in one target forward, keep the accepted path.
+"""The speculative decoding loop: prefill, then steps, retiring rows as they finish.
 
 One step, for every active row of the batch at once::
 
-    tree  = proposer.propose(root, pos)                 # Medusa heads or the EAGLE drafter
+    tree  = proposer.propose(root, pos, plan)           # Medusa, EAGLE, lookup, or a mix
+    tree  = prune(tree, n*)                             # only the nodes that pay (cost.py)
     out   = target(tree.tokens, 4-D tree mask, position_ids = pos + depth, cache)
     best, bonus = accept(out.logits, tree)              # greedy / rejection sampling / typical
     compact the target's KV: keep root + accepted path, drop the rest
@@ -10,7 +11,8 @@ One step, for every active row of the batch at once::
 
 The target is a stock transformers model: the tree goes in as an additive 4-D attention mask
 ``[B, 1, T, S + T]`` (cache columns: the row's valid slots; tree columns: the ancestor mask)
-with explicit ``position_ids``; transformers uses a 4-D mask as given. Nothing is forked.
+with explicit ``position_ids``; transformers uses a 4-D mask as given. Nothing is forked. The
+target and the drafter run on ``decode.backend`` (backend.py) while a call is in progress.
 
 Batches: rows accept different lengths. Row b owns cache slots ``[0, length[b])``; the
 cache's physical length is the longest row's, and shorter rows' tails are masked (see kv.py).
@@ -28,13 +30,20 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
-from draftheads.decode import dynamic, kv
+from draftheads.decode import backend as backends
+from draftheads.decode import kv
+from draftheads.decode.cost import Planner, cached_curve
+from draftheads.decode.proposers import build_proposer
+from draftheads.decode.proposers.base import Accepted, Prefill, Proposer, Tree
+from draftheads.decode.select import prune
+from draftheads.decode.stop import Stopper, as_set
 from draftheads.decode.tree import (
     TREE_FILE,
     StaticTree,
@@ -61,10 +70,16 @@ class DecodeStats:
     new_tokens: int = 0
     accepted_lengths: list[int] = field(default_factory=list)  # per row and step: drafts + bonus
     accepted_depths: list[int] = field(default_factory=list)  # per row and step: drafts accepted
+    tree_tokens: list[int] = field(default_factory=list)  # per step: nodes verified per row (root incl.)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     prefill_time_s: float = 0.0
     total_time_s: float = 0.0
+    backend: str = "eager"
+
+    @property
+    def steps(self) -> int:
+        return max(self.target_forwards - 1, 0)
 
     @property
     def tau(self) -> float:
@@ -83,302 +98,39 @@ class DecodeStats:
         return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
 
 
-@dataclass
-class Tree:
-    """One step's tree for every active row: ``[B, T]`` tokens/parents/depths, ``anc [B, T, T]``."""
-
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-    anc: torch.Tensor
-    max_depth: int
-
-
 def tree_mask(cache_valid: torch.Tensor, anc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Mask of T new tokens: each sees its row's valid cache slots and its tree ancestors."""
     B, T, _ = anc.shape
     return additive_mask(torch.cat([cache_valid[:, None, :].expand(B, T, -1), anc], dim=-1), dtype)
 
 
-def append_valid(
-    valid: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor, new_length: int
-) -> torch.Tensor:
-    """Slot validity after writing ``new [B, n]`` at each row's ``lengths[b]``: ``[B, new_length]``."""
-    B, S = valid.shape
-    slot = torch.arange(new_length, device=valid.device)[None]
-    old = torch.nn.functional.pad(valid, (0, max(new_length - S, 0)))[:, :new_length] & (
-        slot < lengths[:, None]
-    )
-    rel = slot - lengths[:, None]
-    inside = (rel >= 0) & (rel < new.shape[1])
-    return old | (inside & new.gather(1, rel.clamp(0, new.shape[1] - 1)))
+@dataclass
+class Sampling:
+    """How the target's tokens are chosen in one call."""
+
+    sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    typical: bool
+    generator: torch.Generator | None
 
 
-class _Proposer:
-    """Drafts a tree per step. ``prefill``/``update`` feed it the target's hidden states."""
+@dataclass
+class State:
+    """Everything one call carries from step to step, for the rows still active."""
 
-    def prefill(self, hidden_states, input_ids, valid, positions, root) -> None:
-        raise NotImplementedError
-
-    def propose(self, root: torch.Tensor, pos: torch.Tensor) -> Tree:
-        raise NotImplementedError
-
-    def update(self, hidden_states, path, tokens, n_keep, n_cpu, pos) -> None:
-        raise NotImplementedError
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        raise NotImplementedError
-
-
-def _static_tree(
-    static: StaticTree, root: torch.Tensor, tokens_by_node: torch.Tensor, anc: torch.Tensor
-) -> Tree:
-    B = root.shape[0]
-    tokens = torch.cat([root[:, None], tokens_by_node[:, 1:]], 1)
-    return Tree(
-        tokens, static.parents.expand(B, -1), static.depths.expand(B, -1), anc.expand(B, -1, -1), static.depth
-    )
-
-
-def _levels(static: StaticTree, anc: torch.Tensor) -> list[tuple]:
-    """Per depth d: (nodes, their parents, each node's slot among the parents, ranks, nodes with
-    children to feed, the fed nodes' ancestor mask over all nodes fed up to then)."""
-    parents, depths, ranks = static.parents.tolist(), static.depths.tolist(), static.ranks.tolist()
-    has_kids, fed, out = set(parents[1:]), [], []
-    for d in range(1, static.depth + 1):
-        nodes = [i for i in range(1, static.size) if depths[i] == d]
-        par = sorted({parents[i] for i in nodes})
-        feed = [i for i in nodes if i in has_kids]
-        fed += feed
-        idx = torch.tensor(fed, dtype=torch.long, device=anc.device)
-        anc_fed = anc[idx][:, idx][len(fed) - len(feed) :]
-        out.append(
-            (nodes, par, [par.index(parents[i]) for i in nodes], [ranks[i] for i in nodes], feed, anc_fed)
-        )
-    return out
-
-
-class MedusaProposer(_Proposer):
-    """Medusa: head k's top-k at the last accepted position fill depth k+1 of a static tree.
-
-    Only the heads the tree reaches are evaluated, on one position per row, and only the
-    candidates the tree uses (top max-rank+1) are kept.
-    """
-
-    def __init__(self, drafter, static: StaticTree) -> None:
-        self.drafter, self.static = drafter, static
-        self.layer = drafter.feature_layers()[0]
-        self.anc = ancestor_mask(static.parents, static.depth)
-        self.topk = static.topk_per_depth()
-        self.levels = _levels(static, self.anc)
-        self.hidden: torch.Tensor | None = None
-
-    def prefill(self, hidden_states, input_ids, valid, positions, root) -> None:
-        self.hidden = hidden_states[self.layer][:, -1]
-
-    def propose(self, root: torch.Tensor, pos: torch.Tensor) -> Tree:
-        depth = len(self.topk)
-        logits = self.drafter.heads_logits(self.drafter.head_hidden(self.hidden, depth))  # [D, B, V]
-        B, T = root.shape[0], self.static.size
-        cands = [logits[d].topk(k, dim=-1).indices for d, k in enumerate(self.topk)]
-        tokens = torch.zeros(B, T, dtype=torch.long, device=root.device)
-        for c, (nodes, _, _, ranks, _, _) in zip(cands, self.levels):
-            tokens[:, nodes] = c[:, ranks]
-        return _static_tree(self.static, root, tokens, self.anc)
-
-    def update(self, hidden_states, path, tokens, n_keep, n_cpu, pos) -> None:
-        rows = torch.arange(path.shape[0], device=path.device)
-        self.hidden = hidden_states[self.layer][rows, path.gather(1, (n_keep - 1)[:, None])[:, 0]]
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        self.hidden = self.hidden.index_select(0, rows)
-
-
-class EagleProposer(_Proposer):
-    """EAGLE: the drafter runs autoregressively over the tree with its own KV cache.
-
-    The drafter reads pairs (target feature f_t, next token x_{t+1}) at position t. After the
-    prefill it reads the prompt's features with the tokens shifted by one (the last token being
-    the root); after each step, the accepted path's features with the tokens that followed
-    them (the accepted drafts and the bonus). Tree entries are dropped from its cache at the
-    next step; the accepted pairs stay, compacted per row like the target's.
-    """
-
-    def __init__(self, drafter, static: StaticTree | None, cfg: DecodeConfig) -> None:
-        from transformers import DynamicCache
-
-        self.drafter, self.static, self.cfg = drafter, static, cfg
-        self.cache = DynamicCache()
-        self.valid: torch.Tensor | None = None  # [B, S] stable slots that hold a real pair
-        self.lengths: torch.Tensor | None = None
-        self.lengths_cpu: list[int] = []
-        self.pending: tuple | None = None
-        if static is not None:
-            self.anc = ancestor_mask(static.parents, static.depth)
-            self.topk = static.topk_per_depth()
-            self.parents, self.levels = static.parents.tolist(), _levels(static, self.anc)
-
-    # -- feeding the accepted pairs ---------------------------------------------------------
-    def prefill(self, hidden_states, input_ids, valid, positions, root) -> None:
-        feats = self.drafter.select_features(hidden_states)
-        tokens = torch.cat([input_ids[:, 1:], root[:, None]], 1)
-        B, P = tokens.shape
-        self.valid = torch.zeros(B, 0, dtype=torch.bool, device=tokens.device)
-        self.lengths = torch.zeros(B, dtype=torch.long, device=tokens.device)
-        self.lengths_cpu = [0] * B
-        self.pending = (feats, tokens, valid, positions, torch.full_like(self.lengths, P), [P] * B)
-
-    def update(self, hidden_states, path, tokens, n_keep, n_cpu, pos) -> None:
-        rows = torch.arange(path.shape[0], device=path.device)[:, None]
-        feats = self.drafter.select_features(hidden_states)[rows, path]
-        A = path.shape[1]
-        j = torch.arange(A, device=path.device)[None]
-        self.pending = (feats, tokens, j < n_keep[:, None], pos[:, None] + j, n_keep, n_cpu)
-
-    def _feed_pending(self) -> torch.Tensor:
-        """Run the drafter on the pending pairs; keep them in its cache; return the root's output."""
-        feats, tokens, valid, positions, n_keep, n_cpu = self.pending
-        S = kv.seq_length(self.cache)
-        n = tokens.shape[1]
-        allowed = padded_causal(valid)
-        mask = additive_mask(torch.cat([self.valid[:, None, :].expand(-1, n, -1), allowed], -1), feats.dtype)
-        out = self.drafter(tokens, self.drafter.fuse(feats), positions, mask, self.cache)
-        new_len = max(a + b for a, b in zip(self.lengths_cpu, n_cpu))
-        src = S + torch.arange(n, device=tokens.device).expand(len(n_cpu), n)
-        kv.compact(self.cache, src, self.lengths[:, None] + src - S, new_len)
-        self.valid = append_valid(self.valid, self.lengths, valid, new_len)
-        self.lengths = self.lengths + n_keep
-        self.lengths_cpu = [a + b for a, b in zip(self.lengths_cpu, n_cpu)]
-        rows = torch.arange(out.shape[0], device=out.device)
-        return out[rows, n_keep - 1]
-
-    def _feed_tree(self, tokens, hidden, positions, anc_fed) -> torch.Tensor:
-        """Run the drafter on new tree nodes; ``anc_fed [B, n, F]`` = their ancestors among the
-        tree nodes fed so far, themselves last. Their KV stays until the next step truncates it."""
-        n = tokens.shape[1]
-        mask = additive_mask(torch.cat([self.valid[:, None, :].expand(-1, n, -1), anc_fed], -1), hidden.dtype)
-        return self.drafter(tokens, hidden, positions, mask, self.cache)
-
-    def _log_q(self, out: torch.Tensor) -> torch.Tensor:
-        return self.drafter.logits(out).float().log_softmax(-1)
-
-    # -- drafting ---------------------------------------------------------------------------
-    def propose(self, root: torch.Tensor, pos: torch.Tensor) -> Tree:
-        kv.truncate(self.cache, self.valid.shape[1])
-        h_root = self._feed_pending()
-        if self.static is not None:
-            return self._propose_static(root, pos, h_root)
-        return self._propose_dynamic(root, pos, h_root)
-
-    def _propose_dynamic(self, root: torch.Tensor, pos: torch.Tensor, h_root: torch.Tensor) -> Tree:
-        """EAGLE-2: expand the top_k most confident nodes ``depth - 1`` times, rerank to total_tokens."""
-        k, depth, n = self.cfg.top_k_draft, self.cfg.depth, self.cfg.total_tokens - 1
-        B, dev = root.shape[0], root.device
-        top = self._log_q(h_root).topk(k, dim=-1)
-        scores, ids = [top.values], [top.indices]
-        parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
-        depths = [torch.ones(B, k, dtype=torch.long, device=dev)]
-        front = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
-        front_hidden = h_root[:, None].expand(B, k, -1)
-        front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # their fed ancestors
-        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
-        offset = k
-        for d in range(1, depth):
-            all_scores, all_ids = torch.cat(scores, 1), torch.cat(ids, 1)
-            front_ids = self.drafter.draft_to_target(all_ids.gather(1, front))
-            new_anc = torch.cat([front_anc, eye], -1)  # [B, k, fed so far]: ancestors and self
-            out = self._feed_tree(front_ids, front_hidden, (pos + d - 1)[:, None].expand(B, k), new_anc)
-            c_scores, c_ids, slot = dynamic.children(self._log_q(out), all_scores.gather(1, front), k)
-            scores.append(c_scores)
-            ids.append(c_ids)
-            parents.append(front.gather(1, slot))
-            depths.append(torch.full_like(c_ids, d + 1))
-            pick = dynamic.frontier(c_scores, k)
-            pslot = slot.gather(1, pick)
-            front = offset + pick
-            offset += c_scores.shape[1]
-            front_hidden = out.gather(1, pslot[..., None].expand(-1, -1, out.shape[-1]))
-            front_anc = new_anc.gather(1, pslot[..., None].expand(-1, -1, new_anc.shape[-1]))
-        all_ids = self.drafter.draft_to_target(torch.cat(ids, 1))
-        tokens, tparents, tdepths = dynamic.rerank(
-            root, torch.cat(scores, 1), all_ids, torch.cat(parents, 1), torch.cat(depths, 1), n
-        )
-        max_depth = depth
-        return Tree(tokens, tparents, tdepths, ancestor_mask(tparents, max_depth), max_depth)
-
-    def _propose_static(self, root: torch.Tensor, pos: torch.Tensor, h_root: torch.Tensor) -> Tree:
-        """A static tree: level by level, take each parent's top-k, feed the nodes that have children."""
-        st, lv = self.static, self.levels
-        B, dev = root.shape[0], root.device
-        tokens = torch.zeros(B, st.size, dtype=torch.long, device=dev)
-        outs = torch.zeros(B, st.size, h_root.shape[-1], dtype=h_root.dtype, device=dev)
-        outs[:, 0] = h_root
-        for d, (nodes, par, par_slot, ranks, feed, anc_fed) in enumerate(lv, start=1):
-            top = self._log_q(outs[:, par]).topk(self.topk[d - 1], dim=-1).indices  # [B, parents, k]
-            tokens[:, nodes] = self.drafter.draft_to_target(top[:, par_slot, ranks])
-            if feed:
-                hidden = outs[:, [self.parents[i] for i in feed]]
-                positions = (pos + d - 1)[:, None].expand(B, len(feed))
-                outs[:, feed] = self._feed_tree(tokens[:, feed], hidden, positions, anc_fed.expand(B, -1, -1))
-        return _static_tree(st, root, tokens, self.anc)
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        kv.select_rows(self.cache, rows)
-        self.valid = self.valid.index_select(0, rows)
-        self.lengths = self.lengths.index_select(0, rows)
-        keep = rows.tolist()
-        self.lengths_cpu = [self.lengths_cpu[i] for i in keep]
-        feats, tokens, valid, positions, n_keep, n_cpu = self.pending
-        self.pending = (
-            feats.index_select(0, rows),
-            tokens.index_select(0, rows),
-            valid.index_select(0, rows),
-            positions.index_select(0, rows),
-            n_keep.index_select(0, rows),
-            [n_cpu[i] for i in keep],
-        )
-
-
-class _Stopper:
-    """Ends a row at the right token: EOS, a stop string, or ``max_new_tokens``."""
-
-    def __init__(self, eos: set[int], stop_strings: list[str] | None, tokenizer, max_new_tokens: int) -> None:
-        if stop_strings and tokenizer is None:
-            raise UserError("stop_strings need a tokenizer; pass tokenizer= to SpeculativeGenerator")
-        self.eos, self.stops, self.tok, self.max_new = (
-            eos,
-            list(stop_strings or []),
-            tokenizer,
-            max_new_tokens,
-        )
-        self.window = max((len(s) for s in self.stops), default=0) + 8  # tokens: >= 1 char each, mostly
-
-    def cut(self, generated: list[int], new: list[int]) -> tuple[list[int], bool]:
-        """The prefix of ``new`` to keep after ``generated``, and whether the row is finished."""
-        for i, t in enumerate(new):
-            if (
-                len(generated) + i + 1 >= self.max_new
-                or t in self.eos
-                or self._stopped(generated + new[: i + 1])
-            ):
-                return new[: i + 1], True
-        return new, False
-
-    def _stopped(self, ids: list[int]) -> bool:
-        if not self.stops:
-            return False
-        tail = self.tok.decode(ids[-self.window :])
-        before = self.tok.decode(ids[-self.window : -1])
-        # stop at the first token after which the text holds a stop string it did not hold before
-        return any(s in tail and s not in before for s in self.stops)
-
-
-def _as_set(eos) -> set[int]:
-    if eos is None:
-        return set()
-    if isinstance(eos, torch.Tensor):
-        eos = eos.tolist()
-    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+    cache: object
+    kv_valid: torch.Tensor  # [b, S] which cache slots hold a real token
+    lengths: torch.Tensor  # [b] slots each row owns
+    lengths_cpu: list[int]
+    pos: torch.Tensor  # [b] the root's position
+    root: torch.Tensor  # [b] the last emitted token, not yet in the cache
+    active: list[int]  # input row of each active row
+    generated: list[list[int]]  # per input row
+    finished: list[int] = field(default_factory=list)  # input rows done at the last step
+    proposer: Proposer | None = None
+    planner: Planner | None = None
 
 
 class SpeculativeGenerator:
@@ -389,16 +141,17 @@ class SpeculativeGenerator:
     target's (temperature, top-k, top-p warped) distribution exactly, except with
     ``config.typical=True`` (Medusa's typical acceptance, faster, not lossless).
 
-    The drafter is moved to the target's device and dtype. Its tree is ``config.tree``:
-    ``auto`` (``tree.json`` beside the heads when the drafter was loaded from a directory that
-    has one, else a default; EAGLE with ``config.dynamic`` builds EAGLE-2 dynamic trees),
-    ``chain``/``chainN``, a JSON choices list, or a path to a tree.json.
+    ``drafter`` is a MedusaHeads or EagleDrafter, or None for lookup decoding alone (prompt
+    lookup branches, no model). The drafter is moved to the target's device and dtype. Its
+    tree is ``config.tree``: ``auto`` (``tree.json`` beside the heads when the drafter was
+    loaded from a directory that has one, else a default; EAGLE with ``config.dynamic`` builds
+    EAGLE-2 dynamic trees), ``chain``/``chainN``, a JSON choices list, or a tree.json path.
     """
 
     def __init__(
         self,
         target: nn.Module,
-        drafter: nn.Module,
+        drafter: nn.Module | None = None,
         tokenizer=None,
         config: DecodeConfig | None = None,
         tree_dir: str | None = None,
@@ -413,9 +166,14 @@ class SpeculativeGenerator:
             )
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
-        drafter.to(device=self.device, dtype=self.dtype)
-        drafter.eval()
-        self.static = self._resolve_tree(tree_dir)
+        self.backend = backends.resolve(self.config.backend, self.device, self.dtype)
+        if drafter is None and not self.config.lookup:
+            raise UserError("nothing to draft with: give a drafter (heads=DIR) or turn on decode.lookup=true")
+        if drafter is not None:
+            drafter.to(device=self.device, dtype=self.dtype)
+            drafter.eval()
+        self.static = self._resolve_tree(tree_dir) if drafter is not None else None
+        self.curve = None
         self.last_stats = DecodeStats()
 
     # -- configuration ----------------------------------------------------------------------
@@ -429,8 +187,6 @@ class SpeculativeGenerator:
         choices = parse_tree(cfg.tree, num_heads)
         directory = tree_dir or getattr(self.drafter, "source_dir", None)
         if choices is None and directory is not None:
-            from pathlib import Path
-
             f = Path(directory) / TREE_FILE
             choices = load_tree_file(f) if f.is_file() else None
         if choices is None and kind == "eagle" and cfg.dynamic:
@@ -447,10 +203,15 @@ class SpeculativeGenerator:
                 choices = chain(cfg.depth)
         return tree_from_choices(choices, num_heads).to(self.device)
 
-    def _proposer(self) -> _Proposer:
-        if self.drafter.kind == "medusa":
-            return MedusaProposer(self.drafter, self.static)
-        return EagleProposer(self.drafter, self.static, self.config)
+    def make_proposer(self) -> Proposer:
+        """A fresh proposer for one call: the drafter's (or lookup alone), with lookup branches."""
+        return build_proposer(self.drafter, self.static, self.config)
+
+    def cost_curve(self):
+        """The verify-cost curve of this device, target and backend (measured once, cached)."""
+        if self.curve is None:
+            self.curve = cached_curve(self.target, self.backend, self.config.cost_cache)
+        return self.curve
 
     # -- public API -------------------------------------------------------------------------
     @torch.no_grad()
@@ -464,14 +225,15 @@ class SpeculativeGenerator:
         for step in self.stream(input_ids, attention_mask, **kwargs):
             for b, toks in enumerate(step):
                 rows[b] += toks
-        pad = self._pad_id()
+        pad = self.pad_id()
         out = torch.full((B, P + max(map(len, rows), default=0)), pad, dtype=torch.long)
         out[:, :P] = input_ids.cpu()
         for b, r in enumerate(rows):
             out[b, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
         return out.to(input_ids.device)
 
-    def _pad_id(self) -> int:
+    def pad_id(self) -> int:
+        """The id ``generate`` pads finished rows with (as the target's ``generate`` does)."""
         gc = getattr(self.target, "generation_config", None)
         for cand in (
             getattr(gc, "pad_token_id", None),
@@ -505,154 +267,212 @@ class SpeculativeGenerator:
         cfg = self.config
         max_new = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
         sample = cfg.do_sample if do_sample is None else do_sample
-        temp = cfg.temperature if temperature is None else temperature
-        tp = cfg.top_p if top_p is None else top_p
-        tk = cfg.top_k if top_k is None else top_k
-        typ = (cfg.typical if typical is None else typical) and sample
+        how = Sampling(
+            sample,
+            cfg.temperature if temperature is None else temperature,
+            cfg.top_k if top_k is None else top_k,
+            cfg.top_p if top_p is None else top_p,
+            (cfg.typical if typical is None else typical) and sample,
+            generator,
+        )
         if eos_token_id is None:
             eos_token_id = getattr(getattr(self.target, "generation_config", None), "eos_token_id", None)
-        stopper = _Stopper(
-            _as_set(eos_token_id),
+        stopper = Stopper(
+            as_set(eos_token_id),
             stop_strings if stop_strings is not None else cfg.stop,
             self.tokenizer,
             max_new,
         )
         if max_new < 1:
             raise UserError(f"max_new_tokens={max_new}: must be at least 1")
-        if sample and temp <= 0:
-            raise UserError(f"temperature={temp}: must be > 0 when sampling (use do_sample=False for greedy)")
+        if sample and how.temperature <= 0:
+            raise UserError(
+                f"temperature={how.temperature}: must be > 0 when sampling (use do_sample=False for greedy)"
+            )
+        mask = attention_mask.to(self.device).bool() if attention_mask is not None else None
+        check_left_padded(mask)
         self._check_length(input_ids.shape[1] + max_new)
-
-        stats = self.last_stats = DecodeStats()
+        planner_curve = self.cost_curve() if cfg.cost_aware else None
+        stats = self.last_stats = DecodeStats(backend=self.backend)
         t_start = time.perf_counter()
-        B = input_ids.shape[0]
-        dev = self.device
-        ids = input_ids.to(dev)
-        valid = (attention_mask.to(dev) if attention_mask is not None else torch.ones_like(ids)).bool()
-        positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+        modules = [m for m in (self.target, self.drafter) if m is not None]
+        with backends.applied(self.backend, *modules):
+            state, first = self.prefill(input_ids.to(self.device), mask, how, stopper, stats)
+            if planner_curve is not None:
+                state.planner = Planner(planner_curve, len(state.active))
+            stats.prefill_time_s = stats.total_time_s = time.perf_counter() - t_start
+            yield first
+            while self.retire(state):
+                out = self.step(state, how, stopper, stats)
+                stats.total_time_s = time.perf_counter() - t_start
+                yield out
+        stats.total_time_s = time.perf_counter() - t_start
 
+    # -- the three phases ---------------------------------------------------------------------
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        how: Sampling,
+        stopper: Stopper,
+        stats: DecodeStats,
+    ) -> tuple[State, list[list[int]]]:
+        """Read the prompts into the cache; the first new token of each row; start the proposer."""
         from transformers import DynamicCache
 
+        B, P = ids.shape
+        valid = mask if mask is not None else torch.ones_like(ids, dtype=torch.bool)
+        positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+        proposer = self.make_proposer()
         cache = DynamicCache()
-        P = ids.shape[1]
-        allowed = padded_causal(valid)
         out = self.target(
             input_ids=ids,
-            attention_mask=additive_mask(allowed, self.dtype),
+            attention_mask=additive_mask(padded_causal(valid), self.dtype),
             position_ids=positions,
             cache=cache,
             use_cache=True,
-            output_hidden_states=True,
+            output_hidden_states=proposer.needs_hidden_states,
             logits_to_keep=1,
         )
         stats.target_forwards += 1
         last = out.logits[:, -1]
-        root = (
-            torch.multinomial(warp(last, temp, tk, tp), 1, generator=generator)[:, 0]
-            if sample
-            else last.argmax(-1)
+        if how.sample:
+            root = torch.multinomial(
+                warp(last, how.temperature, how.top_k, how.top_p), 1, generator=how.generator
+            )[:, 0]
+        else:
+            root = last.argmax(-1)
+        proposer.prefill(Prefill(out.hidden_states, ids, valid, positions, root))
+        state = State(
+            cache=cache,
+            kv_valid=valid,
+            lengths=torch.full((B,), P, device=self.device),
+            lengths_cpu=[P] * B,
+            pos=positions[:, -1] + 1,
+            root=root,
+            active=list(range(B)),
+            generated=[[] for _ in range(B)],
+            proposer=proposer,
         )
-        proposer = self._proposer()
-        proposer.prefill(out.hidden_states, ids, valid, positions, root)
-        del out
-        pos = positions[:, -1] + 1  # the root's position
-        kv_valid, lengths, lengths_cpu = valid, torch.full((B,), P, device=dev), [P] * B
-        generated: list[list[int]] = [[] for _ in range(B)]
-        active = list(range(B))
-        first = root.tolist()
-        step_out: list[list[int]] = [[] for _ in range(B)]
-        finished = []
-        for b, t in enumerate(first):
-            kept, done = stopper.cut(generated[b], [t])
-            generated[b] += kept
-            step_out[b] = kept
+        first: list[list[int]] = [[] for _ in range(B)]
+        for b, t in enumerate(root.tolist()):
+            kept, done = stopper.cut(state.generated[b], [t])
+            state.generated[b] += kept
+            first[b] = kept
             if done:
-                finished.append(b)
+                state.finished.append(b)
         stats.new_tokens += B
-        stats.prefill_time_s = time.perf_counter() - t_start
-        yield step_out
+        return state, first
 
-        while True:
-            if finished:
-                keep = [i for i, b in enumerate(active) if b not in finished]
-                active = [active[i] for i in keep]
-                if not active:
-                    break
-                rows = torch.tensor(keep, dtype=torch.long, device=dev)
-                kv.select_rows(cache, rows)
-                proposer.select_rows(rows)
-                kv_valid, lengths, pos, root = (
-                    t.index_select(0, rows) for t in (kv_valid, lengths, pos, root)
-                )
-                lengths_cpu = [lengths_cpu[i] for i in keep]
-            t0 = self._now()
-            tree = proposer.propose(root, pos)
-            t1 = self._now()
-            stats.draft_time_s += t1 - t0
+    def retire(self, state: State) -> bool:
+        """Drop the rows that finished at the last step; whether any row is still active."""
+        if not state.finished:
+            return bool(state.active)
+        keep = [i for i, b in enumerate(state.active) if b not in state.finished]
+        state.active = [state.active[i] for i in keep]
+        state.finished = []
+        if not state.active:
+            return False
+        rows = torch.tensor(keep, dtype=torch.long, device=self.device)
+        kv.select_rows(state.cache, rows)
+        state.proposer.select_rows(rows)
+        state.kv_valid, state.lengths, state.pos, state.root = (
+            t.index_select(0, rows) for t in (state.kv_valid, state.lengths, state.pos, state.root)
+        )
+        state.lengths_cpu = [state.lengths_cpu[i] for i in keep]
+        if state.planner is not None:
+            state.planner.batch = len(state.active)
+        return True
 
-            S = kv_valid.shape[1]
-            out = self.target(
-                input_ids=tree.tokens,
-                attention_mask=tree_mask(kv_valid, tree.anc, self.dtype),
-                position_ids=pos[:, None] + tree.depths,
-                cache=cache,
-                use_cache=True,
-                output_hidden_states=True,
+    def step(self, state: State, how: Sampling, stopper: Stopper, stats: DecodeStats) -> list[list[int]]:
+        """One draft-verify step for every active row; returns each input row's new tokens."""
+        t0 = self._now()
+        plan = state.planner.expand if state.planner is not None else None
+        tree = state.proposer.propose(state.root, state.pos, plan)
+        draft_s = self._now() - t0
+        if state.planner is not None:
+            state.planner.draft_s = draft_s
+            n, _, _ = state.planner.best(tree.scores[:, 1:], tree.valid[:, 1:])
+            tree = prune(tree, n)
+        t1 = self._now()
+        stats.draft_time_s += t1 - t0
+        best, bonus, out = self._verify(state, tree, how)
+        n_keep, host = self._accept(state, tree, best, bonus, out)
+        del out
+        verify_s = self._now() - t1
+        stats.verify_time_s += verify_s
+        if state.planner is not None:
+            state.planner.observe(
+                draft_s, getattr(state.proposer, "passes", 0), verify_s, len(state.active) * tree.size
             )
-            stats.target_forwards += 1
-            if not sample:
-                best, bonus = greedy_accept(out.logits, tree.tokens, tree.parents, tree.depths, tree.anc)
-            elif typ:
-                best, bonus = typical_accept(
-                    out.logits,
-                    tree.tokens,
-                    tree.parents,
-                    tree.depths,
-                    tree.anc,
-                    temp,
-                    tk,
-                    tp,
-                    cfg.typical_epsilon,
-                    cfg.typical_delta,
-                )
-            else:
-                best, bonus = sample_accept(
-                    out.logits, tree.tokens, tree.parents, tree.depths, temp, tk, tp, generator
-                )
-            A = tree.max_depth + 1
-            path = path_nodes(tree.anc, best, A)  # [b, A]: root, accepted drafts, then padding
-            n_keep = tree.depths.gather(1, best[:, None])[:, 0] + 1  # KV entries kept = tokens emitted
-            emitted = tree.tokens.gather(1, path).roll(-1, dims=1)
-            emitted.scatter_(1, (n_keep - 1)[:, None], bonus[:, None])
-            host = torch.cat([n_keep[:, None], emitted], 1).tolist()  # the one sync of the step
-            n_cpu = [h[0] for h in host]
-            new_len = max(a + n for a, n in zip(lengths_cpu, n_cpu))
-            j = torch.arange(A, device=dev)[None]
-            kv.compact(cache, S + path, lengths[:, None] + j, new_len)
-            kv_valid = append_valid(kv_valid, lengths, j < n_keep[:, None], new_len)
-            lengths = lengths + n_keep
-            lengths_cpu = [a + n for a, n in zip(lengths_cpu, n_cpu)]
-            proposer.update(out.hidden_states, path, emitted, n_keep, n_cpu, pos)
-            del out
-            pos = pos + n_keep
-            root = bonus
-            stats.verify_time_s += self._now() - t1
+        stats.target_forwards += 1
+        stats.tree_tokens.append(tree.size)
+        new: list[list[int]] = [[] for _ in range(len(state.generated))]
+        for i, b in enumerate(state.active):
+            n = host[i][0]
+            kept, done = stopper.cut(state.generated[b], host[i][1 : 1 + n])
+            state.generated[b] += kept
+            new[b] = kept
+            stats.new_tokens += len(kept)
+            stats.accepted_lengths.append(len(kept))
+            stats.accepted_depths.append(n - 1)
+            if done:
+                state.finished.append(b)
+        return new
 
-            step_out = [[] for _ in range(B)]
-            finished = []
-            for i, b in enumerate(active):
-                n = n_cpu[i]
-                kept, done = stopper.cut(generated[b], host[i][1 : 1 + n])
-                generated[b] += kept
-                step_out[b] = kept
-                stats.new_tokens += len(kept)
-                stats.accepted_lengths.append(len(kept))
-                stats.accepted_depths.append(n - 1)
-                if done:
-                    finished.append(b)
-            stats.total_time_s = time.perf_counter() - t_start
-            yield step_out
-        stats.total_time_s = time.perf_counter() - t_start
+    def _verify(self, state: State, tree: Tree, how: Sampling):
+        """The target's forward over the tree, and the accepted node and bonus token per row."""
+        anc = ancestor_mask(tree.parents, tree.max_depth)
+        out = self.target(
+            input_ids=tree.tokens,
+            attention_mask=tree_mask(state.kv_valid, anc, self.dtype),
+            position_ids=state.pos[:, None] + tree.depths,
+            cache=state.cache,
+            use_cache=True,
+            output_hidden_states=state.proposer.needs_hidden_states,
+        )
+        args = (out.logits, tree.tokens, tree.parents, tree.depths)
+        if not how.sample:
+            best, bonus = greedy_accept(*args, anc, tree.valid)
+        elif how.typical:
+            c = self.config
+            best, bonus = typical_accept(
+                *args,
+                anc,
+                how.temperature,
+                how.top_k,
+                how.top_p,
+                c.typical_epsilon,
+                c.typical_delta,
+                tree.valid,
+            )
+        else:
+            best, bonus = sample_accept(
+                *args, how.temperature, how.top_k, how.top_p, how.generator, tree.valid
+            )
+        return best, bonus, (out, anc)
+
+    def _accept(self, state: State, tree: Tree, best, bonus, out) -> tuple[torch.Tensor, list[list[int]]]:
+        """Keep the accepted path in the target's cache, tell the proposer, advance the state."""
+        out, anc = out
+        S = state.kv_valid.shape[1]
+        A = tree.max_depth + 1
+        path = path_nodes(anc, best, A)  # [b, A]: root, accepted drafts, then padding
+        n_keep = tree.depths.gather(1, best[:, None])[:, 0] + 1  # KV entries kept = tokens emitted
+        emitted = tree.tokens.gather(1, path).roll(-1, dims=1)
+        emitted.scatter_(1, (n_keep - 1)[:, None], bonus[:, None])
+        host = torch.cat([n_keep[:, None], emitted], 1).tolist()  # the one sync of the step
+        n_cpu = [h[0] for h in host]
+        new_len = max(a + n for a, n in zip(state.lengths_cpu, n_cpu))
+        j = torch.arange(A, device=self.device)[None]
+        kv.compact(state.cache, S + path, state.lengths[:, None] + j, new_len)
+        state.kv_valid = kv.append_valid(state.kv_valid, state.lengths, j < n_keep[:, None], new_len)
+        state.lengths = state.lengths + n_keep
+        state.lengths_cpu = [a + n for a, n in zip(state.lengths_cpu, n_cpu)]
+        state.proposer.update(Accepted(out.hidden_states, path, emitted, n_keep, n_cpu, state.pos))
+        state.pos = state.pos + n_keep
+        state.root = bonus
+        return n_keep, host
 
     # -- helpers ----------------------------------------------------------------------------
     def _now(self) -> float:
@@ -669,3 +489,16 @@ class SpeculativeGenerator:
                 f"prompt + max_new_tokens = {total} exceeds the target's sliding window {window}; "
                 "tree decoding masks full attention only, so shorten the request"
             )
+
+
+def check_left_padded(mask: torch.Tensor | None) -> None:
+    """Refuse a right-padded batch: the decoder continues every row from its last column."""
+    if mask is None or mask.shape[1] < 2:
+        return
+    bad = (mask[:, :-1] & ~mask[:, 1:]).any(-1) | ~mask[:, -1]
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise UserError(
+            f"attention_mask row {row} has padding after its tokens (right padding); pad prompts on the "
+            "left (tokenizer.padding_side='left') so every row ends with a real token"
+        )

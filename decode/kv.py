@@ -64,3 +64,17 @@ def select_rows(cache, rows: torch.Tensor) -> None:
     for layer in cache_layers(cache):
         layer.keys = layer.keys.index_select(0, rows)
         layer.values = layer.values.index_select(0, rows)
+
+
+def append_valid(
+    valid: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor, new_length: int
+) -> torch.Tensor:
+    """Slot validity after writing ``new [B, n]`` at each row's ``lengths[b]``: ``[B, new_length]``."""
+    B, S = valid.shape
+    slot = torch.arange(new_length, device=valid.device)[None]
+    old = torch.nn.functional.pad(valid, (0, max(new_length - S, 0)))[:, :new_length] & (
+        slot < lengths[:, None]
+    )
+    rel = slot - lengths[:, None]
+    inside = (rel >= 0) & (rel < new.shape[1])
+    return old | (inside & new.gather(1, rel.clamp(0, new.shape[1] - 1)))

@@ -115,6 +115,26 @@ def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     return reach
 
 
+def levels(static: StaticTree, anc: torch.Tensor) -> list[tuple]:
+    """How to draft a static tree level by level. Per depth d: (its nodes, their parents, each
+    node's slot among those parents, the nodes' ranks, the nodes that have children and so must
+    be fed to an autoregressive drafter, and those fed nodes' ancestor mask over every node fed
+    up to then)."""
+    parents, depths, ranks = static.parents.tolist(), static.depths.tolist(), static.ranks.tolist()
+    has_kids, fed, out = set(parents[1:]), [], []
+    for d in range(1, static.depth + 1):
+        nodes = [i for i in range(1, static.size) if depths[i] == d]
+        par = sorted({parents[i] for i in nodes})
+        feed = [i for i in nodes if i in has_kids]
+        fed += feed
+        idx = torch.tensor(fed, dtype=torch.long, device=anc.device)
+        anc_fed = anc[idx][:, idx][len(fed) - len(feed) :]
+        out.append(
+            (nodes, par, [par.index(parents[i]) for i in nodes], [ranks[i] for i in nodes], feed, anc_fed)
+        )
+    return out
+
+
 def path_nodes(anc: torch.Tensor, best: torch.Tensor, length: int) -> torch.Tensor:
     """Node indices from the root down to ``best`` [B], left-aligned and padded to ``length``.
 

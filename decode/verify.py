@@ -8,6 +8,8 @@ logits give the distribution of the token *after* node i), the tree ``tokens``/`
 * :func:`greedy_accept`: lossless for greedy decoding.
 * :func:`sample_accept`: tree rejection sampling, lossless for sampling (see its proof).
 * :func:`typical_accept`: Medusa's typical acceptance. NOT lossless: an explicit opt-in.
+
+``valid [B, T]`` (optional) marks padding nodes False: they are never accepted.
 """
 
 from __future__ import annotations
@@ -45,11 +47,18 @@ def _path_ok(match: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
 
 
 def greedy_accept(
-    logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    anc: torch.Tensor,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Longest path whose every token is the target's argmax after its parent."""
     pred = logits.argmax(-1)  # [B, T]
     match = tokens == pred.gather(1, parents)
+    if valid is not None:
+        match &= valid
     match[:, 0] = True
     best = _deepest(_path_ok(match, anc), depths)
     return best, pred.gather(1, best[:, None])[:, 0]
@@ -66,6 +75,7 @@ def typical_accept(
     top_p: float,
     epsilon: float = 0.09,
     delta: float = 0.3,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Medusa's typical acceptance (NOT lossless): accept x after parent distribution p when
     p(x) > min(epsilon, delta * exp(-H(p))); keep the longest such path; sample the bonus."""
@@ -75,6 +85,8 @@ def typical_accept(
     p_parent = probs.gather(1, parents[..., None].expand_as(probs))
     p_x = p_parent.gather(2, tokens[..., None])[..., 0]
     match = p_x > threshold.gather(1, parents)
+    if valid is not None:
+        match &= valid
     match[:, 0] = True
     best = _deepest(_path_ok(match, anc), depths)
     p_best = probs[torch.arange(len(best), device=best.device), best]
@@ -90,6 +102,7 @@ def sample_accept(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None = None,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tree rejection sampling for deterministic (top-k) drafts: lossless.
 
@@ -110,6 +123,8 @@ def sample_accept(
     probs = warp(logits, temperature, top_k, top_p)  # [B, T, V]
     idx = torch.arange(T, device=dev)
     is_child = (parents[:, None, :] == idx[None, :, None]) & (idx[None, None, :] > 0)  # [B, parent, child]
+    if valid is not None:
+        is_child &= valid[:, None, :]
     cur = torch.zeros(B, dtype=torch.long, device=dev)
     residual = probs[:, 0].clone()
     alive = torch.ones(B, dtype=torch.bool, device=dev)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# verify-cost curves measured by tests stay out of the user's cache
+os.environ.setdefault("DRAFTHEADS_COST_CACHE", tempfile.mkdtemp(prefix="draftheads-cost-"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -8,7 +8,8 @@ import torch
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
-from draftheads.decode.generator import Tree
+from draftheads.decode.proposers import Tree
+from draftheads.decode.tree import ancestor_mask
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
 from tests.conftest import get_target
 
@@ -107,30 +108,40 @@ class Oracle:
         self.inner, self.cont, self.plen = inner, continuations, prompt_lens
         self.step = 0
 
-    def prefill(self, hidden_states, input_ids, *a):
-        self.rows = list(range(input_ids.shape[0]))
-        self.inner.prefill(hidden_states, input_ids, *a)
+    @property
+    def needs_hidden_states(self):
+        return self.inner.needs_hidden_states
 
-    def update(self, *a):
-        self.inner.update(*a)
+    def prefill(self, batch):
+        self.rows = list(range(batch.input_ids.shape[0]))
+        self.inner.prefill(batch)
+
+    def update(self, step):
+        self.inner.update(step)
 
     def select_rows(self, rows):
         self.rows = [self.rows[i] for i in rows.tolist()]
         self.inner.select_rows(rows)
 
-    def propose(self, root, pos) -> Tree:
+    def propose(self, root, pos, plan=None) -> Tree:
         tree = self.inner.propose(root, pos)
         tokens = tree.tokens.clone()
+        anc = ancestor_mask(tree.parents, tree.max_depth)
         self.step += 1
         for i, b in enumerate(self.rows):
             deepest = int(tree.depths[i].argmax())  # the first node of the largest depth
-            chain = tree.anc[i, deepest].nonzero()[:, 0].tolist()[1:]
+            chain = anc[i, deepest].nonzero()[:, 0].tolist()[1:]
             right = (b + self.step) % (len(chain) + 1)  # 0..depth drafts right
             gen = int(pos[i]) - self.plen[b] + 1  # index of the first draft in the continuation
             for d, node in enumerate(chain[:right]):
                 if gen + d < len(self.cont[b]):
                     tokens[i, node] = self.cont[b][gen + d]
-        return Tree(tokens, tree.parents, tree.depths, tree.anc, tree.max_depth)
+        return Tree(tokens, tree.parents, tree.depths, tree.scores, tree.valid)
+
+
+def ORACLE_CFG(tree: str) -> DecodeConfig:  # noqa: N802
+    """The whole drafted tree is verified (no cost-aware pruning), so the oracle's branch is."""
+    return DecodeConfig(tree=tree, cost_aware=False)
 
 
 class OracleGenerator(SpeculativeGenerator):
@@ -138,8 +149,8 @@ class OracleGenerator(SpeculativeGenerator):
         super().__init__(*a, **kw)
         self.cont, self.plen = continuations, prompt_lens
 
-    def _proposer(self):
-        return Oracle(super()._proposer(), self.cont, self.plen)
+    def make_proposer(self):
+        return Oracle(super().make_proposer(), self.cont, self.plen)
 
 
 @pytest.mark.parametrize(
@@ -173,13 +184,13 @@ def test_batch_rows_equal_single_row_decoding_with_left_padding():
     plen = [len(tok(p).input_ids) for p in prompts]
     for kind, kw, tree in (CASES[0], CASES[2]):
         d = drafter(kind, model, fp, **kw)
-        gen = OracleGenerator(model, d, tok, DecodeConfig(tree=tree), continuations=cont, prompt_lens=plen)
+        gen = OracleGenerator(model, d, tok, ORACLE_CFG(tree), continuations=cont, prompt_lens=plen)
         enc = batch(tok, prompts)
         out = gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=30)
         for i, p in enumerate(prompts):
             ids = tok(p, return_tensors="pt").input_ids
             solo = OracleGenerator(
-                model, d, tok, DecodeConfig(tree=tree), continuations=[cont[i]], prompt_lens=[plen[i]]
+                model, d, tok, ORACLE_CFG(tree), continuations=[cont[i]], prompt_lens=[plen[i]]
             ).generate(ids, max_new_tokens=30)
             assert out[i, enc.input_ids.shape[1] :].tolist() == solo[0, ids.shape[1] :].tolist()
 
@@ -202,7 +213,7 @@ def test_eos_stop_strings_and_max_new_tokens_are_exact():
     )
     enc = batch(tok, prompts)
     P = enc.input_ids.shape[1]
-    pad = gen._pad_id()
+    pad = gen.pad_id()
     # EOS: make row 0's 6th generated token and row 2's 11th the EOS id; they must end right there
     eos = [cont[0][5], cont[2][10]]
     out = gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=30, eos_token_id=eos)
@@ -272,20 +283,20 @@ class TopTokens(Oracle):
     def __init__(self, inner, model, prompt) -> None:
         self.inner, self.model, self.prompt = inner, model, prompt
 
-    def propose(self, root, pos) -> Tree:
+    def propose(self, root, pos, plan=None) -> Tree:
         tree = self.inner.propose(root, pos)
         seq = torch.cat([self.prompt.expand(len(root), -1), root[:, None]], 1)
         top2 = self.model(seq).logits[:, -1].topk(2).indices
         after = self.model(torch.cat([seq, top2[:, :1]], 1)).logits[:, -1].argmax(-1)
         tokens = torch.stack([root, top2[:, 0], top2[:, 1], after], 1)
-        return Tree(tokens, tree.parents, tree.depths, tree.anc, tree.max_depth)
+        return Tree(tokens, tree.parents, tree.depths, tree.scores, tree.valid)
 
 
 class TopTokensGenerator(SpeculativeGenerator):
     prompt: torch.Tensor
 
-    def _proposer(self):
-        return TopTokens(super()._proposer(), self.target, self.prompt)
+    def make_proposer(self):
+        return TopTokens(super().make_proposer(), self.target, self.prompt)
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
@@ -310,7 +321,9 @@ def test_sampling_matches_the_targets_exact_distribution(kind):
     p2 = warp(lg[:, 4], **warp_kw)  # row r = (x1, x2): p(x2 | x1) at index x1*V (any x2)
     p3 = warp(lg[:, 5], **warp_kw)
     exact = p1[:, None, None] * p2[torch.arange(V) * V][:, :, None] * p3.reshape(V, V, V)
-    gen = TopTokensGenerator(model, d, None, DecodeConfig(tree="[[0],[1],[0,0]]", dynamic=False))
+    gen = TopTokensGenerator(
+        model, d, None, DecodeConfig(tree="[[0],[1],[0,0]]", dynamic=False, cost_aware=False, lookup=False)
+    )
     gen.prompt = prompt
     torch.manual_seed(11)
     out = gen.generate(prompt.expand(N, -1), max_new_tokens=3, do_sample=True, **warp_kw)

@@ -104,7 +104,7 @@ def test_dynamic_children_and_rerank_keep_parents():
     ids.append(c_ids)
     parents.append(torch.tensor([[0, 1]]).gather(1, slot))
     depths.append(torch.full_like(c_ids, 2))
-    tokens, tparents, tdepths = dynamic.rerank(
+    tokens, tparents, tdepths, _ = dynamic.rerank(
         torch.tensor([7]),
         torch.cat(scores, 1),
         torch.cat(ids, 1),
@@ -122,7 +122,7 @@ def test_rerank_ties_never_orphan_a_child():
     # a child with log q = 0 ties its parent; the stable sort must still pick the parent first
     scores = torch.tensor([[-1.0, -2.0, -1.0]])
     parents = torch.tensor([[-1, -1, 0]])
-    tokens, tparents, _ = dynamic.rerank(
+    tokens, tparents, _, _ = dynamic.rerank(
         torch.tensor([9]), scores, torch.tensor([[4, 5, 6]]), parents, torch.tensor([[1, 1, 2]]), 2
     )
     assert tokens.tolist() == [[9, 4, 6]] and tparents.tolist() == [[0, 0, 1]]

@@ -1,0 +1,109 @@
+"""The proposer protocol: what a drafting method implements to plug into the decoder.
+
+A proposer drafts one token tree per step for every active row of a batch. The decoder calls,
+in order::
+
+    prefill(Prefill)            # once, after the target has read the prompts
+    repeat:
+        propose(root, pos, plan) -> Tree     # draft this step's tree
+        update(Accepted)                     # what the target accepted, and its hidden states
+        select_rows(rows)                    # (when rows finish) keep only these rows
+
+A new drafting method is one new module with one class that implements these four methods.
+Node scores are the proposer's estimate of the probability that the target accepts the node
+(its whole path); the decoder uses them to verify only the nodes that pay for themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class Tree:
+    """One step's tree for every active row, ``[B, T]`` tensors, node 0 the root.
+
+    Parents precede their children. ``scores`` estimates the chance that the target accepts
+    the node's whole path (1 for the root; never above the parent's). ``valid`` is False for
+    padding nodes (rows of a batch may have fewer nodes): they are verified but never accepted.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    scores: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+
+@dataclass
+class Prefill:
+    """What the target's prompt forward gives a proposer.
+
+    ``hidden_states``: the target's per-layer hidden states ``[B, P, H]`` (None when no proposer
+    asked for them); ``input_ids``/``valid``/``positions`` ``[B, P]`` (left padding is not valid);
+    ``root [B]``: the first new token, the root of the first tree.
+    """
+
+    hidden_states: Sequence[torch.Tensor] | None
+    input_ids: torch.Tensor
+    valid: torch.Tensor
+    positions: torch.Tensor
+    root: torch.Tensor
+
+
+@dataclass
+class Accepted:
+    """What one verification step accepted, per active row.
+
+    ``path [B, A]``: tree node indices from the root down the accepted path (padded after
+    ``n_keep``); ``tokens [B, A]``: the tokens that follow them (accepted drafts, then the
+    bonus); ``n_keep [B]`` (and ``n_cpu``, the same on the host): tokens emitted = path nodes
+    kept; ``pos [B]``: the root's position; ``hidden_states``: the target's states at the tree
+    nodes (None when no proposer asked for them).
+    """
+
+    hidden_states: Sequence[torch.Tensor] | None
+    path: torch.Tensor
+    tokens: torch.Tensor
+    n_keep: torch.Tensor
+    n_cpu: list[int]
+    pos: torch.Tensor
+
+
+# A drafting plan from the decoder: given the scores of the nodes drafted so far [B, N], the
+# best frontier scores [B, k] and the number of draft passes done, whether another pass pays.
+Plan = Callable[[torch.Tensor, torch.Tensor, int], bool]
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """A drafting method. ``needs_hidden_states``: whether prefill/update read target states."""
+
+    needs_hidden_states: bool
+
+    def prefill(self, batch: Prefill) -> None: ...
+
+    def propose(self, root: torch.Tensor, pos: torch.Tensor, plan: Plan | None = None) -> Tree: ...
+
+    def update(self, step: Accepted) -> None: ...
+
+    def select_rows(self, rows: torch.Tensor) -> None: ...
+
+
+def single_node(root: torch.Tensor) -> Tree:
+    """The tree of just the root: one plain decoding step."""
+    ones = torch.ones_like(root, dtype=torch.float32)[:, None]
+    zero = torch.zeros_like(root)[:, None]
+    return Tree(root[:, None], zero, zero, ones, torch.ones_like(zero, dtype=torch.bool))

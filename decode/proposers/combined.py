@@ -1,0 +1,43 @@
+"""A drafter's tree with a lookup branch: both verified in the same target forward.
+
+The lookup chain is added below the root of each row's drafted tree; where it agrees with a
+drafted path it reuses those nodes (and raises their score), so nothing is verified twice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Proposer, Tree
+from draftheads.decode.proposers.lookup import LookupProposer
+from draftheads.decode.select import add_chain, from_rows, monotone, to_rows
+
+
+class WithLookup:
+    """``proposer``'s trees plus ``lookup``'s chains."""
+
+    def __init__(self, proposer: Proposer, lookup: LookupProposer) -> None:
+        self.proposer, self.lookup = proposer, lookup
+        self.needs_hidden_states = proposer.needs_hidden_states
+
+    def prefill(self, batch: Prefill) -> None:
+        self.proposer.prefill(batch)
+        self.lookup.prefill(batch)
+
+    def propose(self, root: torch.Tensor, pos: torch.Tensor, plan: Plan | None = None) -> Tree:
+        tree = self.proposer.propose(root, pos, plan)
+        chains = self.lookup.chains()
+        if not any(chain for chain, _ in chains):
+            return tree
+        rows = [add_chain(row, chain, scores) for row, (chain, scores) in zip(to_rows(tree), chains)]
+        merged = from_rows(rows, root.device)
+        merged.scores = monotone(merged.scores, merged.parents)
+        return merged
+
+    def update(self, step: Accepted) -> None:
+        self.proposer.update(step)
+        self.lookup.update(step)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.proposer.select_rows(rows)
+        self.lookup.select_rows(rows)

@@ -1,0 +1,192 @@
+"""EAGLE: the drafter runs autoregressively over the tree with its own KV cache.
+
+The drafter reads pairs (target feature f_t, next token x_{t+1}) at position t. After the
+prefill it reads the prompt's features with the tokens shifted by one (the last token being
+the root); after each step, the accepted path's features with the tokens that followed them
+(the accepted drafts and the bonus). Tree entries are dropped from its cache at the next
+step; the accepted pairs stay, compacted per row like the target's.
+
+Trees are EAGLE-2 dynamic trees (expand the ``top_k_draft`` most confident nodes per level,
+then keep the ``total_tokens`` most confident overall) or a static tree. A node's score is
+the drafter's probability of its path, Π q; with a plan from the decoder, drafting stops at
+the first level that is not expected to pay for its draft pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode import dynamic, kv
+from draftheads.decode.kv import append_valid
+from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree
+from draftheads.decode.tree import StaticTree, ancestor_mask, levels
+from draftheads.heads.masks import additive_mask, padded_causal
+
+
+class EagleProposer:
+    needs_hidden_states = True
+
+    def __init__(self, drafter, static: StaticTree | None, cfg: DecodeConfig) -> None:
+        from transformers import DynamicCache
+
+        self.drafter, self.static, self.cfg = drafter, static, cfg
+        self.cache = DynamicCache()
+        self.valid: torch.Tensor | None = None  # [B, S] stable slots that hold a real pair
+        self.lengths: torch.Tensor | None = None
+        self.lengths_cpu: list[int] = []
+        self.pending: tuple | None = None
+        self.passes = 0  # drafter forwards in the last propose (the decoder's cost model reads it)
+        if static is not None:
+            self.anc = ancestor_mask(static.parents, static.depth)
+            self.topk = static.topk_per_depth()
+            self.parents, self.levels = static.parents.tolist(), levels(static, self.anc)
+
+    # -- feeding the accepted pairs ---------------------------------------------------------
+    def prefill(self, batch: Prefill) -> None:
+        feats = self.drafter.select_features(batch.hidden_states)
+        tokens = torch.cat([batch.input_ids[:, 1:], batch.root[:, None]], 1)
+        B, P = tokens.shape
+        self.valid = torch.zeros(B, 0, dtype=torch.bool, device=tokens.device)
+        self.lengths = torch.zeros(B, dtype=torch.long, device=tokens.device)
+        self.lengths_cpu = [0] * B
+        self.pending = (
+            feats,
+            tokens,
+            batch.valid,
+            batch.positions,
+            torch.full_like(self.lengths, P),
+            [P] * B,
+        )
+
+    def update(self, step: Accepted) -> None:
+        rows = torch.arange(step.path.shape[0], device=step.path.device)[:, None]
+        feats = self.drafter.select_features(step.hidden_states)[rows, step.path]
+        j = torch.arange(step.path.shape[1], device=step.path.device)[None]
+        self.pending = (
+            feats,
+            step.tokens,
+            j < step.n_keep[:, None],
+            step.pos[:, None] + j,
+            step.n_keep,
+            step.n_cpu,
+        )
+
+    def _feed_pending(self) -> torch.Tensor:
+        """Run the drafter on the pending pairs; keep them in its cache; return the root's output."""
+        feats, tokens, valid, positions, n_keep, n_cpu = self.pending
+        S = kv.seq_length(self.cache)
+        n = tokens.shape[1]
+        allowed = padded_causal(valid)
+        mask = additive_mask(torch.cat([self.valid[:, None, :].expand(-1, n, -1), allowed], -1), feats.dtype)
+        out = self.drafter(tokens, self.drafter.fuse(feats), positions, mask, self.cache)
+        new_len = max(a + b for a, b in zip(self.lengths_cpu, n_cpu))
+        src = S + torch.arange(n, device=tokens.device).expand(len(n_cpu), n)
+        kv.compact(self.cache, src, self.lengths[:, None] + src - S, new_len)
+        self.valid = append_valid(self.valid, self.lengths, valid, new_len)
+        self.lengths = self.lengths + n_keep
+        self.lengths_cpu = [a + b for a, b in zip(self.lengths_cpu, n_cpu)]
+        rows = torch.arange(out.shape[0], device=out.device)
+        return out[rows, n_keep - 1]
+
+    def _feed_tree(self, tokens, hidden, positions, anc_fed) -> torch.Tensor:
+        """Run the drafter on new tree nodes; ``anc_fed [B, n, F]`` = their ancestors among the
+        tree nodes fed so far, themselves last. Their KV stays until the next step truncates it."""
+        n = tokens.shape[1]
+        mask = additive_mask(torch.cat([self.valid[:, None, :].expand(-1, n, -1), anc_fed], -1), hidden.dtype)
+        self.passes += 1
+        return self.drafter(tokens, hidden, positions, mask, self.cache)
+
+    def _log_q(self, out: torch.Tensor) -> torch.Tensor:
+        return self.drafter.logits(out).float().log_softmax(-1)
+
+    # -- drafting ---------------------------------------------------------------------------
+    def propose(self, root: torch.Tensor, pos: torch.Tensor, plan: Plan | None = None) -> Tree:
+        kv.truncate(self.cache, self.valid.shape[1])
+        self.passes = 1
+        h_root = self._feed_pending()
+        if self.static is not None:
+            return self._propose_static(root, pos, h_root)
+        return self._propose_dynamic(root, pos, h_root, plan)
+
+    def _propose_dynamic(
+        self, root: torch.Tensor, pos: torch.Tensor, h_root: torch.Tensor, plan: Plan | None
+    ) -> Tree:
+        """EAGLE-2: expand the top_k most confident nodes up to ``depth - 1`` times, rerank to total_tokens."""
+        k, depth, n = self.cfg.top_k_draft, self.cfg.depth, self.cfg.total_tokens - 1
+        B, dev = root.shape[0], root.device
+        top = self._log_q(h_root).topk(k, dim=-1)
+        scores, ids = [top.values], [top.indices]
+        parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
+        depths = [torch.ones(B, k, dtype=torch.long, device=dev)]
+        front = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
+        front_hidden = h_root[:, None].expand(B, k, -1)
+        front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # their fed ancestors
+        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+        offset = k
+        for d in range(1, depth):
+            all_scores, all_ids = torch.cat(scores, 1), torch.cat(ids, 1)
+            front_scores = all_scores.gather(1, front)
+            if plan is not None and not plan(all_scores.exp(), front_scores.exp(), self.passes):
+                break
+            front_ids = self.drafter.draft_to_target(all_ids.gather(1, front))
+            new_anc = torch.cat([front_anc, eye], -1)  # [B, k, fed so far]: ancestors and self
+            out = self._feed_tree(front_ids, front_hidden, (pos + d - 1)[:, None].expand(B, k), new_anc)
+            c_scores, c_ids, slot = dynamic.children(self._log_q(out), front_scores, k)
+            scores.append(c_scores)
+            ids.append(c_ids)
+            parents.append(front.gather(1, slot))
+            depths.append(torch.full_like(c_ids, d + 1))
+            pick = dynamic.frontier(c_scores, k)
+            pslot = slot.gather(1, pick)
+            front = offset + pick
+            offset += c_scores.shape[1]
+            front_hidden = out.gather(1, pslot[..., None].expand(-1, -1, out.shape[-1]))
+            front_anc = new_anc.gather(1, pslot[..., None].expand(-1, -1, new_anc.shape[-1]))
+        all_ids = self.drafter.draft_to_target(torch.cat(ids, 1))
+        tokens, tparents, tdepths, tscores = dynamic.rerank(
+            root, torch.cat(scores, 1), all_ids, torch.cat(parents, 1), torch.cat(depths, 1), n
+        )
+        return Tree(tokens, tparents, tdepths, tscores.exp(), torch.ones_like(tokens, dtype=torch.bool))
+
+    def _propose_static(self, root: torch.Tensor, pos: torch.Tensor, h_root: torch.Tensor) -> Tree:
+        """A static tree: level by level, take each parent's top-k, feed the nodes that have children."""
+        st, lv = self.static, self.levels
+        B, dev = root.shape[0], root.device
+        tokens = torch.zeros(B, st.size, dtype=torch.long, device=dev)
+        scores = torch.ones(B, st.size, dtype=torch.float32, device=dev)
+        outs = torch.zeros(B, st.size, h_root.shape[-1], dtype=h_root.dtype, device=dev)
+        outs[:, 0] = h_root
+        for d, (nodes, par, par_slot, ranks, feed, anc_fed) in enumerate(lv, start=1):
+            top = self._log_q(outs[:, par]).topk(self.topk[d - 1], dim=-1)  # [B, parents, k]
+            tokens[:, nodes] = self.drafter.draft_to_target(top.indices[:, par_slot, ranks])
+            parent_nodes = [self.parents[i] for i in nodes]
+            scores[:, nodes] = scores[:, parent_nodes] * top.values[:, par_slot, ranks].exp()
+            if feed:
+                hidden = outs[:, [self.parents[i] for i in feed]]
+                positions = (pos + d - 1)[:, None].expand(B, len(feed))
+                outs[:, feed] = self._feed_tree(tokens[:, feed], hidden, positions, anc_fed.expand(B, -1, -1))
+        tokens[:, 0] = root
+        return Tree(
+            tokens,
+            st.parents.expand(B, -1),
+            st.depths.expand(B, -1),
+            scores,
+            torch.ones_like(tokens, dtype=torch.bool),
+        )
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        kv.select_rows(self.cache, rows)
+        self.valid = self.valid.index_select(0, rows)
+        self.lengths = self.lengths.index_select(0, rows)
+        keep = rows.tolist()
+        self.lengths_cpu = [self.lengths_cpu[i] for i in keep]
+        feats, tokens, valid, positions, n_keep, n_cpu = self.pending
+        self.pending = (
+            feats.index_select(0, rows),
+            tokens.index_select(0, rows),
+            valid.index_select(0, rows),
+            positions.index_select(0, rows),
+            n_keep.index_select(0, rows),
+            [n_cpu[i] for i in keep],
+        )
