@@ -146,3 +146,14 @@ def test_installed_package_has_one_import_name(tmp_path):
     tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"draftheads", wheel.name.split("-py")[0] + ".dist-info"}, tops
     assert any(n.startswith("draftheads/conf/draft/") for n in zipfile.ZipFile(wheel).namelist())
+
+
+def test_target_config_refuses_unknown_tiny_kinds_and_dtypes_when_read():
+    from draftheads.conf.schema.heads import DTYPE_NAMES, TINY_KINDS
+    from draftheads.heads.target import DTYPES, TINY_CONFIGS
+
+    assert set(TINY_KINDS) == set(TINY_CONFIGS) and set(DTYPE_NAMES) == set(DTYPES)
+    for kwargs, match in [(dict(tiny="rnn"), "target.tiny=rnn"), (dict(dtype="int8"), "target.dtype=int8")]:
+        with pytest.raises(UserError, match=match) as e:
+            TargetConfig(**kwargs)
+        assert "\n" not in str(e.value)

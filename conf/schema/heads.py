@@ -9,6 +9,8 @@ from draftheads.conf.errors import UserError
 DRAFT_KINDS = ("medusa", "eagle")
 LM_HEAD_MODES = ("shared", "copy")
 EAGLE_VERSIONS = (1, 3)
+TINY_KINDS = ("llama", "mistral", "qwen2", "gpt2")  # the random-init tiny targets (heads/target.py)
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 
 
 @dataclass
@@ -31,11 +33,18 @@ class TargetConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        """Refuse a target with no model named (``target=hf`` leaves ``name_or_path`` empty)."""
+        """Refuse, when the config is read, a target with no model named (``target=hf`` leaves
+        ``name_or_path`` empty), an unknown tiny architecture or dtype."""
         if not self.tiny and not str(self.name_or_path or "").strip():
             raise UserError(
                 "target.name_or_path is not set; target=hf needs target.name_or_path=ORG/NAME "
                 "(a hub id or a local directory)"
+            )
+        if self.tiny and self.tiny not in TINY_KINDS:
+            raise UserError(f"target.tiny={self.tiny} is unknown; use one of {', '.join(TINY_KINDS)}")
+        if self.dtype not in DTYPE_NAMES:
+            raise UserError(
+                f"target.dtype={self.dtype} is not supported; use one of float32, bfloat16, float16"
             )
 
 
