@@ -166,7 +166,7 @@ def feature_layers_problem(
     if len(set(layers)) != len(layers):
         return f"{key}: a layer is listed twice; list each layer once, ascending"
     if list(layers) != sorted(layers):
-        return f"{key}: list the layers in ascending order ({sorted(layers)}); engines concatenate them so"
+        return f"{key}: list the layers in ascending order, e.g. {sorted(layers)}; serving engines concatenate them in layer order"
     if layers[0] < 1:
         return f"{key}: layer 0 is the embedding output, which engines cannot capture; use ids from 1"
     top = num_layers if last is None else last
