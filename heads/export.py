@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +213,12 @@ def check_out_dir(out: Path, source: Path | None = None) -> None:
             f"out={out} already holds a drafter checkpoint; export into a new or empty directory, never over one"
         )
     parent = next((p for p in (out, *out.parents) if p.exists()), None)
-    if parent is None or not os.access(parent, os.W_OK):
-        raise UserError(f"out={out}: {parent} is not writable; pass a directory you can write to")
+    try:  # os.access says yes to root even on /proc: try it
+        if parent is None:
+            raise OSError("no existing parent")
+        Path(tempfile.mkdtemp(prefix=".draftheads-probe-", dir=parent)).rmdir()
+    except OSError:
+        raise UserError(f"out={out}: {parent} is not writable; pass a directory you can write to") from None
 
 
 def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source: Path | None = None) -> Path:
@@ -233,7 +238,12 @@ def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source
         cfg, sd = export_eagle1(drafter, engine)
     else:
         cfg, sd = export_eagle3(drafter, engine)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"out={out}: cannot create it ({e.strerror}); pass a directory you can write to"
+        ) from None
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in sd.items()}
     atomic_write(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     atomic_write(out / CONFIG_NAME, lambda p: p.write_text(json.dumps(cfg, indent=2) + "\n"))

@@ -316,3 +316,17 @@ def test_spec_table_covers_every_engine_method():
         ("sglang", "eagle3"),
         ("vllm", "medusa"),
     }
+
+
+@pytest.mark.parametrize("where", ["a-file", "/proc/draftheads-export"])
+def test_export_refuses_an_unusable_out_before_loading_anything(tmp_path, tiny_llama, where):
+    model, _, fp = tiny_llama
+    MedusaHeads(fp, num_heads=2, lm_head="copy").save_pretrained(tmp_path / "heads")
+    out = tmp_path / where if where == "a-file" else where
+    if where == "a-file":
+        out.write_text("keep me")
+    with pytest.raises(UserError, match="existing file|not writable") as e:
+        export(config_for(tmp_path / "heads", "vllm", out))
+    assert "\n" not in str(e.value)
+    if where == "a-file":
+        assert out.read_text() == "keep me"
