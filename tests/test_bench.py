@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from draftheads.bench.pipeline import pipeline
+from draftheads.bench.pipeline import load_rows, pipeline
 from draftheads.bench.report import BEGIN, END, replace_section, summary_lines, write_docs
 from draftheads.conf.cli import main, parse
 
@@ -24,15 +24,21 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         distill_batch_size=4,
         medusa_steps=4,
         eagle_steps=4,
-        scaling_tokens=[28, 56],
+        scaling_tokens=[],
         scaling_steps_per_10k_tokens=1,
         eval_sets=["heldout", "spec_bench"],
         eval_prompts=2,
         eval_new_tokens=8,
         docs="",
     )
-    results = pipeline(cfg, b)
+    pipeline(cfg, b)
     out = tmp_path / "bench"
+    # scaling points at exactly 2 and 4 cached rows' answer tokens (in the stage's row order), so
+    # both are reachable whatever the distilled answers' lengths; every other stage is cached now
+    rows = load_rows(out / "features", 64, "all")
+    sums = [sum(int(r["loss_mask"].sum()) for r in rows[:k]) for k in (2, 4)]
+    b = replace(b, scaling_tokens=sums)
+    results = pipeline(cfg, b)
     for stage in (
         "distill/prompts",
         "features",
@@ -52,10 +58,10 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         and "pld" not in results["drafters"]["eagle3"]["heldout"]
     )
     # the cached-subset points, then the main drafter (every cached token, same held-out prompts)
-    *subsets, main = results["scaling"]
-    assert len(subsets) == 2 and all(p["answer_tokens"] <= n for p, n in zip(subsets, [28, 56]))
-    assert main["tau"] == results["drafters"]["eagle3"]["heldout"]["tau"]
-    assert main["answer_tokens"] == results["train"]["eagle3"]["answer_tokens"] > subsets[-1]["answer_tokens"]
+    *subsets, full = results["scaling"]
+    assert [p["answer_tokens"] for p in subsets] == sums
+    assert full["tau"] == results["drafters"]["eagle3"]["heldout"]["tau"]
+    assert full["answer_tokens"] == results["train"]["eagle3"]["answer_tokens"] > subsets[-1]["answer_tokens"]
 
     # the training-throughput benchmark runs the bench recipe on the bench's feature cache
     capsys.readouterr()
