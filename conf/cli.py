@@ -78,9 +78,13 @@ def command_help(name: str) -> str:
     args = from_config(c.args, compose([])[0])
     lines = [f"draftheads {name}: {c.help}", f"  e.g. {c.example}", "", "keys (override as key=value):"]
     for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
         if f.name in GROUPS:
             lines.append(f"  {f.name}=<{'|'.join(group_options(f.name))}>")
-        lines += key_lines(f.name, getattr(args, f.name))
+        if dataclasses.is_dataclass(value):
+            lines += key_lines(f.name, value)
+        else:
+            lines.append(f"  {user_name(f.name)} = {value!r}")
     if "prompt" in {f.name for f in dataclasses.fields(args)}:
         lines.append('  free text: prompt="..." | --prompt "..." | prompt_file=PATH')
     return "\n".join(lines)
