@@ -80,21 +80,26 @@ def _packed_linear(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``m(x)`` through oneDNN with the packed weight; plain ``linear`` when autograd needs it."""
     if x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad)):
         return nn.functional.linear(x, m.weight, m.bias)
+    if m.__dict__.get("_draftheads_pack_key") != _pack_key(m):
+        _pack(m)
     packed, bias = m.__dict__["_draftheads_packed"]
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+def _pack(m: nn.Linear) -> None:
+    """Pack ``m``'s weight for oneDNN (once per weight storage and version)."""
+    with torch.no_grad():
+        m.__dict__["_draftheads_packed"] = (
+            torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1),
+            None if m.bias is None else m.bias.detach(),
+        )
+    m.__dict__["_draftheads_pack_key"] = _pack_key(m)
+
+
 def _install(m: nn.Linear) -> None:
-    key = _pack_key(m)
-    if m.__dict__.get("_draftheads_pack_key") != key:
-        with torch.no_grad():
-            w = m.weight.detach()
-            m.__dict__["_draftheads_packed"] = (
-                torch.ops.mkldnn._reorder_linear_weight(w, 1),
-                None if m.bias is None else m.bias.detach(),
-            )
-        m.__dict__["_draftheads_pack_key"] = key
+    if m.__dict__.get("_draftheads_pack_key") != _pack_key(m):
+        _pack(m)
     m.forward = partial(_packed_linear, m)
 
 

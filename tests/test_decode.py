@@ -337,6 +337,38 @@ def test_sampling_matches_the_targets_exact_distribution(kind):
     assert gen.last_stats.tau > 1.3
 
 
+def test_sampling_distribution_with_dynamic_trees_lookup_and_cost_aware_pruning():
+    """The same exact-distribution check through the default machinery: an EAGLE-2 dynamic
+    tree from a real drafter, a lookup branch merged into it, and cost-aware pruning."""
+    model = small_vocab_target()
+    V, N = 6, 4000
+    d = drafter("eagle", model, fingerprint(model, None), version=1)
+    warp_kw = dict(temperature=0.9, top_k=4, top_p=0.95)
+    prompt = torch.tensor([[0, 3, 1, 4, 0, 3]])  # "0 3" repeats: lookup has something to propose
+    from draftheads.decode.verify import warp
+
+    grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))
+    seqs = torch.cat([prompt.expand(V * V, -1), grid], 1)
+    with torch.no_grad():
+        lg = model(seqs).logits
+    P = prompt.shape[1]
+    p1 = warp(lg[0, P - 1], **warp_kw)
+    p2 = warp(lg[:, P], **warp_kw)
+    p3 = warp(lg[:, P + 1], **warp_kw)
+    exact = p1[:, None, None] * p2[torch.arange(V) * V][:, :, None] * p3.reshape(V, V, V)
+    cfg = DecodeConfig(top_k_draft=3, depth=3, total_tokens=6, lookup=True, cost_aware=True, lookup_tokens=3)
+    gen = SpeculativeGenerator(model, d, None, cfg)
+    torch.manual_seed(5)
+    out = gen.generate(prompt.expand(N, -1), max_new_tokens=3, do_sample=True, **warp_kw)
+    x = out[:, P : P + 3]
+    freq = torch.zeros(V, V, V)
+    freq.index_put_((x[:, 0], x[:, 1], x[:, 2]), torch.ones(N), accumulate=True)
+    freq /= N
+    tol = 5 * (exact * (1 - exact) / N).sqrt() + 2 / N
+    assert ((freq - exact).abs() <= tol).all(), float((freq - exact).abs().max())
+    assert max(gen.last_stats.tree_tokens) > 1  # drafts were verified, not only plain steps
+
+
 # ---- devices, dtypes and user errors ---------------------------------------------------------------
 def test_bf16_target_runs_on_cpu_and_matches_its_own_greedy():
     from draftheads.conf.schema.heads import TargetConfig

@@ -1,0 +1,239 @@
+"""The parts that make a step cheap: backends, the cost curve and planner, tree pruning,
+lookup branches; and that none of them changes the output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode import SpeculativeGenerator
+from draftheads.decode import backend as backends
+from draftheads.decode.cost import CostCurve, Planner, cached_curve, curve_key
+from draftheads.decode.proposers import Accepted, LookupProposer, Prefill, Tree
+from draftheads.decode.proposers.lookup import NgramIndex
+from draftheads.decode.select import add_chain, from_rows, monotone, prune, to_rows
+from draftheads.heads import fingerprint
+from tests.conftest import get_target
+from tests.test_decode import PROMPTS, check_rows, drafter
+
+REPEATS = [
+    "a b c d e f a b c d e f a b c",
+    "def f(x):\n    return x + 1\n\ndef g(x):\n    return x +",
+    "one two three, one two three, one two",
+]
+
+
+def tree_of(rows) -> Tree:
+    return from_rows(rows, torch.device("cpu"))
+
+
+# ---- pure tree surgery -----------------------------------------------------------------------------
+def test_prune_keeps_the_best_nodes_closed_under_ancestors():
+    # root; a (0.9) -> b (0.5) -> c (0.1); d (0.6) under the root
+    t = tree_of([([7, 1, 2, 3, 4], [0, 0, 1, 2, 0], [0, 1, 2, 3, 1], [1.0, 0.9, 0.5, 0.1, 0.6])])
+    p = prune(t, 2)
+    assert p.tokens.tolist() == [[7, 1, 4]] and p.parents.tolist() == [[0, 0, 0]]
+    p = prune(t, 3)
+    assert p.tokens.tolist() == [[7, 1, 2, 4]] and p.parents.tolist() == [[0, 0, 1, 0]]
+    assert p.depths.tolist() == [[0, 1, 2, 1]]
+    assert prune(t, 0).tokens.tolist() == [[7]]
+    assert prune(t, 10) is t
+
+
+def test_prune_of_a_padded_batch_keeps_padding_invalid():
+    t = tree_of([([5, 1, 2], [0, 0, 1], [0, 1, 2], [1.0, 0.8, 0.7]), ([6], [0], [0], [1.0])])
+    assert t.valid.tolist() == [[True, True, True], [True, False, False]]
+    p = prune(t, 1)
+    assert p.tokens.tolist() == [[5, 1], [6, 6]] and p.valid.tolist() == [[True, True], [True, False]]
+
+
+def test_add_chain_shares_prefixes_and_scores_stay_monotone():
+    row = ([9, 1, 2, 3], [0, 0, 0, 1], [0, 1, 1, 2], [1.0, 0.6, 0.3, 0.2])
+    tokens, parents, depths, scores = add_chain(row, [1, 3, 8, 8], [0.9, 0.8, 0.4, 0.3])
+    # 1 and 1->3 exist (scores raised), 8 and 8 are new below node 3
+    assert tokens == [9, 1, 2, 3, 8, 8] and parents == [0, 0, 0, 1, 3, 4] and depths == [0, 1, 1, 2, 3, 4]
+    assert scores[1] == 0.9 and scores[3] == 0.8
+    t = tree_of([(tokens, parents, depths, [1.0, 0.2, 0.3, 0.5, 0.4, 0.3])])
+    m = monotone(t.scores, t.parents)
+    assert m[0].tolist() == pytest.approx([1.0, 0.2, 0.3, 0.2, 0.2, 0.2])
+    assert to_rows(t)[0][:3] == (tokens, parents, depths)
+
+
+def test_ngram_index_finds_the_latest_earlier_continuation():
+    idx = NgramIndex([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2], ngram=3)
+    assert idx.lookup(4) == ([3, 7, 5, 1], 2)  # "1 2" last continued with "3 7 5 ..."
+    idx.extend([3])
+    assert idx.lookup(2) == ([7, 5], 3)
+    assert NgramIndex([4, 5, 6], ngram=2).lookup(3) == ([], 0)  # no earlier match: nothing
+
+
+def test_lookup_proposer_learns_its_acceptance_rates():
+    lp = LookupProposer(max_tokens=3, ngram=2)
+    ids = torch.tensor([[1, 2, 3, 4, 1, 2]])
+    lp.prefill(Prefill(None, ids, torch.ones_like(ids, dtype=torch.bool), ids, torch.tensor([3])))
+    tree = lp.propose(torch.tensor([3]), torch.tensor([6]))
+    assert tree.tokens.tolist() == [[3, 4, 1, 2]] and tree.parents.tolist() == [[0, 0, 1, 2]]
+    prior = tree.scores[0, 1].item()
+    # the target emitted 4, 1, 9: the first two lookup tokens right, the third wrong
+    emitted = torch.tensor([[4, 1, 9, 0]])
+    lp.update(
+        Accepted(
+            None, torch.zeros(1, 4, dtype=torch.long), emitted, torch.tensor([3]), [3], torch.tensor([6])
+        )
+    )
+    assert lp.tried[2, 1:4].tolist() == [1, 1, 1] and lp.hits[2, 1:4].tolist() == [1, 1, 0]
+    assert lp.rows[0].tokens[-4:] == [3, 4, 1, 9]
+    ids2 = torch.tensor([[1, 2, 3, 4, 1, 2, 3]])
+    lp2 = LookupProposer(max_tokens=3, ngram=2)
+    lp2.tried, lp2.hits = lp.tried, lp.hits
+    lp2.prefill(
+        Prefill(None, ids2[:, :-1], torch.ones(1, 6, dtype=torch.bool), ids2[:, :-1], torch.tensor([3]))
+    )
+    assert lp2.propose(torch.tensor([3]), torch.tensor([6])).scores[0, 1].item() > prior
+
+
+# ---- the cost curve and the planner ----------------------------------------------------------------
+def test_cost_curve_interpolates_and_extrapolates():
+    c = CostCurve([1, 2, 4], [1.0, 1.2, 2.0])
+    assert c(1) == 1.0 and c(3) == pytest.approx(1.6) and c(6) == pytest.approx(2.8)
+    assert c.relative() == {1: 1.0, 2: 1.2, 4: 2.0}
+
+
+def test_planner_verifies_only_what_pays():
+    flat = Planner(CostCurve([1, 64], [1.0, 1.0]), batch=1)  # verifying is free: keep every likely node
+    assert flat.best(torch.tensor([[0.9, 0.5, 0.2, 0.01]]))[0] == 4
+    steep = Planner(CostCurve([1, 2, 64], [1.0, 1.5, 32.5]), batch=1)  # each node costs half a step
+    assert steep.best(torch.tensor([[0.3, 0.2]]))[0] == 0
+    assert steep.best(torch.tensor([[0.99, 0.98]]))[0] == 2
+    # padding (invalid) nodes add nothing
+    n, e, _ = flat.best(torch.tensor([[0.9, 0.9]]), torch.tensor([[True, False]]))
+    assert e == pytest.approx(1.9) and n == 1
+
+
+def test_planner_stops_drafting_when_a_pass_cannot_pay():
+    p = Planner(CostCurve([1, 64], [1.0, 1.0]), batch=1)
+    p.pass_s = 0.5
+    assert p.expand(torch.tensor([[0.9, 0.8]]), torch.tensor([[0.9, 0.8]]), passes=1)
+    assert not p.expand(torch.tensor([[0.05, 0.01]]), torch.tensor([[0.01, 0.01]]), passes=1)
+
+
+def test_cost_cache_is_reused_only_for_the_same_key(tmp_path, tiny_llama):
+    model, _, _ = tiny_llama
+    c1 = cached_curve(model, "eager", tmp_path)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"] == curve_key(model, "eager")
+    data = json.loads(files[0].read_text())
+    data["seconds"] = [s * 1000 for s in data["seconds"]]
+    files[0].write_text(json.dumps(data))
+    assert cached_curve(model, "eager", tmp_path).seconds == data["seconds"]  # same key: reused
+    data["key"]["device"] = "cpu:another machine"
+    files[0].write_text(json.dumps(data))
+    fresh = cached_curve(model, "eager", tmp_path)  # written elsewhere: measured again
+    assert fresh.key == c1.key and fresh.seconds != data["seconds"]
+    files[0].write_text("{not json")
+    assert cached_curve(model, "eager", tmp_path).key == c1.key
+
+
+# ---- backends --------------------------------------------------------------------------------------
+def test_backend_names_are_checked():
+    cpu = torch.device("cpu")
+    with pytest.raises(UserError, match="is not a backend; use one of auto, eager, onednn, cuda-graphs"):
+        backends.resolve("fast", cpu, torch.float32)
+    with pytest.raises(UserError, match="needs a CUDA device"):
+        backends.resolve("cuda-graphs", cpu, torch.float32)
+    assert backends.resolve("auto", cpu, torch.bfloat16) == "eager"
+    if backends.onednn_available():
+        assert backends.resolve("auto", cpu, torch.float32) == "onednn"
+        with pytest.raises(UserError, match="packs float32 weights"):
+            backends.resolve("onednn", cpu, torch.bfloat16)
+
+
+@pytest.mark.skipif(not backends.onednn_available(), reason="this torch has no oneDNN")
+def test_onednn_backend_matches_eager_and_is_removed_after_use(tiny_llama):
+    model, tok, _ = tiny_llama
+    ids = tok(PROMPTS[:2], return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad():
+        ref = model(**ids).logits
+        with backends.applied("onednn", model):
+            assert all("forward" in m.__dict__ for m in backends.linears(model))
+            packed = model(**ids).logits
+            with backends.applied("onednn", model):  # nested: the outer block keeps ownership
+                pass
+            assert all("forward" in m.__dict__ for m in backends.linears(model))
+        assert not any("forward" in m.__dict__ for m in backends.linears(model))
+    assert (packed - ref).abs().max() < 1e-4
+    # a weight that changes is packed again
+    lin = backends.linears(model)[0]
+    x = torch.randn(3, lin.in_features)
+    with torch.no_grad(), backends.applied("onednn", lin):
+        before = lin(x)
+        lin.weight.mul_(2)
+        after = lin(x)
+        lin.weight.div_(2)
+    assert not torch.allclose(before, after)
+
+
+# ---- the output is still the target's ---------------------------------------------------------------
+FAST = [
+    (None, {}, DecodeConfig(lookup=True)),  # lookup decoding alone
+    ("medusa", dict(lm_head="shared"), DecodeConfig()),
+    ("eagle", dict(version=1), DecodeConfig()),
+    ("eagle", dict(version=3, draft_vocab_size=2000), DecodeConfig(total_tokens=3, depth=5)),
+    ("eagle", dict(version=3, draft_vocab_size=2000), DecodeConfig(tree="chain3", backend="eager")),
+]
+
+
+@pytest.mark.parametrize("kind,kw,cfg", FAST)
+def test_cost_aware_trees_and_lookup_keep_greedy_output(kind, kw, cfg):
+    model, tok = get_target("llama")
+    fp = fingerprint(model, tok)
+    d = drafter(kind, model, fp, **kw) if kind else None
+    gen = SpeculativeGenerator(model, d, tok, cfg)
+    assert gen.backend == backends.resolve(cfg.backend, torch.device("cpu"), torch.float32)
+    check_rows("llama", gen, PROMPTS + REPEATS)
+    s = gen.last_stats
+    assert s.backend == gen.backend and len(s.tree_tokens) == s.steps
+    assert not any("forward" in m.__dict__ for m in backends.linears(model))
+
+
+def test_lookup_decoding_accepts_text_that_repeats():
+    """Lookup alone (no drafter): where the target's continuation repeats earlier text, a step
+    accepts several tokens; the output is still the target's."""
+    model, tok = get_target("llama")
+    prompt = " ".join(["alpha beta gamma delta epsilon zeta eta theta"] * 6)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=120, do_sample=False)
+    gen = SpeculativeGenerator(model, None, tok, DecodeConfig(cost_aware=False))
+    out = gen.generate(ids, max_new_tokens=120)
+    assert torch.equal(out, ref)
+    s = gen.last_stats
+    assert max(s.accepted_lengths) >= 3 and s.target_forwards < 120
+
+
+def test_no_drafter_and_no_lookup_is_refused():
+    model, tok = get_target("llama")
+    with pytest.raises(UserError, match="nothing to draft with"):
+        SpeculativeGenerator(model, None, tok, DecodeConfig(lookup=False))
+
+
+def test_right_padded_batch_is_refused_in_one_line():
+    model, tok = get_target("llama")
+    enc = tok(PROMPTS[:2], return_tensors="pt", padding=True, padding_side="right")
+    gen = SpeculativeGenerator(model, None, tok, DecodeConfig())
+    with pytest.raises(UserError, match="right padding") as e:
+        gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=4)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("total,depth", [(2, 4), (3, 3), (4, 6)])
+def test_dynamic_trees_smaller_than_their_depth(total, depth):
+    model, tok = get_target("llama")
+    d = drafter("eagle", model, fingerprint(model, tok), version=1)
+    cfg = DecodeConfig(total_tokens=total, depth=depth, top_k_draft=2, cost_aware=False, lookup=False)
+    gen = SpeculativeGenerator(model, d, tok, cfg)
+    check_rows("llama", gen, PROMPTS[:3])
+    assert max(gen.last_stats.tree_tokens) == total
