@@ -15,12 +15,13 @@ pre-packing does under ``torch.compile`` with freezing) keeps a 2-16 row call cl
 * ``auto``: ``onednn`` on a float32 CPU model when oneDNN is available, ``eager`` otherwise.
 
 The modules stay stock outside :func:`applied`: the backend is installed for a ``with`` block
-and removed after it, and packed weights are cached on the module, keyed by the weight's
-storage and version, so a weight that changes is packed again.
+and removed after it. Packed weights are cached beside the modules (not in them), keyed by the
+weight's storage and version, so a weight that changes is packed again.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -31,6 +32,10 @@ from torch import nn
 from draftheads.conf.errors import UserError
 
 BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
+
+# Packed weights live outside the modules (a module that holds an opaque oneDNN tensor can no
+# longer be deep-copied or saved): layer -> (weight storage and version, packed weight, bias).
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def onednn_available() -> bool:
@@ -80,25 +85,28 @@ def _packed_linear(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``m(x)`` through oneDNN with the packed weight; plain ``linear`` when autograd needs it."""
     if x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad)):
         return nn.functional.linear(x, m.weight, m.bias)
-    if m.__dict__.get("_draftheads_pack_key") != _pack_key(m):
-        _pack(m)
-    packed, bias = m.__dict__["_draftheads_packed"]
+    key, packed, bias = _PACKED.get(m) or _pack(m)
+    if key != _pack_key(m):
+        key, packed, bias = _pack(m)
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def _pack(m: nn.Linear) -> None:
+def _pack(m: nn.Linear) -> tuple:
     """Pack ``m``'s weight for oneDNN (once per weight storage and version)."""
     with torch.no_grad():
-        m.__dict__["_draftheads_packed"] = (
+        entry = (
+            _pack_key(m),
             torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1),
             None if m.bias is None else m.bias.detach(),
         )
-    m.__dict__["_draftheads_pack_key"] = _pack_key(m)
+    _PACKED[m] = entry
+    return entry
 
 
 def _install(m: nn.Linear) -> None:
-    if m.__dict__.get("_draftheads_pack_key") != _pack_key(m):
+    entry = _PACKED.get(m)
+    if entry is None or entry[0] != _pack_key(m):
         _pack(m)
     m.forward = partial(_packed_linear, m)
 
@@ -136,5 +144,4 @@ def applied(name: str, *modules: nn.Module) -> Iterator[None]:
 def release(*modules: nn.Module) -> None:
     """Drop cached packed weights (memory) from ``modules``' linear layers."""
     for m in linears(*modules):
-        for k in ("_draftheads_packed", "_draftheads_pack_key"):
-            m.__dict__.pop(k, None)
+        _PACKED.pop(m, None)

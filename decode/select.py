@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.decode.proposers.base import Tree
+from draftheads.decode.tree import Tree
 
 
 def monotone(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:

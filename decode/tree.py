@@ -29,6 +29,30 @@ TREE_FILE = "tree.json"
 PRIOR_TOP1 = [0.41, 0.23, 0.16, 0.12, 0.09, 0.07, 0.05, 0.04]
 
 
+@dataclass
+class Tree:
+    """One step's tree for every active row, ``[B, T]`` tensors, node 0 the root.
+
+    Parents precede their children. ``scores`` estimates the chance that the target accepts
+    the node's whole path (1 for the root; never above the parent's). ``valid`` is False for
+    padding nodes (rows of a batch may have fewer nodes): they are verified but never accepted.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    scores: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+
 @dataclass(frozen=True)
 class StaticTree:
     """A static tree (choices) and its buffers, shared by every row of a batch."""

@@ -22,29 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-
-@dataclass
-class Tree:
-    """One step's tree for every active row, ``[B, T]`` tensors, node 0 the root.
-
-    Parents precede their children. ``scores`` estimates the chance that the target accepts
-    the node's whole path (1 for the root; never above the parent's). ``valid`` is False for
-    padding nodes (rows of a batch may have fewer nodes): they are verified but never accepted.
-    """
-
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-    scores: torch.Tensor
-    valid: torch.Tensor
-
-    @property
-    def size(self) -> int:
-        return int(self.tokens.shape[1])
-
-    @property
-    def max_depth(self) -> int:
-        return int(self.depths.max())
+from draftheads.decode.tree import Tree
 
 
 @dataclass
