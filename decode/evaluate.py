@@ -4,8 +4,10 @@ Every prompt is chat-templated and every turn of a multi-turn prompt is decoded:
 conversation grows with the target's own answer to each turn. For each turn, in the same
 run and back to back, we decode
 
-* with the target's plain greedy ``generate`` (the baseline and the reference output),
-* with the speculative generator (target + drafter),
+* with the target's stock greedy ``generate`` (eager PyTorch: what a user has without us),
+* with the same greedy ``generate`` on the decoder's backend (e.g. pre-packed oneDNN weights):
+  the reference output, and the fair baseline for the decoding method itself,
+* with the speculative generator (target + drafter, on that backend),
 * with each requested baseline: transformers' prompt lookup decoding (``pld``) and, when
   ``eval.assistant_model`` is given, assisted generation (``assisted``).
 
@@ -26,6 +28,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode import backend as backends
 from draftheads.decode.prompting import encode_prompt
 
 
@@ -44,6 +47,10 @@ class TurnResult:
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    backend: str = "eager"
+    stock_time_s: float = 0.0  # the target's stock (eager) greedy generate
+    identical_stock: bool = True  # the output also equals stock generate's
+    tree_tokens: list[int] = field(default_factory=list)  # nodes verified per step
 
 
 class ForwardCounter:
@@ -99,13 +106,13 @@ def evaluate_prompts(
             messages.append({"role": "user", "content": turn})
             ids = encode_prompt(tokenizer, messages).to(device)
             n_prompt = ids.shape[1]
-            ref, base_s = timed(target.generate, ids, attention_mask=torch.ones_like(ids), **gen_kw)
+            stock, stock_s = timed(target.generate, ids, attention_mask=torch.ones_like(ids), **gen_kw)
+            with backends.applied(generator.backend, target):
+                ref, base_s = timed(target.generate, ids, attention_mask=torch.ones_like(ids), **gen_kw)
             out, spec_s = timed(generator.generate, ids, max_new_tokens=max_new_tokens, eos_token_id=eos)
             stats = generator.last_stats
-            ref_new, out_new = ref[0, n_prompt:], out[0, n_prompt:]
-            ref_new, out_new = (
-                _trim(ref_new, tokenizer.pad_token_id, eos),
-                _trim(out_new, tokenizer.pad_token_id, eos),
+            ref_new, out_new, stock_new = (
+                _trim(t[0, n_prompt:], tokenizer.pad_token_id, eos) for t in (ref, out, stock)
             )
             extra = {}
             for name in baselines:
@@ -123,6 +130,10 @@ def evaluate_prompts(
                     draft_time_s=stats.draft_time_s,
                     verify_time_s=stats.verify_time_s,
                     baselines=extra,
+                    backend=generator.backend,
+                    stock_time_s=stock_s,
+                    identical_stock=torch.equal(stock_new, out_new),
+                    tree_tokens=list(stats.tree_tokens),
                 )
             )
             accepted += sum(stats.accepted_lengths)
@@ -184,7 +195,7 @@ def check_baselines(names: list[str], assistant: bool) -> None:
 def run_eval(
     target: nn.Module,
     tokenizer,
-    drafter: nn.Module,
+    drafter: nn.Module | None,
     prompts: list,
     decode: DecodeConfig,
     baselines: list[str],
@@ -192,21 +203,23 @@ def run_eval(
     warmup: int = 1,
     progress: bool = True,
 ) -> list[TurnResult]:
-    """Warm up, then decode every turn of ``prompts`` with ``drafter`` and each baseline."""
+    """Warm up, then decode every turn of ``prompts`` with ``drafter`` (None: lookup alone)
+    and each baseline."""
     from draftheads.decode import SpeculativeGenerator
 
     device = next(target.parameters()).device
-    drafter.to(device).eval()
     generator = SpeculativeGenerator(target, drafter, tokenizer=tokenizer, config=decode)
-    for _ in range(warmup):  # first calls pay one-off allocation costs
+    for _ in range(warmup):  # first calls pay one-off costs (allocation, packing, the cost curve)
         ids = encode_prompt(tokenizer, "Hello").to(device)
-        target.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=8,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+        for name in ("eager", generator.backend):
+            with backends.applied(name, target):
+                target.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=8,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
         generator.generate(ids, max_new_tokens=8)
     with torch.inference_mode():
         return evaluate_prompts(

@@ -26,6 +26,10 @@ def turn(
         identical=same,
         draft_time_s=0.1 * len(lengths),
         verify_time_s=0.2 * len(lengths),
+        stock_time_s=1.5 * base_s,
+        identical_stock=same and pid != "a",
+        tree_tokens=[4] * len(lengths),
+        backend="onednn",
         baselines={
             "pld": {
                 "time_s": base_s * 2,
@@ -55,7 +59,13 @@ def test_summary_arithmetic_matches_a_hand_computed_example():
     )
     assert rep["baseline_ms_per_token"] == pytest.approx(5000 / 11)
     # pld: 11 tokens; forwards (6//2+1)+(5//2+1) = 7, minus 2 prefills = 5 decoding steps
-    assert rep["pld"]["tau"] == pytest.approx(11 / 5) and rep["pld"]["speedup"] == pytest.approx(0.5)
+    # stock generate took 1.5 x 5 s: we are 7.5 / 3 = 2.5x faster; pld (10 s) 0.75x of stock
+    assert rep["pld"]["tau"] == pytest.approx(11 / 5) and rep["pld"]["speedup"] == pytest.approx(0.75)
+    assert rep["speedup_vs_stock"] == pytest.approx(2.5) and rep["stock_tokens_per_s"] == pytest.approx(11 / 7.5)
+    assert rep["backend"] == "onednn" and rep["identical_to_stock"] == 0.0 and rep["tree_tokens_per_step"] == 4
+    # a step (0.3 s) against a greedy token (5/11 s): 0.66 greedy steps; drafting 0.22 of them
+    assert rep["step_cost_greedy_steps"] == pytest.approx(0.3 / (5 / 11))
+    assert rep["draft_cost_greedy_steps"] == pytest.approx(0.1 / (5 / 11))
     assert set(rep["per_category"]) == {"code", "math"} and rep["per_category"]["math"][
         "tau"
     ] == pytest.approx(2.0)
@@ -89,6 +99,10 @@ def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind, capsys):
         "tokens_per_s",
         "baseline_tokens_per_s",
         "speedup",
+        "speedup_vs_stock",
+        "step_cost_greedy_steps",
+        "identical_to_stock",
+        "backend",
         "greedy_identical",
         "num_prompts",
         "num_new_tokens",
