@@ -1,4 +1,5 @@
-"""τ and tokens/s of the speculative generator against the target's plain greedy ``generate``.
+"""τ and tokens/s of the speculative generator against the target's greedy ``generate``: on the
+decoder's backend (the fair baseline) and stock (eager, what a user has without draftheads).
 
 Reusable from Python (``measure_speed``) and runnable as a short benchmark::
 
@@ -19,6 +20,7 @@ import torch
 from draftheads.conf.commands.args import SpeedArgs
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode import backend as backends
 from draftheads.decode.generator import SpeculativeGenerator
 from draftheads.decode.prompting import encode_prompt
 
@@ -56,23 +58,31 @@ def measure_speed(
     config: DecodeConfig | None = None,
     tree_dir: str | None = None,
 ) -> list[dict]:
-    """One row per batch size: baseline and speculative tokens/s, speedup, τ, identical outputs."""
+    """One row per batch size: stock, same-backend greedy and speculative tokens/s, speedups, τ,
+    and whether the outputs were identical (to same-backend greedy, and to stock)."""
     gen = SpeculativeGenerator(target, drafter, tok, config, tree_dir=tree_dir)
     dev = next(target.parameters()).device
     warm, warm_mask = next(_batches(tok, prompts[:1], 1))  # first calls pay one-off setup costs
-    target.generate(warm.to(dev), attention_mask=warm_mask.to(dev), max_new_tokens=4, do_sample=False)
+    for name in ("eager", gen.backend):
+        with backends.applied(name, target):
+            target.generate(warm.to(dev), attention_mask=warm_mask.to(dev), max_new_tokens=4, do_sample=False)
     gen.generate(warm.to(dev), warm_mask.to(dev), max_new_tokens=4)
     rows = []
     for bs in batch_sizes:
-        base_t = spec_t = 0.0
+        base_t = spec_t = stock_t = 0.0
         base_n = spec_n = 0
         lengths: list[int] = []
-        same = True
+        same = same_stock = True
         for ids, mask in _batches(tok, prompts, bs):
             ids, mask = ids.to(dev), mask.to(dev)
+            kw = dict(attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
             t0 = time.perf_counter()
-            ref = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
-            base_t += time.perf_counter() - t0
+            stock = target.generate(ids, **kw)
+            stock_t += time.perf_counter() - t0
+            with backends.applied(gen.backend, target):
+                t0 = time.perf_counter()
+                ref = target.generate(ids, **kw)
+                base_t += time.perf_counter() - t0
             out = gen.generate(ids, mask, max_new_tokens=max_new_tokens)
             s = gen.last_stats
             spec_t += s.total_time_s
@@ -83,23 +93,32 @@ def measure_speed(
             base_n += int((ref[:, P:] != pad).sum())
             n = min(ref.shape[1], out.shape[1])
             same &= torch.equal(ref[:, P:n], out[:, P:n])
+            same_stock &= torch.equal(stock[:, P:n], out[:, P:n])
         rows.append(
             {
                 "batch": bs,
+                "backend": gen.backend,
+                "stock_tok_s": base_n / stock_t,
                 "baseline_tok_s": base_n / base_t,
                 "spec_tok_s": spec_n / spec_t,
                 "speedup": (spec_n / spec_t) / (base_n / base_t),
+                "speedup_vs_stock": (spec_n / spec_t) / (base_n / stock_t),
                 "tau": sum(lengths) / max(len(lengths), 1),
                 "identical": same,
+                "identical_to_stock": same_stock,
             }
         )
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = "| batch | greedy generate tok/s | speculative tok/s | speedup | τ | identical |\n|---|---|---|---|---|---|"
+    head = (
+        "| batch | backend | stock generate tok/s | greedy tok/s (backend) | speculative tok/s | speedup vs stock "
+        "| speedup vs greedy | τ | identical | identical to stock |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
     body = [
-        f"| {r['batch']} | {r['baseline_tok_s']:.1f} | {r['spec_tok_s']:.1f} | {r['speedup']:.2f}× | {r['tau']:.2f} | {r['identical']} |"
+        f"| {r['batch']} | {r['backend']} | {r['stock_tok_s']:.1f} | {r['baseline_tok_s']:.1f} | {r['spec_tok_s']:.1f} "
+        f"| {r['speedup_vs_stock']:.2f}× | {r['speedup']:.2f}× | {r['tau']:.2f} | {r['identical']} | {r['identical_to_stock']} |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -111,11 +130,15 @@ def speed(args: SpeedArgs) -> None:
     from draftheads.heads.base import resolve_checkpoint_dir
 
     if not args.heads:
-        raise UserError("draftheads speed needs heads=DIR (a checkpoint directory or a hub id)")
+        raise UserError(
+            "draftheads speed needs heads=DIR (a checkpoint directory or a hub id), or heads=none"
+        )
     configs = [replace(args.decode, **dynamic_setting(text)) for text in args.speed.dynamic] or [args.decode]
-    directory = resolve_checkpoint_dir(args.heads, args.revision)
     target, tok = load_target(args.target)
-    drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok, map_location=target.device)
+    directory, drafter = None, None
+    if args.heads != "none":
+        directory = resolve_checkpoint_dir(args.heads, args.revision)
+        drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok, map_location=target.device)
     n = args.speed.prompts
     prompts = (BUILTIN_PROMPTS * (n // len(BUILTIN_PROMPTS) + 1))[:n]
     for dc in configs:
@@ -127,7 +150,7 @@ def speed(args: SpeedArgs) -> None:
             tuple(args.speed.batch_sizes),
             dc.max_new_tokens,
             dc,
-            str(directory),
+            directory and str(directory),
         )
         if args.speed.dynamic:
             print(f"top_k_draft={dc.top_k_draft} depth={dc.depth} total_tokens={dc.total_tokens}")

@@ -49,6 +49,21 @@ def test_generate_command_streams_then_prints_tau(medusa_dir, capsys):
     assert "tokens/s" in out and "tau" in out
 
 
+def test_heads_none_is_lookup_decoding_in_generate_and_eval(tmp_path, capsys):
+    """No drafter: generate streams with lookup branches alone; eval reports it as the drafter
+    "lookup", identical to greedy, on the decoder's backend."""
+    argv = ["generate", "target=tiny-llama", "heads=none", "prompt=Hi there", "decode.max_new_tokens=8"]
+    assert main(argv) == 0
+    assert "backend" in capsys.readouterr().out
+    out = tmp_path / "eval"
+    argv = ["eval", "target=tiny-llama", "heads=none", "eval.max_prompts=2", "decode.max_new_tokens=10"]
+    assert main([*argv, f"eval.out_dir={out}", "eval.warmup=0"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["drafter"] == "lookup" and rep["greedy_identical"] == 1.0 and rep["speedup_vs_stock"] > 0
+    assert main(["tree", "target=tiny-llama", "heads=none"]) == 1
+    assert "needs heads=DIR of Medusa heads" in capsys.readouterr().err
+
+
 def test_command_user_errors(medusa_dir, tmp_path, capsys):
     assert main(["generate", "target=tiny-llama", f"heads={medusa_dir}"]) == 1
     assert "needs a prompt" in capsys.readouterr().err

@@ -14,12 +14,23 @@ from draftheads.conf.errors import UserError
 
 
 def load(heads: str | None, revision: str | None, target_cfg, command: str):
-    """``(target, tokenizer, drafter, checkpoint directory)`` for ``heads=`` (a directory or hub id)."""
+    """``(target, tokenizer, drafter, checkpoint directory)`` for ``heads=`` (a directory or hub id;
+    ``none``: no drafter, lookup decoding alone)."""
     from draftheads.heads import Drafter, load_target
     from draftheads.heads.base import resolve_checkpoint_dir
 
     if not heads:
-        raise UserError(f"draftheads {command} needs heads=DIR (a checkpoint directory or a hub id ORG/NAME)")
+        raise UserError(
+            f"draftheads {command} needs heads=DIR (a checkpoint directory or a hub id ORG/NAME), "
+            "or heads=none for lookup decoding without a drafter"
+        )
+    if heads == "none":
+        if command == "tree":
+            raise UserError(
+                "draftheads tree builds a Medusa tree and needs heads=DIR of Medusa heads, not none"
+            )
+        target, tok = load_target(target_cfg)
+        return target, tok, None, None
     directory = resolve_checkpoint_dir(heads, revision)
     target, tok = load_target(target_cfg)
     drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok, map_location=target.device)
@@ -42,7 +53,7 @@ def generate(args: GenerateArgs) -> None:
     warning = prompt_fits(ids.shape[1], args.decode.max_new_tokens, context_length(target))
     if warning:
         print(warning, file=sys.stderr)
-    gen = SpeculativeGenerator(target, drafter, tok, args.decode, tree_dir=str(directory))
+    gen = SpeculativeGenerator(target, drafter, tok, args.decode, tree_dir=directory and str(directory))
     torch.manual_seed(args.decode.seed)
     streamer = TextStreamer(tok, skip_special_tokens=True)
     for step in gen.stream(ids.to(target.device)):
@@ -52,7 +63,7 @@ def generate(args: GenerateArgs) -> None:
     print(
         f"\n[{s.new_tokens} tokens in {s.total_time_s:.2f}s: {s.tokens_per_s:.1f} tokens/s, "
         f"tau {s.tau:.2f} over {s.target_forwards - 1} steps (+1 prefill), "
-        f"draft {s.draft_time_s:.2f}s / verify {s.verify_time_s:.2f}s]"
+        f"draft {s.draft_time_s:.2f}s / verify {s.verify_time_s:.2f}s, backend {s.backend}]"
     )
 
 
@@ -116,7 +127,12 @@ def evaluate(args: EvalArgs) -> dict:
     results = run_eval(target, tok, drafter, prompts, args.decode, baselines, assistant, e.warmup)
     report = summarize(results, baselines)
     env = environment(target, args.decode)
-    report.update(prompts=e.prompts, heads=str(args.heads), drafter=drafter.kind, environment=env)
+    report.update(
+        prompts=e.prompts,
+        heads=str(args.heads),
+        drafter=drafter.kind if drafter else "lookup",
+        environment=env,
+    )
     write_report(report, results, baselines, out)
     print(summary_line(report, baselines))
     print(f"report: {out / 'report.json'}")
