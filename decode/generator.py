@@ -38,7 +38,7 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import backend as backends
-from draftheads.decode import kv
+from draftheads.decode import kv, static
 from draftheads.decode.cost import Planner, cached_curve
 from draftheads.decode.proposers import build_proposer
 from draftheads.decode.proposers.base import Accepted, Prefill, Proposer, Tree
@@ -423,14 +423,19 @@ class SpeculativeGenerator:
     def _verify(self, state: State, tree: Tree, how: Sampling):
         """The target's forward over the tree, and the accepted node and bonus token per row."""
         anc = ancestor_mask(tree.parents, tree.max_depth)
-        out = self.target(
-            input_ids=tree.tokens,
-            attention_mask=tree_mask(state.kv_valid, anc, self.dtype),
-            position_ids=state.pos[:, None] + tree.depths,
-            cache=state.cache,
-            use_cache=True,
-            output_hidden_states=state.proposer.needs_hidden_states,
-        )
+        # static shapes / CUDA graphs (decode/static.py): on for decode.backend=cuda-graphs
+        verifier = static.verifier(self)
+        if verifier is not None:
+            out = verifier(state, tree, anc, state.proposer.needs_hidden_states)
+        else:
+            out = self.target(
+                input_ids=tree.tokens,
+                attention_mask=tree_mask(state.kv_valid, anc, self.dtype),
+                position_ids=state.pos[:, None] + tree.depths,
+                cache=state.cache,
+                use_cache=True,
+                output_hidden_states=state.proposer.needs_hidden_states,
+            )
         args = (out.logits, tree.tokens, tree.parents, tree.depths)
         if not how.sample:
             best, bonus = greedy_accept(*args, anc, tree.valid)

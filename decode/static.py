@@ -1,0 +1,323 @@
+"""The static-shape verify path: a fixed-capacity KV cache, padded trees, one CUDA graph per size.
+
+A CUDA graph replays fixed kernels on fixed addresses, so everything the target's verify
+forward reads or writes must keep its shape and storage from step to step:
+
+* the KV cache lives in per-layer buffers ``[B, heads, C, D]`` of a fixed capacity C
+  (:class:`StaticKV`); a forward writes its T new entries at slots ``[S, S + T)`` through a
+  static index tensor and attends over all C slots, the unused ones masked;
+* a tree of T nodes is padded to the next bucket size (1, 2, 4, ..., 64) with invalid nodes
+  under the root (never accepted; their outputs are cut off before acceptance);
+* token ids, positions, the additive mask ``[B, 1, T, C]`` and the write index sit in static
+  buffers per (batch, bucket, capacity); a step copies its inputs into them and replays.
+
+On a CUDA device (``decode.backend=cuda-graphs``) each (batch, bucket, capacity) is captured
+once with :class:`torch.cuda.CUDAGraph` after a warm-up on a side stream; all graphs share one
+memory pool. On any other device the same buffers feed an eager forward (``capture=False``),
+which is how the tests check this path against the DynamicCache one.
+
+The buffers outlive a ``generate`` call (a graph holds their addresses), pooled by (layer,
+batch, capacity). The decoder's cache surgery (kv.py) works unchanged: a layer's ``keys`` /
+``values`` show the filled prefix of its buffer, and compaction scatters into that view in
+place; assigning a prefix view sets the length, assigning a new tensor (rows that leave the
+batch) copies it into the pool's buffer for the new batch size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from draftheads.decode.tree import Tree
+from draftheads.heads.masks import additive_mask
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MIN_CAPACITY = 256
+WARMUP = 2
+
+
+def bucket(n: int) -> int:
+    """The padded tree size for ``n`` nodes: the next bucket, or the next multiple of 64 past them."""
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    return -(-n // BUCKETS[-1]) * BUCKETS[-1]
+
+
+def capacity_for(n: int) -> int:
+    """Cache slots for ``n`` tokens: the next power of two, at least ``MIN_CAPACITY``."""
+    c = MIN_CAPACITY
+    while c < n:
+        c *= 2
+    return c
+
+
+def pad_tree(tree: Tree, size: int) -> Tree:
+    """``tree`` with invalid nodes appended under the root up to ``size`` nodes (token = root's)."""
+    B, T = tree.tokens.shape
+    pad = size - T
+    if pad <= 0:
+        return tree
+    col = lambda t, v: torch.full((B, pad), v, dtype=t.dtype, device=t.device)  # noqa: E731
+    return Tree(
+        torch.cat([tree.tokens, tree.tokens[:, :1].expand(B, pad)], 1),
+        torch.cat([tree.parents, col(tree.parents, 0)], 1),
+        torch.cat([tree.depths, col(tree.depths, 1)], 1),
+        torch.cat([tree.scores, col(tree.scores, 0.0)], 1),
+        torch.cat([tree.valid, col(tree.valid, False)], 1),
+    )
+
+
+def pad_ancestors(anc: torch.Tensor, size: int) -> torch.Tensor:
+    """``[B, T, T]`` ancestor mask grown to ``size`` nodes: a padding node sees the root and itself."""
+    B, T, _ = anc.shape
+    out = torch.zeros(B, size, size, dtype=torch.bool, device=anc.device)
+    out[:, :T, :T] = anc
+    i = torch.arange(T, size, device=anc.device)
+    out[:, i, 0] = True
+    out[:, i, i] = True
+    return out
+
+
+def static_mask(kv_valid: torch.Tensor, anc: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive ``[B, 1, T, capacity]``: the row's valid cache slots, then the tree's ancestors
+    at slots ``[S, S + T)``; every other slot is masked."""
+    B, T, _ = anc.shape
+    S = kv_valid.shape[1]
+    allowed = torch.zeros(B, T, capacity, dtype=torch.bool, device=anc.device)
+    allowed[:, :, :S] = kv_valid[:, None, :]
+    allowed[:, :, S : S + T] = anc
+    return additive_mask(allowed, dtype)
+
+
+class StaticLayer:
+    """One layer's keys and values in fixed-capacity buffers; ``keys``/``values`` are the filled
+    prefix ``[B, heads, length, D]`` (views: in-place writes reach the buffers)."""
+
+    def __init__(self, pool: KVPool, index: int) -> None:
+        self.pool, self.index = pool, index
+        self.filled = {"k_buf": 0, "v_buf": 0}  # kept apart: kv.py assigns keys, then values
+        self.k_buf: torch.Tensor | None = None
+        self.v_buf: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.filled["k_buf"]
+
+    @length.setter
+    def length(self, n: int) -> None:
+        self.filled = {"k_buf": n, "v_buf": n}
+
+    def _get(self, name: str) -> torch.Tensor:
+        return getattr(self, name)[:, :, : self.filled[name]]
+
+    def _set(self, name: str, t: torch.Tensor) -> None:
+        """A prefix view of the buffer sets the length; any other tensor is copied into the pool's
+        buffer for its batch size (and the current capacity)."""
+        buf = getattr(self, name)
+        if buf is not None and t.data_ptr() == buf.data_ptr() and t.stride() == buf.stride():
+            if t.shape[:2] == buf.shape[:2] and t.shape[3] == buf.shape[3]:
+                self.filled[name] = int(t.shape[2])
+                return
+        capacity = self.pool.capacity if buf is None else int(buf.shape[2])
+        new = self.pool.buffer(name, self.index, t, capacity)
+        new[:, :, : t.shape[2]].copy_(t)
+        setattr(self, name, new)
+        self.filled[name] = int(t.shape[2])
+
+    keys = property(lambda self: self._get("k_buf"), lambda self, t: self._set("k_buf", t))
+    values = property(lambda self: self._get("v_buf"), lambda self, t: self._set("v_buf", t))
+
+    def resize(self, capacity: int) -> None:
+        """Move the filled prefix into the pool's buffers of another capacity."""
+        for name in ("k_buf", "v_buf"):
+            old = getattr(self, name)
+            new = self.pool.buffer(name, self.index, old, capacity)
+            new[:, :, : self.length].copy_(old[:, :, : self.length])
+            setattr(self, name, new)
+
+
+class KVPool:
+    """Cache buffers by (key or value, layer, batch, capacity), kept across calls (graphs hold them)."""
+
+    def __init__(self, capacity: int = MIN_CAPACITY) -> None:
+        self.capacity = capacity
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def buffer(self, name: str, layer: int, like: torch.Tensor, capacity: int) -> torch.Tensor:
+        B, H, _, D = like.shape
+        key = (name, layer, B, H, D, capacity, like.dtype, like.device)
+        if key not in self.buffers:
+            self.buffers[key] = torch.zeros(B, H, capacity, D, dtype=like.dtype, device=like.device)
+        return self.buffers[key]
+
+
+class StaticKV:
+    """A transformers-compatible cache over fixed-capacity buffers (``update`` as a model calls it).
+
+    ``write_index`` (a static ``[T]`` long tensor) says where the next forward's T entries go;
+    ``update`` returns the whole buffers, so attention always spans all ``capacity`` slots.
+    """
+
+    def __init__(self, pool: KVPool, num_layers: int) -> None:
+        self.layers = [StaticLayer(pool, i) for i in range(num_layers)]
+        self.write_index: torch.Tensor | None = None
+
+    @classmethod
+    def adopt(cls, cache, pool: KVPool, extra: int) -> StaticKV:
+        """Copy a filled cache (the prefill's DynamicCache) into pooled buffers with room for ``extra``."""
+        layers = cache.layers
+        pool.capacity = max(pool.capacity, capacity_for(int(layers[0].keys.shape[2]) + extra))
+        out = cls(pool, len(layers))
+        for mine, theirs in zip(out.layers, layers):
+            mine.keys, mine.values = theirs.keys, theirs.values
+        return out
+
+    @property
+    def capacity(self) -> int:
+        return int(self.layers[0].k_buf.shape[2])
+
+    @property
+    def batch(self) -> int:
+        return int(self.layers[0].k_buf.shape[0])
+
+    def set_length(self, n: int) -> None:
+        for layer in self.layers:
+            layer.length = n
+
+    def resize(self, capacity: int) -> None:
+        for layer in self.layers:
+            layer.resize(capacity)
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the new entries at ``write_index``; return the full buffers."""
+        layer = self.layers[layer_idx]
+        layer.k_buf.index_copy_(2, self.write_index, keys)
+        layer.v_buf.index_copy_(2, self.write_index, values)
+        return layer.k_buf, layer.v_buf
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].length
+
+
+@dataclass
+class Verified:
+    """The target's outputs at the real tree nodes (padding cut off)."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None
+
+
+@dataclass
+class Entry:
+    """Static inputs of one (batch, bucket, capacity, hidden states) shape, and its graph."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    mask: torch.Tensor
+    write: torch.Tensor
+    graph: object = None
+    out: object = None
+    runs: int = field(default=0)
+
+
+class StaticVerifier:
+    """The target's verify forward on static shapes; ``capture`` records CUDA graphs (CUDA only)."""
+
+    def __init__(self, target: nn.Module, capture: bool | None = None) -> None:
+        p = next(target.parameters())
+        self.target, self.device, self.dtype = target, p.device, p.dtype
+        self.capture = (self.device.type == "cuda") if capture is None else capture
+        if self.capture and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.pool = KVPool()
+        self.entries: dict[tuple, Entry] = {}
+        self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
+
+    def __call__(self, state, tree: Tree, anc: torch.Tensor, hidden: bool) -> Verified:
+        """Verify ``tree`` for the active rows of ``state``; ``state.cache`` becomes a StaticKV.
+
+        After the call the cache holds ``S + bucket`` filled slots (the tree's entries after the
+        ``S`` old ones), as a DynamicCache would hold ``S + T``; compaction then keeps the path.
+        """
+        B, T = tree.tokens.shape
+        size = bucket(T)
+        if not isinstance(state.cache, StaticKV):
+            state.cache = StaticKV.adopt(state.cache, self.pool, BUCKETS[-1] + 1)
+        cache = state.cache
+        S = int(state.kv_valid.shape[1])
+        if S + size > cache.capacity:
+            self.pool.capacity = capacity_for(S + size)
+            cache.resize(self.pool.capacity)
+        entry = self._entry(B, size, cache.capacity, hidden)
+        padded = pad_tree(tree, size)
+        entry.ids.copy_(padded.tokens)
+        entry.pos.copy_(state.pos[:, None] + padded.depths)
+        entry.mask.copy_(static_mask(state.kv_valid, pad_ancestors(anc, size), cache.capacity, self.dtype))
+        entry.write.copy_(torch.arange(S, S + size, device=self.device))
+        cache.write_index = entry.write
+        if self.capture:
+            out = self._replay(entry, cache, hidden)
+        else:
+            out = self._forward(entry, cache, hidden)
+        entry.runs += 1
+        cache.set_length(S + size)
+        states = tuple(h[:, :T] for h in out.hidden_states) if hidden else None
+        return Verified(out.logits[:, :T], states)
+
+    def _entry(self, B: int, size: int, capacity: int, hidden: bool) -> Entry:
+        key = (B, size, capacity, hidden)
+        if key not in self.entries:
+            dev = self.device
+            self.entries[key] = Entry(
+                torch.zeros(B, size, dtype=torch.long, device=dev),
+                torch.zeros(B, size, dtype=torch.long, device=dev),
+                torch.zeros(B, 1, size, capacity, dtype=self.dtype, device=dev),
+                torch.arange(size, dtype=torch.long, device=dev),
+            )
+        return self.entries[key]
+
+    def _forward(self, entry: Entry, cache: StaticKV, hidden: bool):
+        return self.target(
+            input_ids=entry.ids,
+            attention_mask=entry.mask,
+            position_ids=entry.pos,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=hidden,
+        )
+
+    def _replay(self, entry: Entry, cache: StaticKV, hidden: bool):
+        """Capture this shape's graph the first time (after a warm-up), then replay it."""
+        if entry.graph is None:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP):
+                    self._forward(entry, cache, hidden)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.mempool):
+                entry.out = self._forward(entry, cache, hidden)
+            entry.graph = graph
+        entry.graph.replay()
+        return entry.out
+
+    def graphs(self) -> int:
+        """CUDA graphs captured so far."""
+        return sum(e.graph is not None for e in self.entries.values())
+
+
+def verifier(gen) -> StaticVerifier | None:
+    """The static verifier of a SpeculativeGenerator: its ``static_verifier`` when set (tests set
+    one with ``capture=False`` on CPU), a capturing one on ``decode.backend=cuda-graphs``, else
+    None (the DynamicCache path)."""
+    own = getattr(gen, "static_verifier", None)
+    if own is not None:
+        return own
+    if gen.backend != "cuda-graphs":
+        return None
+    gen.static_verifier = StaticVerifier(gen.target, capture=True)
+    return gen.static_verifier
