@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from draftheads.conf.errors import UserError
 from draftheads.decode.tree import Tree
 from draftheads.heads.masks import additive_mask
 
@@ -142,8 +143,8 @@ class StaticLayer:
 class KVPool:
     """Cache buffers by (key or value, layer, batch, capacity), kept across calls (graphs hold them)."""
 
-    def __init__(self, capacity: int = MIN_CAPACITY) -> None:
-        self.capacity = capacity
+    def __init__(self) -> None:
+        self.capacity = capacity_for(0)
         self.buffers: dict[tuple, torch.Tensor] = {}
 
     def buffer(self, name: str, layer: int, like: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -231,7 +232,10 @@ class StaticVerifier:
         self.target, self.device, self.dtype = target, p.device, p.dtype
         self.capture = (self.device.type == "cuda") if capture is None else capture
         if self.capture and self.device.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device")
+            raise UserError(
+                f"CUDA graphs need a CUDA device, but the target is on {self.device.type}; "
+                "use decode.backend=auto"
+            )
         self.pool = KVPool()
         self.entries: dict[tuple, Entry] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
