@@ -18,7 +18,10 @@ frontier node's children were accepted (their total probability is at most the f
 would the step's rate beat the best rate available without it?
 
 Measured time corrects the curve as decoding goes: ``scale`` follows the ratio of observed to
-predicted verify time, and the draft pass cost is a running mean.
+predicted verify time, and the draft pass cost is a running mean. Measured acceptance corrects
+the scores: the expected number of accepted drafts of a verified tree is Σ p_i over its nodes,
+and ``trust`` follows the ratio of accepted drafts to that sum (a drafter that is
+over-confident gets its scores scaled down, an under-confident one up, capped at 1).
 """
 
 from __future__ import annotations
@@ -180,6 +183,8 @@ class Planner:
         self.scale = 1.0  # observed / predicted verify time
         self.pass_s = curve(1) * 0.1  # one draft pass, until measured
         self.draft_s = 0.0  # this step's drafting so far
+        self.trust = 1.0  # observed / predicted accepted drafts
+        self.accepted, self.predicted = 2.0, 2.0  # running sums behind ``trust`` (a mild prior)
 
     def verify_s(self, tokens: int) -> float:
         return self.scale * self.curve(tokens)
@@ -187,7 +192,8 @@ class Planner:
     def best(self, scores: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[int, float, float]:
         """``(n, expected tokens, seconds)`` of the best number of nodes per row (root excluded)
         for node scores ``[B, N]`` (root excluded), with this step's drafting cost."""
-        s = scores.float() if valid is None else torch.where(valid, scores.float(), 0.0)
+        s = (scores.float() * self.trust).clamp(max=1.0)
+        s = s if valid is None else torch.where(valid, s, 0.0)
         B, N = s.shape
         gain = s.sort(dim=-1, descending=True).values.cumsum(-1).sum(0).tolist()  # Σ_b Σ_{i<=n}
         best = (0, float(B), self.draft_s + self.verify_s(B))
@@ -202,9 +208,15 @@ class Planner:
         self.draft_s = passes * self.pass_s
         n, e, t = self.best(scores)
         k = frontier.shape[1]
-        optimistic = e + float(frontier.float().sum())
+        optimistic = e + float((frontier.float() * self.trust).clamp(max=1.0).sum())
         cost = t + self.pass_s + self.verify_s(self.batch * (n + 1 + k)) - self.verify_s(self.batch * (n + 1))
         return optimistic / cost > e / t
+
+    def calibrate(self, predicted: float, accepted: float) -> None:
+        """Fold one step's predicted (Σ p of verified nodes) and accepted drafts into ``trust``."""
+        self.predicted = 0.95 * self.predicted + predicted
+        self.accepted = 0.95 * self.accepted + accepted
+        self.trust = min(max(self.accepted / max(self.predicted, 1e-6), 0.1), 10.0)
 
     def observe(self, draft_s: float, passes: int, verify_s: float, tokens: int) -> None:
         """Fold one step's measured times in (exponential moving averages)."""

@@ -402,9 +402,10 @@ class SpeculativeGenerator:
         verify_s = self._now() - t1
         stats.verify_time_s += verify_s
         if state.planner is not None:
-            state.planner.observe(
-                draft_s, getattr(state.proposer, "passes", 0), verify_s, len(state.active) * tree.size
-            )
+            passes = getattr(state.proposer, "passes", 0)
+            state.planner.observe(draft_s, passes, verify_s, len(state.active) * tree.size)
+            predicted = float(torch.where(tree.valid, tree.scores, 0.0)[:, 1:].sum())
+            state.planner.calibrate(predicted, float((n_keep - 1).sum()))
         stats.target_forwards += 1
         stats.tree_tokens.append(tree.size)
         new: list[list[int]] = [[] for _ in range(len(state.generated))]

@@ -237,3 +237,15 @@ def test_dynamic_trees_smaller_than_their_depth(total, depth):
     gen = SpeculativeGenerator(model, d, tok, cfg)
     check_rows("llama", gen, PROMPTS[:3])
     assert max(gen.last_stats.tree_tokens) == total
+
+
+def test_planner_trusts_scores_as_far_as_they_were_right():
+    p = Planner(CostCurve([1, 2, 64], [1.0, 1.5, 32.5]), batch=1)
+    confident = torch.tensor([[0.9, 0.9]])
+    assert p.best(confident)[0] == 2
+    for _ in range(40):  # the drafter claimed 1.8 accepted drafts a step and got none
+        p.calibrate(1.8, 0.0)
+    assert p.trust < 0.2 and p.best(confident)[0] == 0
+    for _ in range(200):  # then it is right as often as it says
+        p.calibrate(1.8, 1.8)
+    assert p.trust == pytest.approx(1.0, abs=0.05) and p.best(confident)[0] == 2

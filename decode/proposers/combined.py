@@ -20,6 +20,11 @@ class WithLookup:
         self.proposer, self.lookup = proposer, lookup
         self.needs_hidden_states = proposer.needs_hidden_states
 
+    @property
+    def passes(self) -> int:
+        """The drafter's forward passes in the last propose (lookup needs none)."""
+        return getattr(self.proposer, "passes", 0)
+
     def prefill(self, batch: Prefill) -> None:
         self.proposer.prefill(batch)
         self.lookup.prefill(batch)
