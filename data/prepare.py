@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DataConfig
@@ -84,6 +85,7 @@ class PrepareReport:
     tokens: int = 0
     loss_tokens: int = 0
     packed: bool = False
+    missing: list[str] = field(default_factory=list)
 
     def by_source(self) -> dict[str, SourceReport]:
         return {s.name: s for s in self.sources}
@@ -94,7 +96,9 @@ class PrepareReport:
             f"{'source':<24} {'format':<9} {'read':>7} {'held out':>8} {'skipped':>7} {'dropped':>7} "
             f"{'truncated':>9} {'kept':>7} {'tokens':>10} {'trained':>10} {'mixed rows':>10}"
         )
-        lines = [f"split {self.split}, max_length {self.max_length}", head]
+        lines = [f"split {self.split}, max_length {self.max_length}"]
+        lines += [f"left out optional component {m}" for m in self.missing]
+        lines.append(head)
         for s in self.sources:
             mixed = "" if s.mixed_rows is None else f"{s.mixed_rows} (w {s.weight:g})"
             lines.append(
@@ -114,12 +118,30 @@ class PrepareReport:
         return "\n".join(lines)
 
 
+def absent(comp: dict) -> bool:
+    """An ``optional: true`` mixture component whose local path does not exist."""
+    path = str(comp["path"])
+    return (
+        bool(comp.get("optional"))
+        and not path.startswith("embedded")
+        and not Path(path).expanduser().exists()
+    )
+
+
+def missing_components(cfg: DataConfig) -> list[str]:
+    """``"name (path absent)"`` for every optional mixture component that is left out."""
+    return [f"{c.get('name') or c['path']} ({c['path']} absent)" for c in cfg.mixture if absent(dict(c))]
+
+
 def source_specs(cfg: DataConfig) -> list[SourceSpec]:
-    """The sources ``cfg`` names: the mixture components, embedded's components, or ``path``."""
+    """The sources ``cfg`` names: the mixture components (less absent optional ones), embedded's
+    components, or ``path``."""
     if cfg.mixture:
         specs = []
         for comp in cfg.mixture:
             comp = dict(comp)
+            if absent(comp):
+                continue
             specs.append(
                 SourceSpec(
                     name=str(comp.get("name") or comp["path"]),
@@ -323,7 +345,7 @@ def prepare_source(spec: SourceSpec, tokenizer, cfg: DataConfig, split: str):
     report.truncated = sum(ds["truncated"])
     report.tokens = sum(len(ids) for ids in ds["input_ids"])
     report.loss_tokens = sum(sum(m) for m in ds["loss_mask"])
-    ds = ds.select_columns(["input_ids", "loss_mask", "id"]).map(lambda _: {"source": spec.name})
+    ds = ds.select_columns(["input_ids", "loss_mask", "id"]).add_column("source", [spec.name] * len(ds))
     return ds.cast(row_features(packed=False)), report
 
 
@@ -409,7 +431,9 @@ def build(cfg: DataConfig, tokenizer, split: str):
 
     specs = source_specs(cfg)
     parts = [prepare_source(spec, tokenizer, cfg, split) for spec in specs]
-    report = PrepareReport(split=split, max_length=cfg.max_length, sources=[r for _, r in parts])
+    report = PrepareReport(
+        split=split, max_length=cfg.max_length, sources=[r for _, r in parts], missing=missing_components(cfg)
+    )
     if cfg.mixture:
         ds = mix(parts, cfg.seed)
     else:

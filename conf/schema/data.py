@@ -14,7 +14,9 @@ FIELDS = (
     "conversations", "from", "value", "messages", "role", "content", "instruction", "input", "output",
     "prompt", "turns", "text", "system", "category", "id",
 )  # fmt: skip
-MIXTURE_KEYS = ("name", "path", "weight", "format", "fields", "split", "max_rows", "heldout_fraction")
+MIXTURE_KEYS = (
+    "name", "path", "weight", "format", "fields", "split", "max_rows", "heldout_fraction", "optional",
+)  # fmt: skip
 DISTILL_SOURCES = ("data", "self")
 STORE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -102,7 +104,11 @@ class DataConfig:
     ``{path, weight, name?, format?, fields?, split?, max_rows?}``; when set it replaces ``path``.
     ``heldout_fraction`` holds back a hash-chosen share of a user dataset (the embedded set has a
     fixed 10% held-out split). Target-argmax labels for teacher-forced text come from the feature
-    cache (``features.target_next=true``).
+    cache (``features.target_next=true``), the target's top-k distribution from ``features.topk``.
+    A mixture component with ``optional: true`` whose path does not exist is left out with a
+    message in the report. ``data_dir`` is the folder of the user's own copies of public data
+    sets (GSM8K, CodeAlpaca) that ``data=broad`` and ``data=teacher`` read as
+    ``${data.data_dir}/...``.
     """
 
     path: str = "embedded"
@@ -119,6 +125,7 @@ class DataConfig:
     min_loss_tokens: int = 2
     system_prompt: str | None = None
     seed: int = 0
+    data_dir: str = "../shared/data"
     distill: DistillConfig = field(default_factory=DistillConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
 

@@ -1,0 +1,95 @@
+"""Teacher-forced data (``data=teacher``): text the target did not write, labelled by the
+target's own top-k distribution at every position, and EAGLE-3 learning that distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftheads.conf.commands.compose import compose
+from draftheads.data.cache import FeatureCache, build_feature_cache
+from draftheads.data.prepare import prepare_dataset
+from draftheads.heads.features import target_features
+from draftheads.train.batching import collate
+from draftheads.train.modules import EagleObjective
+from draftheads.train.recipe import build_drafter
+from tests.conftest import get_target
+
+TOPK = 8
+
+
+def teacher_config(tmp_path, *overrides: str):
+    """``data=teacher`` with no external data: the optional components point at nothing."""
+    cfg, _ = compose(
+        [
+            "target=tiny-llama",
+            "data=teacher",
+            f"data.data_dir={tmp_path / 'no-data'}",
+            "data.max_rows=4",
+            "data.max_length=256",
+            "draft=eagle3",
+            "draft.ttt_steps=2",
+            "draft.draft_vocab_size=512",
+            "draft.feature_loss_weight=0",
+            *overrides,
+        ]
+    )
+    for comp in cfg.data.mixture:
+        if comp["name"] == "self":
+            comp["path"] = str(tmp_path / "no-distill")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def teacher_rows(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("teacher")
+    cfg = teacher_config(tmp)
+    _, tok = get_target("llama")
+    ds, report = prepare_dataset(cfg.data, tok, "train")
+    return cfg, ds, report, tmp
+
+
+def test_teacher_preset_works_without_external_data_and_says_what_it_left_out(teacher_rows):
+    cfg, ds, report, _ = teacher_rows
+    assert cfg.data.features.topk == 64
+    assert {s.name for s in report.sources} == {"humaneval", "pydoc", "stdlib"}
+    assert [m.split()[0] for m in report.missing] == ["gsm8k", "codealpaca", "self"]
+    assert "left out optional component gsm8k" in report.format()
+    assert all(s.kept > 0 for s in report.sources)  # HumanEval's canonical solutions included
+    assert set(ds["source"]) <= {"humaneval", "pydoc", "stdlib"} and len(ds) > 0
+
+
+def test_teacher_rows_carry_the_targets_own_topk_and_one_step_learns_it(teacher_rows):
+    cfg, ds, _, tmp = teacher_rows
+    model, tok = get_target("llama")
+    layers = cfg.draft.training_layers(model.config.num_hidden_layers)
+    rows = ds.select_columns(["input_ids", "loss_mask"]).select(range(6))
+    build_feature_cache(
+        model, tok, rows, tmp / "cache", layers, dtype="float32", topk=TOPK, show_progress=False
+    )
+    cache = FeatureCache(tmp / "cache")
+    for i in range(len(cache)):
+        r = cache[i]
+        ids = r["input_ids"][None]
+        final, _ = target_features(model, ids, torch.ones_like(ids), [model.config.num_hidden_layers])
+        vals, top = model.lm_head(final)[0].float().topk(TOPK, dim=-1)
+        assert torch.equal(r["topk_ids"], top)  # every position: the target's top-k, not the text
+        torch.testing.assert_close(r["topk_logits"].float(), vals, rtol=1e-4, atol=1e-4)
+
+    torch.manual_seed(0)
+    # a draft vocabulary of the whole target vocabulary, so every top-k entry is a label
+    cfg = teacher_config(tmp, f"draft.draft_vocab_size={model.config.vocab_size}")
+    drafter = build_drafter(cfg, model, tok)
+    objective = EagleObjective(drafter, model, cfg.draft, 5)
+    batch = collate([cache[i] for i in range(len(cache))], tok.pad_token_id or 0)
+    opt = torch.optim.Adam([p for p in objective.parameters() if p.requires_grad], lr=3e-3)
+    before, _ = objective(batch)
+    before.backward()
+    opt.step()
+    with torch.no_grad():
+        after, _ = objective(batch)
+    assert float(after) < float(before.detach())
+    # the labels are the cached distribution: a sharper one (same top-k, same text) is another loss
+    swapped = dict(batch, topk_logits=batch["topk_logits"] * 1000)
+    with torch.no_grad():
+        assert not torch.isclose(objective(swapped)[0], after)
