@@ -69,8 +69,8 @@ def measure_speed(
     gen.generate(warm.to(dev), warm_mask.to(dev), max_new_tokens=4)
     rows = []
     for bs in batch_sizes:
-        base_t = spec_t = stock_t = 0.0
-        base_n = spec_n = 0
+        base_t = spec_t = stock_t = draft_t = verify_t = 0.0
+        base_n = spec_n = steps = greedy_steps = 0
         lengths: list[int] = []
         same = same_stock = True
         for ids, mask in _batches(tok, prompts, bs):
@@ -87,6 +87,8 @@ def measure_speed(
             s = gen.last_stats
             spec_t += s.total_time_s
             spec_n += s.new_tokens
+            draft_t, verify_t, steps = draft_t + s.draft_time_s, verify_t + s.verify_time_s, steps + s.steps
+            greedy_steps += ref.shape[1] - ids.shape[1] - 1  # forwards after the prefill
             lengths += s.accepted_lengths
             P = ids.shape[1]
             pad = gen.pad_id()
@@ -106,6 +108,10 @@ def measure_speed(
                 "tau": sum(lengths) / max(len(lengths), 1),
                 "identical": same,
                 "identical_to_stock": same_stock,
+                "draft_ms": 1e3 * draft_t / max(steps, 1),
+                "verify_ms": 1e3 * verify_t / max(steps, 1),
+                # a step's cost in greedy steps of the same backend (the greedy time per forward)
+                "step_cost": (draft_t + verify_t) / max(steps, 1) / (base_t / max(greedy_steps, 1)),
             }
         )
     return rows
@@ -114,11 +120,13 @@ def measure_speed(
 def format_rows(rows: list[dict]) -> str:
     head = (
         "| batch | backend | stock generate tok/s | greedy tok/s (backend) | speculative tok/s | speedup vs stock "
-        "| speedup vs greedy | τ | identical | identical to stock |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| speedup vs greedy | τ | draft ms/step | verify ms/step | step cost (greedy steps) | identical "
+        "| identical to stock |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     body = [
         f"| {r['batch']} | {r['backend']} | {r['stock_tok_s']:.1f} | {r['baseline_tok_s']:.1f} | {r['spec_tok_s']:.1f} "
-        f"| {r['speedup_vs_stock']:.2f}× | {r['speedup']:.2f}× | {r['tau']:.2f} | {r['identical']} | {r['identical_to_stock']} |"
+        f"| {r['speedup_vs_stock']:.2f}× | {r['speedup']:.2f}× | {r['tau']:.2f} | {r['draft_ms']:.1f} | {r['verify_ms']:.1f} "
+        f"| {r['step_cost']:.2f} | {r['identical']} | {r['identical_to_stock']} |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -139,6 +147,8 @@ def speed(args: SpeedArgs) -> None:
     if args.heads != "none":
         directory = resolve_checkpoint_dir(args.heads, args.revision)
         drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok, map_location=target.device)
+    if args.speed.curve:
+        print(format_curves(target, args.decode.backend, args.decode.cost_cache), flush=True)
     n = args.speed.prompts
     prompts = (BUILTIN_PROMPTS * (n // len(BUILTIN_PROMPTS) + 1))[:n]
     for dc in configs:
@@ -155,6 +165,26 @@ def speed(args: SpeedArgs) -> None:
         if args.speed.dynamic:
             print(f"top_k_draft={dc.top_k_draft} depth={dc.depth} total_tokens={dc.total_tokens}")
         print(format_rows(rows), flush=True)
+
+
+def format_curves(target, backend: str, cache_dir: str | None) -> str:
+    """The verify-cost curve on eager and on ``backend``: ms, and relative to eager's 1-token step."""
+    from draftheads.decode.cost import cached_curve
+
+    dev, dtype = next(target.parameters()).device, next(target.parameters()).dtype
+    names = list(dict.fromkeys(["eager", backends.resolve(backend, dev, dtype)]))
+    curves = {name: cached_curve(target, name, cache_dir) for name in names}
+    base = curves["eager"].seconds[0]
+    sizes = curves["eager"].sizes
+    lines = [
+        "verify-cost curve: ms for one target forward over n new tokens (relative to eager's 1 token)",
+        "| backend | " + " | ".join(str(n) for n in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for name, c in curves.items():
+        cells = [f"{1e3 * t:.1f} ({t / base:.2f})" for t in c.seconds]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def dynamic_setting(setting: list[int]) -> dict[str, int]:

@@ -140,6 +140,8 @@ class DecodeSpeedOptions:
     prompts: int = 8
     # EAGLE-2 tree settings [top_k_draft, depth, total_tokens], one table each; empty: decode.* as set
     dynamic: list[list[int]] = field(default_factory=list)
+    # also print the verify-cost curve (1..64 new tokens) of eager and of decode.backend
+    curve: bool = False
 
 
 @dataclass
