@@ -118,9 +118,14 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-def absent(comp: dict) -> bool:
+def component_path(comp: dict, data_dir: str) -> str:
+    """A mixture component's path; ``in_data_dir: true`` puts it inside ``data.data_dir``."""
+    return str(Path(data_dir) / str(comp["path"])) if comp.get("in_data_dir") else str(comp["path"])
+
+
+def absent(comp: dict, data_dir: str) -> bool:
     """An ``optional: true`` mixture component whose local path does not exist."""
-    path = str(comp["path"])
+    path = component_path(comp, data_dir)
     return (
         bool(comp.get("optional"))
         and not path.startswith("embedded")
@@ -130,7 +135,11 @@ def absent(comp: dict) -> bool:
 
 def missing_components(cfg: DataConfig) -> list[str]:
     """``"name (path absent)"`` for every optional mixture component that is left out."""
-    return [f"{c.get('name') or c['path']} ({c['path']} absent)" for c in cfg.mixture if absent(dict(c))]
+    return [
+        f"{c.get('name') or c['path']} ({component_path(c, cfg.data_dir)} absent)"
+        for c in map(dict, cfg.mixture)
+        if absent(c, cfg.data_dir)
+    ]
 
 
 def source_specs(cfg: DataConfig) -> list[SourceSpec]:
@@ -140,12 +149,12 @@ def source_specs(cfg: DataConfig) -> list[SourceSpec]:
         specs = []
         for comp in cfg.mixture:
             comp = dict(comp)
-            if absent(comp):
+            if absent(comp, cfg.data_dir):
                 continue
             specs.append(
                 SourceSpec(
                     name=str(comp.get("name") or comp["path"]),
-                    path=str(comp["path"]),
+                    path=component_path(comp, cfg.data_dir),
                     format=str(comp.get("format", cfg.format)),
                     fields=dict(comp.get("fields") or cfg.fields),
                     split=str(comp.get("split", cfg.split)),

@@ -16,6 +16,7 @@ FIELDS = (
 )  # fmt: skip
 MIXTURE_KEYS = (
     "name", "path", "weight", "format", "fields", "split", "max_rows", "heldout_fraction", "optional",
+    "in_data_dir",
 )  # fmt: skip
 DISTILL_SOURCES = ("data", "self")
 STORE_DTYPES = ("float32", "bfloat16", "float16")
@@ -107,8 +108,7 @@ class DataConfig:
     cache (``features.target_next=true``), the target's top-k distribution from ``features.topk``.
     A mixture component with ``optional: true`` whose path does not exist is left out with a
     message in the report. ``data_dir`` is the folder of the user's own copies of public data
-    sets (GSM8K, CodeAlpaca) that ``data=broad`` and ``data=teacher`` read as
-    ``${data.data_dir}/...``.
+    sets (GSM8K, CodeAlpaca): a component with ``in_data_dir: true`` names a path inside it.
     """
 
     path: str = "embedded"
