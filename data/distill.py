@@ -7,7 +7,10 @@ Output directory::
     prompts.stats.json     their diversity: distinct n-grams, length spread, duplicates removed
     shard-00000.jsonl      one chat per line, OpenAI-messages format (``draftheads data`` reads it)
 
-Each output row is ``{"id", "category", "messages", "gen", "finish"}``; ``gen`` repeats the
+Each output row is ``{"id", "category", "messages", "gen", "finish", "answer_ids"}``; ``answer_ids``
+holds the token ids the target generated for each assistant turn (before any decode), and
+``roundtrip.json`` counts the rows whose answers tokenize differently once decoded
+(:func:`roundtrip_changes`). ``gen`` repeats the
 generation parameters and the target's name and tokenizer hash, so a row is self-describing.
 An answer cut off by ``max_new_tokens`` (``finish`` "length") carries ``"unfinished": true`` in
 its message (``false`` otherwise): training then does not teach an end-of-turn the target never produced there.
@@ -25,7 +28,8 @@ straight run writes. A rerun with other settings is refused.
 **Pluggable generation.** Everything goes through a :data:`GenerateFn` (token ids in, new
 token ids out). :func:`hf_generate` wraps the target's own ``model.generate``;
 :func:`decoder_generate` wraps any decoder with that calling convention (:data:`DecodeFn`, e.g.
-a speculative decoder's ``generate``), which the caller builds and passes in.
+a speculative decoder's ``generate``), which the caller builds and passes in. The target's
+batched generation runs on ``data.distill.backend`` (:mod:`draftheads.decode.backend`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,6 +54,7 @@ from draftheads.heads.target import fingerprint
 
 MANIFEST = "distill.json"
 PROMPTS = "prompts.jsonl"
+ROUNDTRIP = "roundtrip.json"
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,17 @@ def decoder_generate(model, tokenizer, decode: DecodeFn | None = None) -> Genera
         )
 
     return batched(model, tokenizer, run)
+
+
+@contextmanager
+def on_backend(model, name: str) -> Iterator[str]:
+    """Run the target on decoding backend ``name`` (resolved for its device and dtype) inside."""
+    from draftheads.decode import backend
+
+    p = next(model.parameters())
+    chosen = backend.resolve(name, p.device, p.dtype)
+    with backend.applied(chosen, model):
+        yield chosen
 
 
 def sort_key(row: PromptRow) -> int:
@@ -275,23 +292,25 @@ def distill(
     )
     new_tokens = 0
     try:
-        for b, batch in enumerate(batches):
-            if all(p.id in done for p in batch):
-                continue
-            rows, n = answer_batch(tokenizer, batch, generate, params, cfg.seed + b, limit)
-            new_tokens += n
-            shard = out / f"shard-{b * cfg.batch_size // cfg.shard_rows:05d}.jsonl"
-            with open(shard, "a", encoding="utf-8") as f:
-                for row in rows:
-                    if row["id"] not in done:
-                        f.write(json.dumps({**row, "gen": gen_meta}, ensure_ascii=False) + "\n")
-                        bar.update(1)
-                f.flush()
-                os.fsync(f.fileno())
-            done |= {r["id"] for r in rows}
-            bar.set_postfix(new_tok_s=f"{new_tokens / max(bar.format_dict['elapsed'], 1e-9):.0f}")
+        with on_backend(model, cfg.backend):
+            for b, batch in enumerate(batches):
+                if all(p.id in done for p in batch):
+                    continue
+                rows, n = answer_batch(tokenizer, batch, generate, params, cfg.seed + b, limit)
+                new_tokens += n
+                shard = out / f"shard-{b * cfg.batch_size // cfg.shard_rows:05d}.jsonl"
+                with open(shard, "a", encoding="utf-8") as f:
+                    for row in rows:
+                        if row["id"] not in done:
+                            f.write(json.dumps({**row, "gen": gen_meta}, ensure_ascii=False) + "\n")
+                            bar.update(1)
+                    f.flush()
+                    os.fsync(f.fileno())
+                done |= {r["id"] for r in rows}
+                bar.set_postfix(new_tok_s=f"{new_tokens / max(bar.format_dict['elapsed'], 1e-9):.0f}")
     finally:
         bar.close()
+    write_roundtrip(out, tokenizer)
     return out
 
 
@@ -310,6 +329,7 @@ def answer_batch(
     """
     chats: list[list[dict]] = [[] for _ in batch]
     finish: list[list[str]] = [[] for _ in batch]
+    answer_ids: list[list[list[int]]] = [[] for _ in batch]
     ended: set[int] = set()
     n_new = 0
     for t in range(max(len(p.turns) for p in batch)):
@@ -335,11 +355,50 @@ def answer_batch(
             # every answer carries the flag, so JSON readers infer one schema for all rows
             chats[i].append({"role": "assistant", "content": text, "unfinished": not ok})
             finish[i].append("stop" if ok else "length")
+            answer_ids[i].append(ans)
     rows = [
-        {"id": p.id, "category": p.category, "messages": chats[i], "finish": finish[i]}
+        {
+            "id": p.id,
+            "category": p.category,
+            "messages": chats[i],
+            "finish": finish[i],
+            "answer_ids": answer_ids[i],
+        }
         for i, p in enumerate(batch)
     ]
     return rows, n_new
+
+
+def roundtrip_changes(out: Path, tokenizer) -> dict:
+    """How much distilled text changes when decoded and tokenized again: rows and answers whose
+    generated ids (``answer_ids``) differ from ``encode(decode(ids))``, over every shard row."""
+    counts = {"rows": 0, "rows_changed": 0, "answers": 0, "answers_changed": 0, "tokens": 0}
+    for shard in sorted(Path(out).glob("shard-*.jsonl")):
+        for line in shard.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            answers = row.get("answer_ids") or []
+            changed = 0
+            for ids in answers:
+                text = tokenizer.decode(ids, skip_special_tokens=True)
+                changed += tokenizer(text, add_special_tokens=False)["input_ids"] != ids
+                counts["tokens"] += len(ids)
+            counts["rows"] += bool(answers)
+            counts["rows_changed"] += changed > 0
+            counts["answers"] += len(answers)
+            counts["answers_changed"] += changed
+    return counts
+
+
+def write_roundtrip(out: Path, tokenizer) -> dict:
+    """Write :func:`roundtrip_changes` to ``roundtrip.json`` and say it on stderr."""
+    counts = roundtrip_changes(out, tokenizer)
+    (out / ROUNDTRIP).write_text(json.dumps(counts, indent=1) + "\n")
+    print(
+        f"distill: {counts['rows_changed']} of {counts['rows']} rows tokenize differently once "
+        f"decoded ({counts['answers_changed']} of {counts['answers']} answers)",
+        file=sys.stderr,
+    )
+    return counts
 
 
 def normalise(text: str) -> str:
@@ -394,7 +453,8 @@ def self_prompts(
     kept: list[str] = []
     counts = {"candidates": 0, "duplicates": 0, "cut_off": 0, "too_short": 0}
     b = 0
-    with tqdm(total=cfg.self_prompts, unit="prompt", disable=not show_progress, desc="self-prompts") as bar:
+    bar = tqdm(total=cfg.self_prompts, unit="prompt", disable=not show_progress, desc="self-prompts")
+    with bar, on_backend(model, cfg.backend):
         while len(kept) < cfg.self_prompts and counts["candidates"] < 4 * cfg.self_prompts:
             texts, stopped = generate([prefix] * cfg.batch_size, params, cfg.seed + 10**6 + b)
             b += 1

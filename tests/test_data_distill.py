@@ -9,7 +9,15 @@ import pytest
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DataConfig, DistillConfig
 from draftheads.data.chat import encode_chat
-from draftheads.data.distill import MANIFEST, distill, diversity, hf_generate, self_prompts
+from draftheads.data.distill import (
+    MANIFEST,
+    ROUNDTRIP,
+    distill,
+    diversity,
+    hf_generate,
+    roundtrip_changes,
+    self_prompts,
+)
 from draftheads.data.prepare import prepare_dataset
 from draftheads.data.prompts import PromptRow
 from tests.conftest import get_target
@@ -172,3 +180,41 @@ def test_prompts_longer_than_the_target_positions_are_skipped_and_counted(tmp_pa
     with pytest.raises(UserError, match="every prompt is longer than the target's") as e:
         distill(model, tok, [long], cfg_for(tmp_path / "none", max_new_tokens=3), show_progress=False)
     assert "\n" not in str(e.value) and not (tmp_path / "none").exists()
+
+
+def test_distillation_on_the_fast_backend_writes_byte_identical_greedy_shards(tmp_path, tiny_llama):
+    """``data.distill.backend=auto`` (oneDNN-packed weights on a float32 CPU target) changes no byte."""
+    from draftheads.decode import backend
+
+    model, tok, _ = tiny_llama
+    assert backend.resolve("auto", model.device, model.dtype) == "onednn"
+    greedy = dict(temperature=0.0, max_new_tokens=12)
+    eager = distill(
+        model, tok, PROMPTS, cfg_for(tmp_path / "eager", backend="eager", **greedy), show_progress=False
+    )
+    fast = distill(
+        model, tok, PROMPTS, cfg_for(tmp_path / "fast", backend="auto", **greedy), show_progress=False
+    )
+    assert shards(fast) == shards(eager) and len(shards(eager)) == 3
+    assert not any("forward" in m.__dict__ for m in model.modules())  # the backend is undone after
+
+
+def test_distilled_rows_keep_their_token_ids_and_the_decode_round_trip_is_counted(tmp_path, tiny_llama):
+    model, tok, _ = tiny_llama
+    out = distill(model, tok, PROMPTS, cfg_for(tmp_path / "d", temperature=0.0), show_progress=False)
+    rows = [json.loads(line) for text in shards(out).values() for line in text.splitlines()]
+    for r in rows:
+        answers = [m for m in r["messages"] if m["role"] == "assistant"]
+        assert [tok.decode(i, skip_special_tokens=True) for i in r["answer_ids"]] == [
+            m["content"] for m in answers
+        ]
+    assert json.loads((out / ROUNDTRIP).read_text())["rows"] == len(PROMPTS)
+    # "hello" spelt letter by letter decodes to text that tokenizes as fewer tokens: a changed row
+    spelt = [tok.convert_tokens_to_ids(c) for c in "hello"]
+    whole = tok("hello", add_special_tokens=False)["input_ids"]
+    assert spelt != whole
+    (tmp_path / "r").mkdir()
+    lines = [json.dumps({"id": i, "answer_ids": [ids]}) for i, ids in enumerate((spelt, whole))]
+    (tmp_path / "r" / "shard-00000.jsonl").write_text("\n".join(lines) + "\n")
+    counts = roundtrip_changes(tmp_path / "r", tok)
+    assert counts["rows"] == 2 and counts["rows_changed"] == 1 and counts["answers_changed"] == 1

@@ -46,6 +46,9 @@ class DistillConfig:
     # a trained drafter (directory or hub id): generate with the speculative decoder, whose
     # output is the target's own (identical under greedy, same distribution when sampling)
     heads: str | None = None
+    # the decoding backend of the target's batched generation (``decode.backend`` names; ``auto``
+    # packs float32 weights for oneDNN on a CPU): same tokens under greedy, faster
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         """Refuse sizes that cannot generate, before the manifest of ``out_dir`` is written."""
