@@ -180,6 +180,43 @@ class EagleDrafter(Drafter):
             ids = torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
             self.lm_head.weight.copy_(self.shared("lm_head").weight[ids].to(self.lm_head.weight.dtype))
 
+    @torch.no_grad()
+    def init_from_target(self, target: nn.Module, embed_scale: float = 0.0) -> None:
+        """Start the decoder layers as the target's last ones (``draft.init_from_target``).
+
+        Layer i of n copies target layer ``L - n + i``. EAGLE-3's widened q/k/v read
+        concat(embedding, feature): the target's weights go in the feature half, and the
+        embedding half is 0 (or N(0, ``embed_scale``)); ``hidden_norm`` starts as the target
+        layer's input norm. EAGLE-1's first layer keeps no input norm.
+        """
+        base = target.base_model
+        stack = getattr(base, "layers", None) or getattr(base, "h", None)
+        if stack is None:
+            raise UserError(
+                f"{type(target).__name__} exposes no decoder layers; use draft.init_from_target=false"
+            )
+        H = self.target_fingerprint.hidden_size
+        for mine, theirs in zip(self.layers, list(stack)[-len(self.layers) :]):
+            src = {k: v.detach() for k, v in theirs.state_dict().items()}
+            own = mine.state_dict()
+            for name, value in own.items():
+                if name not in src:
+                    continue
+                w = src[name].to(value.dtype)
+                if w.shape != value.shape and value.dim() == 2 and value.shape[1] == 2 * H:
+                    half = torch.randn_like(w) * embed_scale if embed_scale > 0 else torch.zeros_like(w)
+                    w = torch.cat([half, w], dim=1)  # [embedding half, feature half]
+                if w.shape == value.shape:
+                    value.copy_(w)
+        if self.version == 3:
+            norm = _input_norm(list(stack)[-len(self.layers)])
+            self.hidden_norm.load_state_dict(
+                {
+                    k: v.to(p.dtype)
+                    for (k, v), p in zip(norm.state_dict().items(), self.hidden_norm.state_dict().values())
+                }
+            )
+
     # ---- compute ---------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         emb = self._shared.get("embed") or (self.embed_tokens if self.save_shared else self.shared("embed"))

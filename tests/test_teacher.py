@@ -1,5 +1,6 @@
 """Teacher-forced data (``data=teacher``): text the target did not write, labelled by the
-target's own top-k distribution at every position, and EAGLE-3 learning that distribution."""
+target's own top-k distribution at every position, and EAGLE-3 learning that distribution; the
+EAGLE layer initialised from the target's last layer."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from draftheads.data.prepare import prepare_dataset
 from draftheads.heads.features import target_features
 from draftheads.train.batching import collate
 from draftheads.train.modules import EagleObjective
-from draftheads.train.recipe import build_drafter
+from draftheads.train.recipe import TrainRecipe, build_drafter
 from tests.conftest import get_target
 
 TOPK = 8
@@ -93,3 +94,26 @@ def test_teacher_rows_carry_the_targets_own_topk_and_one_step_learns_it(teacher_
     swapped = dict(batch, topk_logits=batch["topk_logits"] * 1000)
     with torch.no_grad():
         assert not torch.isclose(objective(swapped)[0], after)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_init_from_target_starts_the_drafter_layer_as_the_targets_last_layer(tmp_path, version):
+    from tests.test_train_recipe import config, make_rows
+
+    model, _ = get_target("llama")
+    H = model.config.hidden_size
+    draft = "draft=eagle3" if version == 3 else "draft=eagle"
+    last = model.model.layers[-1]
+    for init in (True, False):
+        cfg = config(
+            tmp_path, draft, f"draft.init_from_target={str(init).lower()}", name=f"v{version}-{init}"
+        )
+        layer = TrainRecipe(cfg, make_rows()).setup().drafter.layers[0]
+        same = torch.equal(layer.mlp.down_proj.weight, last.mlp.down_proj.weight)
+        q = layer.self_attn.q_proj.weight
+        if version == 3:  # [embedding half | feature half]
+            assert q.shape[1] == 2 * H
+            assert same == init and torch.equal(q[:, H:], last.self_attn.q_proj.weight) == init
+            assert bool((q[:, :H] == 0).all()) == init
+        else:
+            assert same == init and torch.equal(q, last.self_attn.q_proj.weight) == init

@@ -227,6 +227,9 @@ class TrainRecipe:
                 d.set_vocab(ids)
                 d.init_lm_head_from_target()
                 self.data_info["draft_vocab_coverage"] = round(vocab_coverage(counts, ids), 4)
+        if self.cfg.draft.kind == "eagle" and self.cfg.draft.init_from_target:
+            with gathered(list(self.target.parameters()), self.stage):
+                d.init_from_target(self.target)
 
     # ---- train -----------------------------------------------------------------------
     def batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:

@@ -86,6 +86,9 @@ class DraftConfig:
     # EAGLE-1 only: fc over concat(embedding, feature) with a bias. vLLM builds this fc without
     # one (and drops fc.bias), so a drafter meant for vLLM is trained with fc_bias=false.
     fc_bias: bool = True
+    # EAGLE: start the decoder layer(s) as the target's last layer(s); EAGLE-3's widened q/k/v
+    # hold the target's weights in the feature half and zeros in the embedding half
+    init_from_target: bool = False
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""
