@@ -22,11 +22,14 @@ from __future__ import annotations
 import json
 import math
 import random
+import shlex
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from draftheads.bench import study
 from draftheads.bench.report import scaling_plot, summary_lines, write_docs
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.errors import UserError
@@ -311,7 +314,8 @@ def main_point(results: dict[str, Any], kind: str) -> list[dict]:
     return [
         {
             "answer_tokens": train["answer_tokens"],
-            "steps": train["steps"],
+            "steps": train.get("steps"),
+            "epochs": train.get("epochs"),
             "tau": report["tau"],
             "prompts": report["num_prompts"],
         }
@@ -326,14 +330,23 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     target, tok = load_target(cfg.target)
     H = target.config.hidden_size
-    data_dirs = stage_distill(cfg, b, target, tok)
-    cache = stage_features(cfg, b, target, tok, data_dirs)
-    results: dict[str, Any] = {"drafters": {}, "scaling": [], "train": {}}
+    data_dirs = stage_distill(cfg, b, target, tok) if b.distill_prompts else []
+    if b.teacher_tokens:
+        cache = study.stage_teacher(cfg, b, target, tok, data_dirs)
+    else:
+        cache = stage_features(cfg, b, target, tok, data_dirs)
+    results: dict[str, Any] = {"drafters": {}, "scaling": [], "train": {}, "ablations": {}}
     for kind in b.drafters:
         heads = Path(b.out_dir) / kind
-        rows = load_rows(cache, H, "last" if kind == "medusa" else "all")
-        stage_train(cfg, b, kind, rows, b.medusa_steps if kind == "medusa" else b.eagle_steps, heads)
-        del rows
+        if b.teacher_tokens and kind == "eagle3":  # streamed from the cache, equal compute to scaling
+            tokens = json.loads((cache / ".done").read_text())["answer_tokens"]
+            epochs = b.scaling_compute / max(tokens, 1)
+            study.train_on(cfg, b, target, cache, heads, tokens, epochs)
+        else:
+            limit = b.medusa_tokens if b.teacher_tokens and kind == "medusa" else None
+            rows = load_rows(cache, H, "last" if kind == "medusa" else "all", max_tokens=limit)
+            stage_train(cfg, b, kind, rows, b.medusa_steps if kind == "medusa" else b.eagle_steps, heads)
+            del rows
         results["train"][kind] = json.loads((heads / ".done").read_text())
         if kind == "medusa":
             stage_tree(cfg, target, tok, heads)
@@ -345,7 +358,11 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
                 reports[name] = rep
         results["drafters"][kind] = reports
     eagle = next((k for k in b.drafters if k in EAGLE_KINDS), None)
-    if eagle and b.scaling_tokens:
+    if b.teacher_tokens:
+        points = study.stage_scaling(cfg, b, target, tok, cache)
+        results["scaling"] = points + (main_point(results, eagle) if eagle == "eagle3" else [])
+        results["ablations"] = study.stage_ablations(cfg, b, target, tok, cache)
+    elif eagle and b.scaling_tokens:
         results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle) + main_point(results, eagle)
     results["seconds"] = time.perf_counter() - t0
     return results
@@ -355,6 +372,7 @@ def bench(cfg: BenchArgs) -> None:
     """``make bench``: the whole pipeline at benchmark size; writes ``bench.docs``."""
     b = cfg.bench
     results = pipeline(cfg, b)
+    results["command"] = command_line()
     out = Path(b.out_dir)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     if results["scaling"]:
@@ -363,6 +381,12 @@ def bench(cfg: BenchArgs) -> None:
         write_docs(results, b, Path(b.docs))
         log(f"results written to {b.docs}")
     print(summary_lines(results))
+
+
+def command_line() -> str:
+    """The command that ran the bench: ``draftheads bench`` with its overrides."""
+    args = sys.argv[1:]
+    return shlex.join(["draftheads", *args]) if args[:1] == ["bench"] else "draftheads bench"
 
 
 def demo(cfg: BenchArgs) -> None:
@@ -375,6 +399,7 @@ def demo(cfg: BenchArgs) -> None:
         out_dir="outputs/demo",
         distill_prompts=128,
         self_prompts=0,
+        teacher_tokens=0,
         distill_new_tokens=128,
         drafters=["eagle3"],
         eagle_steps=90,

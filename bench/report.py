@@ -43,6 +43,8 @@ def summary_lines(results: dict[str, Any]) -> str:
             lines.append(line)
     for p in results.get("scaling", []):
         lines.append(f"scaling: {p['answer_tokens']} answer tokens -> τ {p['tau']:.2f}")
+    for name, r in results.get("ablations", {}).items():
+        lines.append(f"ablation {name}: τ {r['tau']:.2f}")
     return "\n".join(lines)
 
 
@@ -117,18 +119,68 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
             "",
             "## τ against training data (EAGLE drafter, held-out prompts)",
             "",
-            "| answer tokens | steps | τ |",
-            "|---|---|---|",
+            "Distinct answer tokens against epochs; with teacher-forced data every point has the same "
+            "compute (answer tokens x epochs).",
+            "",
+            "| answer tokens | epochs | steps | τ |",
+            "|---|---|---|---|",
         ]
         for p in results["scaling"]:
-            lines.append(f"| {p['answer_tokens']} | {p['steps']} | {p['tau']:.2f} |")
+            epochs = "" if p.get("epochs") is None else f"{p['epochs']:.2f}"
+            lines.append(f"| {p['answer_tokens']} | {epochs} | {p.get('steps') or ''} | {p['tau']:.2f} |")
         lines += ["", f"Plot: `{Path(b.out_dir) / 'scaling.png'}`."]
+    if results.get("ablations"):
+        lines += [
+            "",
+            "## Recipe ablations (equal data and compute, held-out prompts)",
+            "",
+            "| row | overrides | answer tokens | epochs | τ |",
+            "|---|---|---|---|---|",
+        ]
+        for name, r in results["ablations"].items():
+            over = " ".join(r.get("overrides", [])) or "(bench recipe)"
+            lines.append(f"| {name} | `{over}` | {r['answer_tokens']} | {r['epochs']:.2f} | {r['tau']:.2f} |")
     lines += [
         "",
         "Reproduce: `make bench` (or `draftheads bench bench.out_dir=outputs/bench`); stages are cached "
         "under `bench.out_dir`, so a rerun skips what is done.",
     ]
     replace_section(path, "\n".join(lines))
+    write_figures(results, settings, path.with_suffix(".json"))
+
+
+def figures(results: dict[str, Any]) -> dict[str, Any]:
+    """Every figure of the tables: training, acceptance and speed per drafter and prompt set,
+    Spec-Bench per category, the scaling points and the ablation rows."""
+    keys = ("tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "greedy_identical", "num_turns")
+    drafters = {
+        kind: {
+            name: {
+                **{k: r.get(k) for k in keys},
+                "pld": {k: r["pld"].get(k) for k in ("tau", "speedup")} if "pld" in r else None,
+                "per_category": {
+                    c: {k: v.get(k) for k in ("tau", "speedup")}
+                    for c, v in (r.get("per_category") or {}).items()
+                },
+            }
+            for name, r in reports.items()
+        }
+        for kind, reports in results["drafters"].items()
+    }
+    return {
+        "train": results["train"],
+        "drafters": drafters,
+        "scaling": results.get("scaling", []),
+        "ablations": results.get("ablations", {}),
+        "seconds": results.get("seconds"),
+    }
+
+
+def write_figures(results: dict[str, Any], settings: dict[str, Any], path: Path) -> None:
+    """``docs/benchmarks.json``: the figures of ``docs/benchmarks.md`` with the command and settings."""
+    record = {"command": results.get("command", "draftheads bench"), "settings": settings, **figures(results)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
 
 
 BEGIN, END = "<!-- bench:begin (written by draftheads bench) -->", "<!-- bench:end -->"

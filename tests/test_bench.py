@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -22,6 +24,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         self_prompts=0,
         distill_new_tokens=12,
         distill_batch_size=4,
+        teacher_tokens=0,
         medusa_steps=4,
         eagle_steps=4,
         scaling_tokens=[],
@@ -113,3 +116,73 @@ def test_speed_dynamic_setting_names_a_malformed_value(capsys):
     assert main(["speed", "heads=x", "speed.dynamic=[[4,4]]"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: speed.dynamic entry [4, 4]") and "[top_k_draft,depth,total_tokens]" in err
+
+
+@pytest.mark.slow
+def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, tiny_llama, monkeypatch):
+    """Teacher-forced cache, main EAGLE-3 from disk, two scaling points at equal compute, one
+    ablation row; deleting a later stage and rerunning recomputes only that stage."""
+    cfg = parse(["bench", "target=tiny-llama", "data.max_rows=12"]).args
+    out = tmp_path / "bench"
+    b = replace(
+        cfg.bench,
+        out_dir=str(out),
+        shared_data=str(tmp_path / "no-shared-data"),
+        distill_prompts=0,
+        teacher_tokens=1500,
+        topk=8,
+        shard_mb=0.1,
+        drafters=["eagle3"],
+        scaling_tokens=[300, 700],
+        scaling_compute=1400,
+        ablations=["eagle3 init from target"],
+        ablation_tokens=300,
+        ablation_epochs=1.0,
+        eval_sets=["heldout"],
+        eval_prompts=2,
+        eval_new_tokens=8,
+        baselines=[],
+        docs="",
+    )
+    results = pipeline(cfg, b)
+    teacher = json.loads((out / "teacher" / ".done").read_text())
+    assert (
+        teacher["answer_tokens"] >= 1500
+        and json.loads((out / "teacher" / "manifest.json").read_text())["topk"] == 8
+    )
+    *subsets, main = results["scaling"]
+    assert [p["answer_tokens"] for p in subsets] == sorted(p["answer_tokens"] for p in subsets)
+    assert all(abs(p["answer_tokens"] - n) <= 400 for p, n in zip(subsets, b.scaling_tokens))
+    # equal compute: answer tokens x epochs is the same for every point, the main drafter included
+    for p in [*subsets, main]:
+        assert p["answer_tokens"] * p["epochs"] == pytest.approx(1400)
+    assert main["answer_tokens"] == teacher["answer_tokens"] and main["tau"] >= 1.0
+    row = results["ablations"]["eagle3 init from target"]
+    assert row["overrides"] == ["draft.init_from_target=true"] and row["tau"] >= 1.0
+
+    # interrupted: a later stage's output is gone; the rerun redoes that stage only
+
+    shutil.rmtree(out / "scaling" / "eagle3-700")
+    calls = []
+    real = __import__("draftheads.train.recipe", fromlist=["train"]).train
+    monkeypatch.setattr(
+        "draftheads.train.recipe.train", lambda c, rows=None: calls.append(c) or real(c, rows=rows)
+    )
+
+    def no_features(*a, **k):
+        raise AssertionError("the feature cache was built again")
+
+    monkeypatch.setattr("draftheads.data.cache.build_feature_cache", no_features)
+    again = pipeline(cfg, b)
+    assert [c.train.output_dir for c in calls] == [str(out / "scaling" / "eagle3-700" / "drafter")]
+    assert again["ablations"]["eagle3 init from target"]["tau"] == row["tau"]
+
+    docs = tmp_path / "docs" / "benchmarks.md"
+    write_docs(again, b, docs)
+    record = json.loads(docs.with_suffix(".json").read_text())
+    assert record["command"].startswith("draftheads bench")
+    assert [p["tau"] for p in record["scaling"]] == [p["tau"] for p in again["scaling"]]
+    assert record["ablations"]["eagle3 init from target"]["tau"] == row["tau"]
+    assert record["drafters"]["eagle3"]["heldout"]["tau"] == again["drafters"]["eagle3"]["heldout"]["tau"]
+    text = docs.read_text()
+    assert "## Recipe ablations" in text and "| eagle3 init from target |" in text

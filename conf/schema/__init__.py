@@ -21,27 +21,62 @@ class BenchConfig:
     """``draftheads bench`` / ``draftheads demo``: the end-to-end pipeline on the embedded target.
 
     Stages cache their outputs under ``out_dir`` (distilled data, features, drafters, reports),
-    so a rerun skips what is done. ``shared_data`` is the development data folder (Spec-Bench,
-    GSM8K, CodeAlpaca); absent, those sets are skipped with a message.
+    so a rerun skips what is done and continues an interrupted training run from its last
+    checkpoint (``save_every``). ``shared_data`` is the optional data folder (Spec-Bench, GSM8K,
+    CodeAlpaca); absent, those sets are skipped with a message.
+
+    With ``teacher_tokens > 0`` the drafters train on teacher-forced text (``data=teacher``: the
+    embedded components, GSM8K and CodeAlpaca when present, and any distilled answers), labelled
+    by the target's top-``topk`` logits; EAGLE-3 streams that cache from disk.
+
+    **Time on 2 CPU cores (measured rates).** features ~400 tokens/s, EAGLE-3 training ~320
+    tokens/s (more with top-k labels), distillation ~100 new tokens/s. Rates count every row
+    token; teacher-forced rows are ~57% answer tokens, so 1 answer token ~ 1.75 row tokens.
+
+    * distillation: 0 prompts by default (teacher-forced text replaces it): 0 min;
+    * features: 500k answer tokens ~ 875k row tokens / 400 = 2190 s ~ 37 min;
+    * EAGLE-3, 500k distinct answer tokens x 1 epoch (``scaling_compute``) ~ 875k / 320 =
+      2730 s ~ 46 min (~36 min at 400 tokens/s with top-k labels);
+    * Medusa, ``medusa_steps`` 150 at ~5 s = 13 min; evaluation (held-out 20, Spec-Bench 13,
+      GSM8K 20 prompts x 128 tokens, 2 drafters + baselines) ~ 15 min;
+    * total ~ 110 min: within 2 hours.
+
+    A scaling point costs as much as the main EAGLE-3 run (equal compute, ~40 min), an
+    ablation row ``ablation_tokens x ablation_epochs`` = 136k answer-token passes ~ 240k row
+    tokens ~ 12 min: they do not fit beside the main run, so they are off by default and are
+    added by a rerun (cached stages only add what is new): ``bench.scaling_tokens=[68000,150000]``
+    (~80 min; the 500k point is the main drafter) and ``bench.ablations=[all]`` (10 rows, ~2 h).
     """
 
     out_dir: str = "outputs/bench"
     shared_data: str = "../shared/data"
     # distillation: prompts answered greedily by the target (embedded train split, plus GSM8K
     # train and CodeAlpaca when shared_data exists), and target-written prompts
-    distill_prompts: int = 1500
-    self_prompts: int = 256
+    distill_prompts: int = 0
+    self_prompts: int = 0
     distill_new_tokens: int = 192
     distill_batch_size: int = 32
+    # teacher-forced answer tokens in the feature cache (0: train on the distilled data only)
+    teacher_tokens: int = 500_000
+    topk: int = 64
+    shard_mb: float = 64.0
+    save_every: int = 200
     drafters: list[str] = field(default_factory=lambda: ["medusa", "eagle3"])
-    medusa_steps: int = 1500
+    medusa_steps: int = 150
+    medusa_tokens: int = 68_000
     eagle_steps: int = 1500
-    # tau against training tokens (EAGLE drafter), each point a fresh run on a subset
-    scaling_tokens: list[int] = field(default_factory=lambda: [30000, 100000, 300000])
+    # tau against distinct answer tokens at equal compute (answer tokens x epochs = scaling_compute);
+    # without teacher data: tau against training tokens, each point a fresh run on a subset
+    scaling_tokens: list[int] = field(default_factory=list)
+    scaling_compute: int = 500_000
     scaling_steps_per_10k_tokens: int = 40
+    # recipe switches at equal data (rows of draftheads.bench.study.ABLATIONS, or [all])
+    ablations: list[str] = field(default_factory=list)
+    ablation_tokens: int = 68_000
+    ablation_epochs: float = 2.0
     eval_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench", "gsm8k_test"])
     eval_prompts: int = 20
-    spec_bench_per_category: int = 2
+    spec_bench_per_category: int = 1
     eval_new_tokens: int = 128
     # run once, with the first drafter (they do not depend on the drafter)
     baselines: list[str] = field(default_factory=lambda: ["pld"])

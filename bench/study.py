@@ -1,0 +1,247 @@
+"""The bench's teacher-forced stages: one feature cache of text the target did not write, the
+main EAGLE-3 drafter trained on it from the disk, τ at equal compute for more distinct data
+against more epochs (scaling), and one row per recipe switch at equal data (ablations).
+
+Every stage is a folder under ``bench.out_dir`` marked done when finished; training runs save
+checkpoints, so a rerun skips finished stages and continues an interrupted one.
+
+Subsets of the cache are *views*: a folder whose manifest lists the first shards of the full
+cache (rows are interleaved across components, so every prefix is a balanced mixture and the
+smaller subsets are nested in the larger ones). Nothing is copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from draftheads.conf.commands.args import BenchArgs
+from draftheads.conf.schema import BenchConfig
+from draftheads.conf.schema.heads import DraftConfig
+
+ANSWER_TOKENS = "answer_tokens.json"  # per shard of the teacher cache: trained (answer) tokens
+# recipe switches, each a row of overrides on the bench's EAGLE-3 (or Medusa) recipe
+ABLATIONS: dict[str, list[str]] = {
+    "eagle3": [],
+    "eagle3 init from target": ["draft.init_from_target=true"],
+    "eagle3 ttt 7": ["draft.ttt_steps=7"],
+    "eagle3 vocab 16k": ["draft.draft_vocab_size=16384"],
+    "eagle3 vocab 32k": ["draft.draft_vocab_size=32768"],
+    "eagle3 full labels": ["train.soft_labels=full"],
+    "medusa": ["draft=medusa"],
+    "medusa 3 heads": ["draft=medusa", "draft.num_heads=3"],
+    "medusa 2 resblocks": ["draft=medusa", "draft.num_layers=2"],
+    "medusa-2": ["draft=medusa2"],
+}
+
+
+def ablation_rows(names: list[str]) -> dict[str, list[str]]:
+    """The named rows of :data:`ABLATIONS` (``all``: every row), refusing unknown names."""
+    from draftheads.conf.errors import UserError
+
+    if names == ["all"]:
+        return dict(ABLATIONS)
+    bad = [n for n in names if n not in ABLATIONS]
+    if bad:
+        raise UserError(f"bench.ablations: unknown rows {bad}; use all or some of {list(ABLATIONS)}")
+    return {n: ABLATIONS[n] for n in names}
+
+
+# ---- the teacher-forced cache --------------------------------------------------------------
+def interleave(lengths: list[int], seed: int) -> list[tuple[int, int]]:
+    """``(part, row)`` pairs: each part shuffled, then merged in proportion, so that every prefix
+    holds each part's share of the rows."""
+    rng = random.Random(seed)
+    keyed = []
+    for k, n in enumerate(lengths):
+        order = list(range(n))
+        rng.shuffle(order)
+        keyed += [((j + 0.5) / n, k, row) for j, row in enumerate(order)]
+    return [(k, row) for _, k, row in sorted(keyed)]
+
+
+def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok, extra: list[Path]):
+    """Distinct teacher-forced rows (``data=teacher`` plus distilled folders ``extra``), interleaved
+    across components and cut at ``bench.teacher_tokens`` answer tokens."""
+    import datasets
+
+    from draftheads.bench.pipeline import compose, log
+    from draftheads.data.prepare import absent, prepare_dataset
+
+    data = replace(
+        compose(["data=teacher", f"data.data_dir={b.shared_data}"]).data, max_rows=cfg.data.max_rows
+    )
+    comps = [dict(c) for c in data.mixture if c["name"] != "self"]
+    comps += [{"name": d.name, "path": str(d)} for d in extra]
+    parts = []
+    for comp in comps:
+        if absent(comp, data.data_dir):
+            log(f"teacher: {comp['name']} left out ({comp['path']} absent)")
+            continue
+        ds, _ = prepare_dataset(replace(data, mixture=[{**comp, "weight": 1}]), tok, "train")
+        parts.append(ds.select_columns(["input_ids", "loss_mask"]))
+    order = interleave([len(p) for p in parts], 0)
+    offsets = [sum(len(p) for p in parts[:k]) for k in range(len(parts))]
+    picked, tokens = [], 0
+    loss = [p["loss_mask"] for p in parts]
+    for k, row in order:
+        if tokens >= b.teacher_tokens:
+            break
+        picked.append(offsets[k] + row)
+        tokens += sum(loss[k][row])
+    return datasets.concatenate_datasets(parts).select(picked), tokens
+
+
+def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok, extra: list[Path]) -> Path:
+    """The feature cache of the teacher-forced rows: EAGLE-3's layers and the target's top-k."""
+    from draftheads.bench.pipeline import done, log, mark_done
+    from draftheads.data.cache import build_feature_cache, read_manifest
+    from draftheads.heads.target import fingerprint
+
+    out = Path(b.out_dir) / "teacher"
+    if done(out):
+        return out
+    ds, tokens = teacher_dataset(cfg, b, tok, extra)
+    log(f"teacher: {len(ds)} rows, {tokens} distinct answer tokens, top-{b.topk} logits")
+    layers = DraftConfig(kind="eagle", version=3).training_layers(fingerprint(target).num_layers)
+    build_feature_cache(target, tok, ds, out, layers, topk=b.topk, shard_mb=b.shard_mb, batch_tokens=2048)
+    loss = [sum(m) for m in ds["loss_mask"]]
+    shards = read_manifest(out)["shards"]
+    (out / ANSWER_TOKENS).write_text(json.dumps([sum(loss[a:z]) for a, z in (s["rows"] for s in shards)]))
+    mark_done(out, {"rows": len(ds), "answer_tokens": tokens})
+    return out
+
+
+def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
+    """A cache folder reading the first shards of ``cache`` up to about ``max_tokens`` answer
+    tokens (at least one shard); returns its answer tokens."""
+    from draftheads.data.cache import MANIFEST, read_manifest, write_json
+
+    m = read_manifest(cache)
+    per_shard = json.loads((cache / ANSWER_TOKENS).read_text())
+    k, tokens = 0, 0
+    while k < len(per_shard) and (k == 0 or tokens + per_shard[k] / 2 <= max_tokens):
+        tokens += per_shard[k]
+        k += 1
+    shards = [{**s, "file": os.path.relpath(cache / s["file"], out)} for s in m["shards"][:k]]
+    rows = shards[-1]["rows"][1]
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(
+        out / MANIFEST,
+        {**m, "shards": shards, "num_rows": rows, "num_loss_tokens": tokens, "view_of": str(cache)},
+    )
+    return tokens
+
+
+# ---- training and τ ------------------------------------------------------------------------
+def recipe(kind: str, out: Path, extra: list[str], save_every: int) -> list[str]:
+    """The bench's training overrides for ``kind`` plus a row's ``extra`` (which win)."""
+    from draftheads.bench.pipeline import train_overrides
+
+    base = [
+        o for o in train_overrides(kind, out, 1) if not o.startswith(("train.max_steps", "train.save_every"))
+    ]
+    keys = {o.split("=", 1)[0] for o in extra}
+    return [*(o for o in base if o.split("=", 1)[0] not in keys), *extra, f"train.save_every={save_every}"]
+
+
+def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tokens: int, epochs: float,
+             extra: list[str] = ()) -> dict:  # fmt: skip
+    """One cached training run on the answer tokens of ``cache`` (EAGLE: streamed from disk;
+    Medusa: its final states in memory), ``epochs`` passes; returns its ``.done`` record."""
+    import time
+
+    from draftheads.bench.pipeline import compose, done, load_rows, log, mark_done, target_group
+    from draftheads.train.recipe import train
+
+    if done(out):
+        return json.loads((out / ".done").read_text())
+    medusa = any(o.startswith("draft=medusa") for o in extra)
+    kind = "medusa" if medusa else "eagle3"
+    over = recipe(kind, out, list(extra), b.save_every)
+    over += [f"train.epochs={epochs:g}", "train.progress=false"]
+    rows = None
+    if medusa:
+        rows = load_rows(cache, target.config.hidden_size, "last")
+    else:
+        over += ["train.features=offline", f"train.feature_cache={cache}"]
+    log(f"train {out.name}: {tokens} answer tokens x {epochs:.2f} epochs {' '.join(extra)}")
+    t0 = time.perf_counter()
+    tcfg = compose([f"target={target_group(cfg)}", *over])
+    tcfg.target = cfg.target
+    train(tcfg, rows=rows)
+    info = {
+        "seconds": time.perf_counter() - t0,
+        "answer_tokens": tokens,
+        "epochs": epochs,
+        "overrides": list(extra),
+    }
+    mark_done(out, info)
+    return info
+
+
+def heldout_tau(cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path) -> dict:
+    """τ of ``heads`` on the held-out prompts (cached in ``tau.json`` beside it)."""
+    from draftheads.bench.pipeline import eval_prompts
+    from draftheads.decode import SpeculativeGenerator
+    from draftheads.decode.prompting import encode_prompt
+    from draftheads.heads import Drafter
+
+    path = heads.parent / "tau.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok)
+    gen = SpeculativeGenerator(target, drafter, tokenizer=tok, config=cfg.decode)
+    accepted, steps, prompts = 0, 0, eval_prompts("heldout", b, tok)
+    for p in prompts:
+        ids = encode_prompt(tok, p.turns[0]).to(next(target.parameters()).device)
+        gen.generate(ids, max_new_tokens=b.eval_new_tokens)
+        accepted += sum(gen.last_stats.accepted_lengths)
+        steps += len(gen.last_stats.accepted_lengths)
+    result = {"tau": accepted / max(steps, 1), "prompts": len(prompts)}
+    path.write_text(json.dumps(result) + "\n")
+    return result
+
+
+def point(
+    cfg, b, target, tok, cache: Path, folder: Path, tokens: int, compute: int, extra=()
+) -> dict[str, Any]:
+    """Train on the first ``tokens`` answer tokens of ``cache`` for ``compute`` answer-token
+    passes (epochs = compute / tokens), then τ on held-out prompts."""
+    have = cache_view(cache, folder / "cache", tokens)
+    epochs = compute / max(have, 1)
+    info = train_on(cfg, b, target, folder / "cache", folder / "drafter", have, epochs, list(extra))
+    return {**info, **heldout_tau(cfg, b, target, tok, folder / "drafter"), "compute": compute}
+
+
+def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> list[dict]:
+    """τ at equal compute (``bench.scaling_compute`` answer-token passes) for each of
+    ``bench.scaling_tokens`` distinct answer tokens: more data against more epochs."""
+    from draftheads.bench.pipeline import log
+
+    points = []
+    for n in b.scaling_tokens:
+        p = point(
+            cfg, b, target, tok, cache, Path(b.out_dir) / "scaling" / f"eagle3-{n}", n, b.scaling_compute
+        )
+        log(f"scaling: {p['answer_tokens']} tokens x {p['epochs']:.2f} epochs -> tau {p['tau']:.2f}")
+        points.append(p)
+    return points
+
+
+def stage_ablations(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> dict[str, dict]:
+    """One row per recipe switch, all on the same ``bench.ablation_tokens`` answer tokens and
+    ``bench.ablation_epochs`` passes (equal data, equal compute)."""
+    from draftheads.bench.pipeline import log
+
+    rows = {}
+    for name, extra in ablation_rows(list(b.ablations)).items():
+        folder = Path(b.out_dir) / "ablations" / name.replace(" ", "-")
+        compute = round(b.ablation_tokens * b.ablation_epochs)
+        rows[name] = point(cfg, b, target, tok, cache, folder, b.ablation_tokens, compute, extra)
+        log(f"ablation {name}: tau {rows[name]['tau']:.2f}")
+    return rows
