@@ -283,13 +283,8 @@ def distill(
     ids = [p.id for p in kept]
     order = sorted(kept, key=sort_key)
     batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-    bar = tqdm(
-        total=len(kept),
-        initial=len(done & set(ids)),
-        unit="row",
-        disable=not show_progress,
-        desc="distill",
-    )
+    initial = len(done & set(ids))
+    bar = tqdm(total=len(kept), initial=initial, unit="row", disable=not show_progress, desc="distill")
     new_tokens = 0
     try:
         with on_backend(model, cfg.backend):
@@ -372,33 +367,29 @@ def answer_batch(
 def roundtrip_changes(out: Path, tokenizer) -> dict:
     """How much distilled text changes when decoded and tokenized again: rows and answers whose
     generated ids (``answer_ids``) differ from ``encode(decode(ids))``, over every shard row."""
-    counts = {"rows": 0, "rows_changed": 0, "answers": 0, "answers_changed": 0, "tokens": 0}
-    for shard in sorted(Path(out).glob("shard-*.jsonl")):
-        for line in shard.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
-            answers = row.get("answer_ids") or []
-            changed = 0
-            for ids in answers:
-                text = tokenizer.decode(ids, skip_special_tokens=True)
-                changed += tokenizer(text, add_special_tokens=False)["input_ids"] != ids
-                counts["tokens"] += len(ids)
-            counts["rows"] += bool(answers)
-            counts["rows_changed"] += changed > 0
-            counts["answers"] += len(answers)
-            counts["answers_changed"] += changed
-    return counts
+    rows = [
+        json.loads(line) for f in sorted(Path(out).glob("shard-*.jsonl")) for line in f.open(encoding="utf-8")
+    ]
+    answers = [r.get("answer_ids") or [] for r in rows]
+    redo = [[tokenizer(tokenizer.decode(i, skip_special_tokens=True), add_special_tokens=False)["input_ids"] != i
+             for i in a] for a in answers]  # fmt: skip
+    return {
+        "rows": sum(map(bool, answers)),
+        "rows_changed": sum(map(any, redo)),
+        "answers": sum(map(len, answers)),
+        "answers_changed": sum(map(sum, redo)),
+        "tokens": sum(len(i) for a in answers for i in a),
+    }
 
 
 def write_roundtrip(out: Path, tokenizer) -> dict:
     """Write :func:`roundtrip_changes` to ``roundtrip.json`` and say it on stderr."""
-    counts = roundtrip_changes(out, tokenizer)
-    (out / ROUNDTRIP).write_text(json.dumps(counts, indent=1) + "\n")
+    c = roundtrip_changes(out, tokenizer)
+    (out / ROUNDTRIP).write_text(json.dumps(c, indent=1) + "\n")
     print(
-        f"distill: {counts['rows_changed']} of {counts['rows']} rows tokenize differently once "
-        f"decoded ({counts['answers_changed']} of {counts['answers']} answers)",
-        file=sys.stderr,
+        f"distill: {c['rows_changed']} of {c['rows']} rows tokenize differently once decoded", file=sys.stderr
     )
-    return counts
+    return c
 
 
 def normalise(text: str) -> str:
