@@ -132,7 +132,13 @@ def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(
         out / MANIFEST,
-        {**m, "shards": shards, "num_rows": rows, "num_loss_tokens": tokens, "view_of": str(cache)},
+        {
+            **{k: v for k, v in m.items() if k != "num_tokens"},
+            "shards": shards,
+            "num_rows": rows,
+            "num_loss_tokens": tokens,
+            "view_of": str(cache),
+        },
     )
     return tokens
 

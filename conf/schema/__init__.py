@@ -27,7 +27,9 @@ class BenchConfig:
 
     With ``teacher_tokens > 0`` the drafters train on teacher-forced text (``data=teacher``: the
     embedded components, GSM8K and CodeAlpaca when present, and any distilled answers), labelled
-    by the target's top-``topk`` logits; EAGLE-3 streams that cache from disk.
+    by the target's top-``topk`` logits; EAGLE-3 streams that cache from disk. The embedded
+    components alone hold about 350k answer tokens; 500k needs GSM8K or CodeAlpaca in
+    ``shared_data`` (1.47M with both).
 
     **Time on 2 CPU cores (measured rates).** features ~400 tokens/s, EAGLE-3 training ~320
     tokens/s (more with top-k labels), distillation ~100 new tokens/s. Rates count every row
