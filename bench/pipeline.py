@@ -327,6 +327,7 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
     """Run (or resume) every stage; returns what the docs page is written from."""
     from draftheads.heads.target import load_target
 
+    study.ablation_rows(list(b.ablations))  # an unknown row name fails before any stage runs
     t0 = time.perf_counter()
     target, tok = load_target(cfg.target)
     H = target.config.hidden_size

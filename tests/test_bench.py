@@ -11,6 +11,7 @@ import pytest
 from draftheads.bench.pipeline import load_rows, pipeline
 from draftheads.bench.report import BEGIN, END, replace_section, summary_lines, write_docs
 from draftheads.conf.cli import main, parse
+from draftheads.conf.errors import UserError
 
 
 @pytest.mark.slow
@@ -186,3 +187,13 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     assert record["drafters"]["eagle3"]["heldout"]["tau"] == again["drafters"]["eagle3"]["heldout"]["tau"]
     text = docs.read_text()
     assert "## Recipe ablations" in text and "| eagle3 init from target |" in text
+
+
+def test_an_unknown_ablation_row_is_refused_before_any_stage(tmp_path):
+    cfg = parse(["bench", "target=tiny-llama"]).args
+    b = replace(cfg.bench, out_dir=str(tmp_path / "bench"), ablations=["eagle3 ttt 9"])
+    with pytest.raises(
+        UserError, match=r"bench.ablations: unknown rows \['eagle3 ttt 9'\]; use all or some of"
+    ):
+        pipeline(cfg, b)
+    assert not (tmp_path / "bench").exists()
