@@ -69,7 +69,7 @@ def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok, extra: list[Path]):
     across components and cut at ``bench.teacher_tokens`` answer tokens."""
     import datasets
 
-    from draftheads.bench.pipeline import compose, log
+    from draftheads.bench.stages import compose, log
     from draftheads.data.prepare import absent, prepare_dataset
 
     data = replace(
@@ -98,7 +98,7 @@ def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok, extra: list[Path]):
 
 def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok, extra: list[Path]) -> Path:
     """The feature cache of the teacher-forced rows: EAGLE-3's layers and the target's top-k."""
-    from draftheads.bench.pipeline import done, log, mark_done
+    from draftheads.bench.stages import done, log, mark_done
     from draftheads.data.cache import build_feature_cache, read_manifest
     from draftheads.heads.target import fingerprint
 
@@ -146,7 +146,7 @@ def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
 # ---- training and τ ------------------------------------------------------------------------
 def recipe(kind: str, out: Path, extra: list[str], save_every: int) -> list[str]:
     """The bench's training overrides for ``kind`` plus a row's ``extra`` (which win)."""
-    from draftheads.bench.pipeline import train_overrides
+    from draftheads.bench.stages import train_overrides
 
     base = [
         o for o in train_overrides(kind, out, 1) if not o.startswith(("train.max_steps", "train.save_every"))
@@ -161,7 +161,7 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
     Medusa: its final states in memory), ``epochs`` passes; returns its ``.done`` record."""
     import time
 
-    from draftheads.bench.pipeline import compose, done, load_rows, log, mark_done, target_group
+    from draftheads.bench.stages import compose, done, load_rows, log, mark_done, target_group
     from draftheads.train.recipe import train
 
     if done(out):
@@ -192,7 +192,7 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
 
 def heldout_tau(cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path) -> dict:
     """τ of ``heads`` on the held-out prompts (cached in ``tau.json`` beside it)."""
-    from draftheads.bench.pipeline import eval_prompts
+    from draftheads.bench.stages import eval_prompts
     from draftheads.decode import SpeculativeGenerator
     from draftheads.decode.prompting import encode_prompt
     from draftheads.heads import Drafter
@@ -227,7 +227,7 @@ def point(
 def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> list[dict]:
     """τ at equal compute (``bench.scaling_compute`` answer-token passes) for each of
     ``bench.scaling_tokens`` distinct answer tokens: more data against more epochs."""
-    from draftheads.bench.pipeline import log
+    from draftheads.bench.stages import log
 
     points = []
     for n in b.scaling_tokens:
@@ -242,7 +242,7 @@ def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> l
 def stage_ablations(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> dict[str, dict]:
     """One row per recipe switch, all on the same ``bench.ablation_tokens`` answer tokens and
     ``bench.ablation_epochs`` passes (equal data, equal compute)."""
-    from draftheads.bench.pipeline import log
+    from draftheads.bench.stages import log
 
     rows = {}
     for name, extra in ablation_rows(list(b.ablations)).items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from draftheads.bench.pipeline import compose, load_rows, target_group, train_overrides
+from draftheads.bench.stages import compose, load_rows, target_group, train_overrides
 from draftheads.conf.commands.args import TrainSpeedArgs
 from draftheads.conf.errors import UserError
 

@@ -1,0 +1,105 @@
+"""What every benchmark stage shares: logging, done markers, configs, cached rows and prompts.
+
+:mod:`draftheads.bench.pipeline` and :mod:`draftheads.bench.study` both build on these, so
+neither needs the other's internals.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from draftheads.conf.commands.args import BenchArgs
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema import BenchConfig, Config
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def done(path: Path) -> bool:
+    return (path / ".done").is_file()
+
+
+def mark_done(path: Path, info: dict[str, Any] | None = None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ".done").write_text(json.dumps(info or {}) + "\n")
+
+
+def compose(overrides: list[str]) -> Config:
+    """The typed root config for ``overrides`` (how a stage configures a training run)."""
+    from draftheads.conf.commands.compose import compose as compose_config
+
+    return compose_config(overrides)[0]
+
+
+def load_rows(cache_dir: Path, hidden: int, which: str, max_tokens: int | None = None) -> list[dict]:
+    """Rows for ``train(rows=...)``: features sliced to what the drafter reads, in fp32.
+
+    ``which``: ``last`` (Medusa: the final state) or ``all`` (EAGLE-3: three layers + final).
+    ``max_tokens`` keeps a fixed random subset of rows up to that many answer tokens.
+    """
+    from draftheads.data.cache import FeatureCache
+
+    cache = FeatureCache(cache_dir)
+    order = list(range(len(cache)))
+    random.Random(0).shuffle(order)
+    rows, tokens = [], 0
+    for i in order:
+        r = cache[i]
+        n = int(r["loss_mask"].sum())
+        if max_tokens is not None and tokens + n > max_tokens and rows:
+            break
+        f = r["features"][:, -hidden:] if which == "last" else r["features"]
+        rows.append({"input_ids": r["input_ids"], "loss_mask": r["loss_mask"], "features": f.float()})
+        tokens += n
+    return rows
+
+
+def answer_tokens(rows: list[dict]) -> int:
+    return int(sum(int(r["loss_mask"].sum()) for r in rows))
+
+
+def train_overrides(kind: str, out: Path, steps: int) -> list[str]:
+    common = [
+        f"train.output_dir={out}",
+        f"train.max_steps={steps}",
+        "logger=none",
+        "train.eval_every=0",
+        "train.save_every=0",
+        "train.warmup_steps=20",
+    ]
+    if kind == "medusa":
+        return ["draft=medusa", "train.lr=1e-3", *common]
+    if kind == "eagle3":
+        return ["draft=eagle3", "train.lr=1e-3", *common]
+    if kind == "eagle":
+        return ["draft=eagle", "train.lr=5e-4", *common]
+    raise UserError(f"bench.drafters: unknown drafter {kind!r}; use medusa, eagle or eagle3")
+
+
+def target_group(cfg: BenchArgs) -> str:
+    return f"tiny-{cfg.target.tiny}" if cfg.target.tiny else "smollm2"
+
+
+def eval_prompts(name: str, b: BenchConfig, tok) -> list:
+    """The prompts of one evaluation set; Spec-Bench takes the first N of every category."""
+    from draftheads.data.prompts import load_prompts
+
+    if name == "spec_bench":
+        path = Path(b.shared_data) / "spec_bench" / "question.jsonl"
+        if not path.is_file():
+            return []
+        rows = load_prompts(str(path), tokenizer=tok)
+        per: dict[str, list] = {}
+        for r in rows:
+            per.setdefault(r.category, []).append(r)
+        return [r for cat in sorted(per) for r in per[cat][: b.spec_bench_per_category]]
+    if name == "gsm8k_test":
+        path = Path(b.shared_data) / "gsm8k" / "test.jsonl"
+        return load_prompts(str(path), max_prompts=b.eval_prompts, tokenizer=tok) if path.is_file() else []
+    return load_prompts(name, max_prompts=b.eval_prompts, tokenizer=tok)
