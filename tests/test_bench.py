@@ -136,7 +136,7 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
         drafters=["eagle3"],
         scaling_tokens=[300, 700],
         scaling_compute=1400,
-        ablations=["eagle3 init from target"],
+        ablations=["eagle3 init from target", "medusa 3 heads"],
         ablation_tokens=300,
         ablation_epochs=1.0,
         eval_sets=["heldout"],
@@ -160,6 +160,9 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     assert main["answer_tokens"] == teacher["answer_tokens"] and main["tau"] >= 1.0
     row = results["ablations"]["eagle3 init from target"]
     assert row["overrides"] == ["draft.init_from_target=true"] and row["tau"] >= 1.0
+    medusa = results["ablations"]["medusa 3 heads"]  # Medusa rows train on the same cached tokens
+    assert medusa["overrides"] == ["draft=medusa", "draft.num_heads=3"]
+    assert medusa["answer_tokens"] == row["answer_tokens"] and medusa["tau"] >= 1.0
 
     # interrupted: a later stage's output is gone; the rerun redoes that stage only
 
