@@ -353,3 +353,20 @@ def test_load_prompts_from_shared_spec_bench():
     rows = load_prompts("spec_bench")
     assert len(rows) == 320 and sum(len(r.turns) == 2 for r in rows) == 80
     assert {r.category for r in rows} >= {"writing", "translation", "qa", "math_reasoning"}
+
+
+def test_an_absent_mixture_component_fails_unless_optional_and_in_data_dir_resolves(tmp_path, tokenizer):
+    (tmp_path / "sets").mkdir()
+    rows = [{"instruction": f"Say {i}.", "output": f"{i} said, as asked."} for i in range(3)]
+    (tmp_path / "sets" / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    here = {"name": "mine", "path": "sets/mine.jsonl", "in_data_dir": True}
+    gone = {"name": "gone", "path": str(tmp_path / "absent.jsonl")}
+    with pytest.raises(UserError, match="absent.jsonl does not exist"):
+        prepare_dataset(
+            DataConfig(mixture=[here, gone], data_dir=str(tmp_path), min_loss_tokens=1), tokenizer
+        )
+    cfg = DataConfig(mixture=[here, {**gone, "optional": True}], data_dir=str(tmp_path), min_loss_tokens=1)
+    ds, report = prepare_dataset(cfg, tokenizer)
+    assert [s.name for s in report.sources] == ["mine"] and report.sources[0].kept == 3
+    assert report.missing == [f"gone ({tmp_path / 'absent.jsonl'} absent)"]
+    assert set(ds["source"]) == {"mine"}
