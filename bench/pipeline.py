@@ -26,6 +26,7 @@ import shlex
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,9 @@ def distill_prompts(cfg: BenchArgs, b: BenchConfig) -> list:
 
 def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
     from draftheads.data.distill import distill, self_prompts
+    from draftheads.decode import backend
 
+    runner = partial(backend.running, cfg.data.distill.backend)
     out = Path(b.out_dir) / "distill"
     d = replace(
         cfg.data.distill,
@@ -79,16 +82,16 @@ def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
     dirs = [out / "prompts"]
     if not done(dirs[0]):
         log(f"distill: {b.distill_prompts} prompts, greedy, {b.distill_new_tokens} new tokens")
-        distill(target, tok, distill_prompts(cfg, b), replace(d, out_dir=str(dirs[0])))
+        distill(target, tok, distill_prompts(cfg, b), replace(d, out_dir=str(dirs[0])), runner=runner)
         mark_done(dirs[0])
     if b.self_prompts:
         dirs.append(out / "self")
         if not done(dirs[1]):
             log(f"distill: {b.self_prompts} target-written prompts, then their answers")
             sd = replace(d, out_dir=str(dirs[1]), source="self", self_prompts=b.self_prompts)
-            prompts, stats = self_prompts(target, tok, sd)
+            prompts, stats = self_prompts(target, tok, sd, runner=runner)
             log(f"target-written prompts: {json.dumps(stats)}")
-            distill(target, tok, prompts, sd, source="self")
+            distill(target, tok, prompts, sd, source="self", runner=runner)
             mark_done(dirs[1], stats)
     return dirs
 

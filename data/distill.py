@@ -29,7 +29,8 @@ straight run writes. A rerun with other settings is refused.
 token ids out). :func:`hf_generate` wraps the target's own ``model.generate``;
 :func:`decoder_generate` wraps any decoder with that calling convention (:data:`DecodeFn`, e.g.
 a speculative decoder's ``generate``), which the caller builds and passes in. The target's
-batched generation runs on ``data.distill.backend`` (:mod:`draftheads.decode.backend`).
+batched generation runs inside the ``runner`` the caller passes (the commands pass
+``data.distill.backend`` through :func:`draftheads.decode.backend.running`).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -73,6 +74,8 @@ GenerateFn = Callable[[list[list[int]], GenParams, int], tuple[list[list[int]], 
 # ``decode(input_ids, attention_mask=, max_new_tokens=, do_sample=, temperature=, top_p=,
 # eos_token_id=) -> ids [B, T + new]``: transformers' ``generate`` calling convention.
 DecodeFn = Callable[..., torch.Tensor]
+# how the target runs while generating: model -> a context manager (an execution backend)
+Runner = Callable[..., AbstractContextManager]
 
 
 def stop_ids(model, tokenizer) -> list[int]:
@@ -153,15 +156,9 @@ def decoder_generate(model, tokenizer, decode: DecodeFn | None = None) -> Genera
     return batched(model, tokenizer, run)
 
 
-@contextmanager
-def on_backend(model, name: str) -> Iterator[str]:
-    """Run the target on decoding backend ``name`` (resolved for its device and dtype) inside."""
-    from draftheads.decode import backend
-
-    p = next(model.parameters())
-    chosen = backend.resolve(name, p.device, p.dtype)
-    with backend.applied(chosen, model):
-        yield chosen
+def stock(model) -> AbstractContextManager:
+    """Run the target as it is (no execution backend): the default ``runner``."""
+    return nullcontext()
 
 
 def sort_key(row: PromptRow) -> int:
@@ -229,11 +226,13 @@ def distill(
     source: str = "data",
     show_progress: bool = True,
     decode: DecodeFn | None = None,
+    runner: Runner = stock,
 ) -> Path:
     """Answer every prompt with the target into ``cfg.out_dir`` (resuming), and return the directory.
 
     Generation goes through ``generate``, else through ``decode`` (see :func:`decoder_generate`),
-    else through the target's own ``generate``.
+    else through the target's own ``generate``; inside ``runner(model)`` (the caller's execution
+    backend, e.g. ``partial(draftheads.decode.backend.running, "auto")``).
     """
     from tqdm.auto import tqdm
 
@@ -287,7 +286,7 @@ def distill(
     bar = tqdm(total=len(kept), initial=initial, unit="row", disable=not show_progress, desc="distill")
     new_tokens = 0
     try:
-        with on_backend(model, cfg.backend):
+        with runner(model):
             for b, batch in enumerate(batches):
                 if all(p.id in done for p in batch):
                     continue
@@ -421,6 +420,7 @@ def self_prompts(
     generate: GenerateFn | None = None,
     show_progress: bool = True,
     decode: DecodeFn | None = None,
+    runner: Runner = stock,
 ) -> tuple[list[PromptRow], dict]:
     """Let the target write ``cfg.self_prompts`` distinct user questions (cached in ``prompts.jsonl``).
 
@@ -445,7 +445,7 @@ def self_prompts(
     counts = {"candidates": 0, "duplicates": 0, "cut_off": 0, "too_short": 0}
     b = 0
     bar = tqdm(total=cfg.self_prompts, unit="prompt", disable=not show_progress, desc="self-prompts")
-    with bar, on_backend(model, cfg.backend):
+    with bar, runner(model):
         while len(kept) < cfg.self_prompts and counts["candidates"] < 4 * cfg.self_prompts:
             texts, stopped = generate([prefix] * cfg.batch_size, params, cfg.seed + 10**6 + b)
             b += 1

@@ -141,6 +141,16 @@ def applied(name: str, *modules: nn.Module) -> Iterator[None]:
             m.__dict__.pop("forward", None)
 
 
+@contextmanager
+def running(name: str, *modules: nn.Module) -> Iterator[str]:
+    """Resolve ``name`` for the first module's device and dtype, run ``modules`` on it inside;
+    yields the concrete backend. What a caller that is handed a model passes on (distillation)."""
+    p = next(modules[0].parameters())
+    chosen = resolve(name, p.device, p.dtype)
+    with applied(chosen, *modules):
+        yield chosen
+
+
 def release(*modules: nn.Module) -> None:
     """Drop cached packed weights (memory) from ``modules``' linear layers."""
     for m in linears(*modules):

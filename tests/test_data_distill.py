@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
@@ -193,7 +194,12 @@ def test_distillation_on_the_fast_backend_writes_byte_identical_greedy_shards(tm
         model, tok, PROMPTS, cfg_for(tmp_path / "eager", backend="eager", **greedy), show_progress=False
     )
     fast = distill(
-        model, tok, PROMPTS, cfg_for(tmp_path / "fast", backend="auto", **greedy), show_progress=False
+        model,
+        tok,
+        PROMPTS,
+        cfg_for(tmp_path / "fast", **greedy),
+        show_progress=False,
+        runner=partial(backend.running, "auto"),
     )
     assert shards(fast) == shards(eager) and len(shards(eager)) == 3
     assert not any("forward" in m.__dict__ for m in model.modules())  # the backend is undone after

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 
 from draftheads.conf.commands.args import DataArgs, DistillArgs, FeaturesArgs
 from draftheads.conf.commands.checks import not_a_checkpoint
@@ -100,6 +101,7 @@ def distill(cfg: DistillArgs) -> None:
     from draftheads.data.distill import distill as run_distill
     from draftheads.data.distill import self_prompts
     from draftheads.data.prompts import prompts_from_config
+    from draftheads.decode import backend
     from draftheads.heads.target import load_target
 
     d = cfg.data.distill
@@ -115,14 +117,15 @@ def distill(cfg: DistillArgs) -> None:
 
         drafter = Drafter.from_pretrained(d.heads, target=model, tokenizer=tok, revision=cfg.revision)
         generate = decoder_generate(model, tok, SpeculativeGenerator(model, drafter, tokenizer=tok).generate)
+    runner = partial(backend.running, d.backend)
     if d.source == "self":
-        prompts, stats = self_prompts(model, tok, d, generate=generate)
+        prompts, stats = self_prompts(model, tok, d, generate=generate, runner=runner)
         print(f"target-written prompts: {json.dumps(stats)}")
     else:
         prompts = prompts_from_config(cfg.data, "train")
         if cfg.data.max_rows is not None:
             prompts = prompts[: cfg.data.max_rows]
-    out = run_distill(model, tok, prompts, d, generate=generate, source=d.source)
+    out = run_distill(model, tok, prompts, d, generate=generate, source=d.source, runner=runner)
     print(
         f"distilled {len(prompts)} prompts -> {out}; train on them with "
         f"`draftheads train data.path={out}` (format messages)"
