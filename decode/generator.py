@@ -30,7 +30,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -40,68 +39,21 @@ from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import backend as backends
 from draftheads.decode import kv, static
 from draftheads.decode.cost import Planner, cached_curve
+from draftheads.decode.kv import tree_mask
 from draftheads.decode.proposers import build_proposer
 from draftheads.decode.proposers.base import Accepted, Prefill, Proposer, Tree
 from draftheads.decode.select import prune
+from draftheads.decode.stats import DecodeStats
 from draftheads.decode.stop import Stopper, as_set
 from draftheads.decode.tree import (
-    TREE_FILE,
-    StaticTree,
     ancestor_mask,
-    best_tree,
-    chain,
-    load_tree_file,
-    parse_tree,
+    drafter_tree,
     path_nodes,
-    prior_accuracies,
-    tree_from_choices,
 )
 from draftheads.decode.verify import greedy_accept, sample_accept, typical_accept, warp
 from draftheads.heads.masks import additive_mask, padded_causal
 
 MASKABLE_ATTENTION = ("sdpa", "eager")
-
-
-@dataclass
-class DecodeStats:
-    """Counters of one ``generate``/``stream`` call (all rows together)."""
-
-    target_forwards: int = 0  # prefill included
-    new_tokens: int = 0
-    accepted_lengths: list[int] = field(default_factory=list)  # per row and step: drafts + bonus
-    accepted_depths: list[int] = field(default_factory=list)  # per row and step: drafts accepted
-    tree_tokens: list[int] = field(default_factory=list)  # per step: nodes verified per row (root incl.)
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
-    prefill_time_s: float = 0.0
-    total_time_s: float = 0.0
-    backend: str = "eager"
-
-    @property
-    def steps(self) -> int:
-        return max(self.target_forwards - 1, 0)
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens per decoding step (target forward), bonus token included."""
-        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        """Fraction of steps whose draft at depth d (1-based, index d-1) was accepted."""
-        steps = max(len(self.accepted_depths), 1)
-        top = max(self.accepted_depths, default=0)
-        return [sum(a >= d for a in self.accepted_depths) / steps for d in range(1, top + 1)]
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
-
-
-def tree_mask(cache_valid: torch.Tensor, anc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Mask of T new tokens: each sees its row's valid cache slots and its tree ancestors."""
-    B, T, _ = anc.shape
-    return additive_mask(torch.cat([cache_valid[:, None, :].expand(B, T, -1), anc], dim=-1), dtype)
 
 
 @dataclass
@@ -172,37 +124,13 @@ class SpeculativeGenerator:
         if drafter is not None:
             drafter.to(device=self.device, dtype=self.dtype)
             drafter.eval()
-        self.static = self._resolve_tree(tree_dir) if drafter is not None else None
+        self.static = (
+            drafter_tree(drafter, self.config, tree_dir, self.device) if drafter is not None else None
+        )
         self.curve = None
         self.last_stats = DecodeStats()
 
     # -- configuration ----------------------------------------------------------------------
-    def _resolve_tree(self, tree_dir: str | None) -> StaticTree | None:
-        cfg, kind = self.config, getattr(self.drafter, "kind", "")
-        if kind not in ("medusa", "eagle"):
-            raise UserError(
-                f"drafter kind {kind!r} is not supported; use a draftheads MedusaHeads or EagleDrafter"
-            )
-        num_heads = getattr(self.drafter, "num_heads", None) if kind == "medusa" else None
-        choices = parse_tree(cfg.tree, num_heads)
-        directory = tree_dir or getattr(self.drafter, "source_dir", None)
-        if choices is None and directory is not None:
-            f = Path(directory) / TREE_FILE
-            choices = load_tree_file(f) if f.is_file() else None
-        if choices is None and kind == "eagle" and cfg.dynamic:
-            if cfg.top_k_draft < 1 or cfg.depth < 1 or cfg.total_tokens < 2:
-                raise UserError(
-                    f"decode.top_k_draft={cfg.top_k_draft}, depth={cfg.depth}, total_tokens={cfg.total_tokens}: "
-                    "need top_k_draft >= 1, depth >= 1 and total_tokens >= 2"
-                )
-            return None
-        if choices is None:
-            if kind == "medusa":
-                choices = best_tree(prior_accuracies(num_heads), max(cfg.total_tokens - 1, 1))
-            else:
-                choices = chain(cfg.depth)
-        return tree_from_choices(choices, num_heads).to(self.device)
-
     def make_proposer(self) -> Proposer:
         """A fresh proposer for one call: the drafter's (or lookup alone), with lookup branches."""
         return build_proposer(self.drafter, self.static, self.config)

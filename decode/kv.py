@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from draftheads.conf.errors import UserError
+from draftheads.heads.masks import additive_mask
 
 
 def cache_layers(cache) -> list:
@@ -78,3 +79,9 @@ def append_valid(
     rel = slot - lengths[:, None]
     inside = (rel >= 0) & (rel < new.shape[1])
     return old | (inside & new.gather(1, rel.clamp(0, new.shape[1] - 1)))
+
+
+def tree_mask(cache_valid: torch.Tensor, anc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Mask of T new tokens: each sees its row's valid cache slots and its tree ancestors."""
+    B, T, _ = anc.shape
+    return additive_mask(torch.cat([cache_valid[:, None, :].expand(B, T, -1), anc], dim=-1), dtype)

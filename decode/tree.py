@@ -255,3 +255,33 @@ def load_tree_file(path: Path) -> list[list[int]]:
     if not isinstance(choices, list):
         raise UserError(f"{path} has no 'choices' list; rebuild it with draftheads tree")
     return choices
+
+
+def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> StaticTree | None:
+    """The static tree a drafter decodes with (None: EAGLE-2 dynamic trees), from ``decode.tree``:
+    a spec, else a tree.json beside the heads, else a default (Medusa: the best tree of
+    ``total_tokens`` for prior accuracies; EAGLE with ``dynamic`` off: a chain)."""
+    kind = getattr(drafter, "kind", "")
+    if kind not in ("medusa", "eagle"):
+        raise UserError(
+            f"drafter kind {kind!r} is not supported; use a draftheads MedusaHeads or EagleDrafter"
+        )
+    num_heads = getattr(drafter, "num_heads", None) if kind == "medusa" else None
+    choices = parse_tree(cfg.tree, num_heads)
+    directory = tree_dir or getattr(drafter, "source_dir", None)
+    if choices is None and directory is not None:
+        f = Path(directory) / TREE_FILE
+        choices = load_tree_file(f) if f.is_file() else None
+    if choices is None and kind == "eagle" and cfg.dynamic:
+        if cfg.top_k_draft < 1 or cfg.depth < 1 or cfg.total_tokens < 2:
+            raise UserError(
+                f"decode.top_k_draft={cfg.top_k_draft}, depth={cfg.depth}, total_tokens={cfg.total_tokens}: "
+                "need top_k_draft >= 1, depth >= 1 and total_tokens >= 2"
+            )
+        return None
+    if choices is None:
+        if kind == "medusa":
+            choices = best_tree(prior_accuracies(num_heads), max(cfg.total_tokens - 1, 1))
+        else:
+            choices = chain(cfg.depth)
+    return tree_from_choices(choices, num_heads).to(device)
