@@ -54,10 +54,9 @@ def compact(cache, src: torch.Tensor, dst: torch.Tensor, new_length: int) -> Non
 
 
 def truncate(cache, length: int) -> None:
-    """Keep the first ``length`` slots of every layer (drop a drafted tree's entries)."""
-    for layer in cache_layers(cache):
-        layer.keys = layer.keys[:, :, :length]
-        layer.values = layer.values[:, :, :length]
+    """Keep the first ``length`` slots of every layer (drop a drafted tree's entries):
+    ``DynamicCache.crop`` with the number of slots to remove."""
+    cache.crop(min(length - cache.get_seq_length(), 0))
 
 
 def select_rows(cache, rows: torch.Tensor) -> None:

@@ -67,8 +67,6 @@ def profile_tree_costs(
     """
     from transformers import DynamicCache
 
-    from draftheads.decode import kv
-
     p = next(target.parameters())
     dev, dtype = p.device, p.dtype
 
@@ -98,7 +96,7 @@ def profile_tree_costs(
         def forward(T: int = T, mask: torch.Tensor = mask, pos: torch.Tensor = pos) -> None:
             new = ids[:, prefix : prefix + T]
             target(new, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-            kv.truncate(cache, prefix)
+            cache.crop(prefix - cache.get_seq_length())
 
         verify[T] = clock(forward)
     d = next(drafter.parameters())

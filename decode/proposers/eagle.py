@@ -75,7 +75,7 @@ class EagleProposer:
     def _feed_pending(self) -> torch.Tensor:
         """Run the drafter on the pending pairs; keep them in its cache; return the root's output."""
         feats, tokens, valid, positions, n_keep, n_cpu = self.pending
-        S = kv.seq_length(self.cache)
+        S = self.cache.get_seq_length()
         n = tokens.shape[1]
         allowed = padded_causal(valid)
         mask = additive_mask(torch.cat([self.valid[:, None, :].expand(-1, n, -1), allowed], -1), feats.dtype)
@@ -102,7 +102,7 @@ class EagleProposer:
 
     # -- drafting ---------------------------------------------------------------------------
     def propose(self, root: torch.Tensor, pos: torch.Tensor, plan: Plan | None = None) -> Tree:
-        kv.truncate(self.cache, self.valid.shape[1])
+        self.cache.crop(self.valid.shape[1] - self.cache.get_seq_length())  # drop last step's tree
         self.passes = 1
         h_root = self._feed_pending()
         if self.static is not None:
@@ -176,7 +176,7 @@ class EagleProposer:
         )
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        kv.select_rows(self.cache, rows)
+        self.cache.batch_select_indices(rows)
         self.valid = self.valid.index_select(0, rows)
         self.lengths = self.lengths.index_select(0, rows)
         keep = rows.tolist()
