@@ -61,8 +61,12 @@ def test_summary_arithmetic_matches_a_hand_computed_example():
     # pld: 11 tokens; forwards (6//2+1)+(5//2+1) = 7, minus 2 prefills = 5 decoding steps
     # stock generate took 1.5 x 5 s: we are 7.5 / 3 = 2.5x faster; pld (10 s) 0.75x of stock
     assert rep["pld"]["tau"] == pytest.approx(11 / 5) and rep["pld"]["speedup"] == pytest.approx(0.75)
-    assert rep["speedup_vs_stock"] == pytest.approx(2.5) and rep["stock_tokens_per_s"] == pytest.approx(11 / 7.5)
-    assert rep["backend"] == "onednn" and rep["identical_to_stock"] == 0.0 and rep["tree_tokens_per_step"] == 4
+    assert rep["speedup_vs_stock"] == pytest.approx(2.5) and rep["stock_tokens_per_s"] == pytest.approx(
+        11 / 7.5
+    )
+    assert (
+        rep["backend"] == "onednn" and rep["identical_to_stock"] == 0.0 and rep["tree_tokens_per_step"] == 4
+    )
     # a step (0.3 s) against a greedy token (5/11 s): 0.66 greedy steps; drafting 0.22 of them
     assert rep["step_cost_greedy_steps"] == pytest.approx(0.3 / (5 / 11))
     assert rep["draft_cost_greedy_steps"] == pytest.approx(0.1 / (5 / 11))
@@ -136,3 +140,17 @@ def test_plots_put_integer_ticks_on_the_draft_position_axis(tmp_path, monkeypatc
     hist, positions = ticks[0], ticks[1]
     assert len(positions) >= 2 and all(float(t).is_integer() for t in positions), positions
     assert len(hist) >= 2 and all(float(t).is_integer() for t in hist), hist
+
+
+def test_per_category_keeps_the_first_prompts_of_every_category():
+    from types import SimpleNamespace
+
+    from draftheads.conf.cli import parse
+    from draftheads.conf.commands.decode import first_per_category
+
+    rows = [SimpleNamespace(id=i, category=c) for i, c in enumerate("bbaacab")]
+    assert [r.id for r in first_per_category(rows, 1)] == [2, 0, 4]
+    assert [r.id for r in first_per_category(rows, 2)] == [2, 3, 0, 1, 4]
+    assert parse(["eval", "heads=x", "eval.per_category=1"]).args.eval.per_category == 1
+    with pytest.raises(Exception, match="eval.per_category=0 is out of range"):
+        parse(["eval", "heads=x", "eval.per_category=0"])

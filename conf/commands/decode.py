@@ -103,6 +103,14 @@ def tree(args: TreeArgs) -> None:
         print(f"(heads= is a hub id; pass decode.tree={out} to use it)")
 
 
+def first_per_category(prompts: list, n: int) -> list:
+    """The first ``n`` prompts of every category, categories in sorted order."""
+    per: dict[str, list] = {}
+    for p in prompts:
+        per.setdefault(p.category or "all", []).append(p)
+    return [p for cat in sorted(per) for p in per[cat][:n]]
+
+
 def evaluate(args: EvalArgs) -> dict:
     """τ and speedup on ``eval.prompts``; writes report.json, report.md and plots to ``eval.out_dir``."""
     from draftheads.data.prompts import load_prompts
@@ -116,7 +124,10 @@ def evaluate(args: EvalArgs) -> dict:
     check_baselines(baselines, bool(e.assistant_model))
     out = writable_dir(e.output_dir, "eval.out_dir")
     target, tok, drafter, _ = load(args.heads, args.revision, args.target, "eval")
-    prompts = load_prompts(e.prompts, max_prompts=e.max_prompts, tokenizer=tok)
+    prompts = load_prompts(e.prompts, tokenizer=tok)
+    if e.per_category:
+        prompts = first_per_category(prompts, e.per_category)
+    prompts = prompts[: e.max_prompts] if e.max_prompts else prompts
     if not prompts:
         raise UserError(f"eval.prompts={e.prompts} gave no prompts; check the path or name")
     assistant = None

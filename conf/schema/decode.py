@@ -124,13 +124,16 @@ class EvalConfig:
     """``draftheads eval``: which prompts, which baselines, where the report goes.
 
     ``prompts``: ``heldout`` (embedded held-out prompts), ``humaneval``, ``spec_bench``,
-    ``gsm8k_test``, or any path / dataset id the data pipeline reads. ``baselines``: ``pld``
-    (transformers' prompt lookup decoding); ``assisted`` is added when ``assistant_model`` is set.
+    ``gsm8k_test``, or any path / dataset id the data pipeline reads. ``per_category``: keep
+    only the first N prompts of every category (e.g. one Spec-Bench question per category),
+    before ``max_prompts``. ``baselines``: ``pld`` (transformers' prompt lookup decoding);
+    ``assisted`` is added when ``assistant_model`` is set.
     """
 
     prompts: str = "heldout"
     output_dir: str = "outputs/eval"
     max_prompts: int | None = None
+    per_category: int | None = None
     baselines: list[str] | None = None
     assistant_model: str | None = None
     warmup: int = 1
@@ -139,6 +142,7 @@ class EvalConfig:
         """Refuse prompt counts and baselines the evaluation cannot run, before it starts."""
         check_prompt_source("eval.prompts", self.prompts)
         at_least("eval.max_prompts", self.max_prompts, 1, 20)
+        at_least("eval.per_category", self.per_category, 1, 1)
         at_least("eval.warmup", self.warmup, 0, 1)
         for name in self.baselines or []:
             one_of("eval.baselines", name, BASELINES)
