@@ -68,7 +68,8 @@ def distill_prompts(cfg: BenchArgs, b: BenchConfig) -> list:
 
 
 def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
-    from draftheads.data.distill import distill, self_prompts
+    from draftheads.data.distill import distill
+    from draftheads.data.self_prompts import self_prompts
     from draftheads.decode import backend
 
     runner = partial(backend.running, cfg.data.distill.backend)

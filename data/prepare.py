@@ -26,7 +26,6 @@ to ``max_length`` and kept. An empty result raises :class:`UserError`.
 from __future__ import annotations
 
 import json
-import random
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ from draftheads.conf.schema.data import DataConfig
 from draftheads.data.chat import encode_chats, encode_text
 from draftheads.data.embedded import COMPONENTS
 from draftheads.data.formats import Example, RowError, detect_format, to_example
+from draftheads.data.packing import mix, pack_batch
 from draftheads.data.sources import SourceSpec, check_split, content_heldout, embedded_rows, raw_rows
 
 CHUNK = 512
@@ -356,61 +356,6 @@ def prepare_source(spec: SourceSpec, tokenizer, cfg: DataConfig, split: str):
     report.loss_tokens = sum(sum(m) for m in ds["loss_mask"])
     ds = ds.select_columns(["input_ids", "loss_mask", "id"]).add_column("source", [spec.name] * len(ds))
     return ds.cast(row_features(packed=False)), report
-
-
-def mix(parts: list, seed: int):
-    """Resample components to their weights' shares of the total row count, then shuffle.
-
-    The total is the number of kept rows over all components. A component asked for more rows
-    than it has is repeated (its ``mixed_rows`` exceeds ``kept``); the report shows both.
-    """
-    import datasets
-
-    total = sum(len(ds) for ds, _ in parts)
-    wsum = sum(r.weight for _, r in parts)
-    rng = random.Random(seed)
-    picked, offset = [], 0
-    for ds, report in parts:
-        n = round(total * report.weight / wsum) if len(ds) else 0
-        order = list(range(len(ds)))
-        if order:
-            rng.shuffle(order)
-        picked += [offset + order[i % len(ds)] for i in range(n)]
-        report.mixed_rows = n
-        offset += len(ds)
-    rng.shuffle(picked)
-    return datasets.concatenate_datasets([ds for ds, _ in parts]).select(picked)
-
-
-def pack(rows: list[dict], max_length: int) -> list[dict]:
-    """Concatenate whole rows, in order, into sequences of at most ``max_length`` tokens."""
-    packed: list[dict] = []
-    cur: dict | None = None
-    for r in rows:
-        n = len(r["input_ids"])
-        if cur is None or len(cur["input_ids"]) + n > max_length:
-            cur = {"input_ids": [], "loss_mask": [], "position_ids": [], "sources": []}
-            packed.append(cur)
-        mask = list(r["loss_mask"])
-        if cur["input_ids"]:
-            mask[0] = 0  # never predict a document's first token from the previous document
-        cur["input_ids"] += r["input_ids"]
-        cur["loss_mask"] += mask
-        cur["position_ids"] += list(range(n))
-        cur["sources"].append(r["source"])
-    for p in packed:
-        p["source"] = "+".join(sorted(set(p.pop("sources"))))
-    return [p for p in packed if sum(p["loss_mask"])]
-
-
-def pack_batch(batch: dict, max_length: int) -> dict:
-    """``datasets.map`` function over the whole dataset: :func:`pack` in columns."""
-    rows = [
-        {"input_ids": i, "loss_mask": m, "source": s}
-        for i, m, s in zip(batch["input_ids"], batch["loss_mask"], batch["source"])
-    ]
-    packed = pack(rows, max_length)
-    return {c: [p[c] for p in packed] for c in ("input_ids", "loss_mask", "position_ids", "source")}
 
 
 @contextmanager

@@ -14,13 +14,12 @@ from draftheads.data.distill import (
     MANIFEST,
     ROUNDTRIP,
     distill,
-    diversity,
     hf_generate,
     roundtrip_changes,
-    self_prompts,
 )
 from draftheads.data.prepare import prepare_dataset
 from draftheads.data.prompts import PromptRow
+from draftheads.data.self_prompts import diversity, self_prompts
 from tests.conftest import get_target
 
 PROMPTS = [PromptRow(f"p{i}", "test", [f"Question number {i}" + "?" * (i % 3)]) for i in range(10)]

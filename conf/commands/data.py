@@ -99,8 +99,8 @@ def features(cfg: FeaturesArgs) -> None:
 def distill(cfg: DistillArgs) -> None:
     """Answer the configured prompts (or target-written ones) with the target; resumable."""
     from draftheads.data.distill import distill as run_distill
-    from draftheads.data.distill import self_prompts
     from draftheads.data.prompts import prompts_from_config
+    from draftheads.data.self_prompts import self_prompts
     from draftheads.decode import backend
     from draftheads.heads.target import load_target
 
