@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
 from draftheads.conf.errors import UserError
+from draftheads.heads.checkpoint import atomic_write
 from draftheads.heads.features import target_features
 from draftheads.heads.target import TargetFingerprint, fingerprint
 
@@ -215,18 +216,17 @@ def build_feature_cache(
                 bar,
             )
             tensors["loss_mask"] = torch.tensor([t for m in loss_mask[a:b] for t in m], dtype=torch.uint8)
-            tmp = out / (shard["file"] + ".tmp")
-            save_file(tensors, str(tmp), metadata={"rows": f"{a}-{b}"})
-            os.replace(tmp, out / shard["file"])
+            meta = {"rows": f"{a}-{b}"}
+            atomic_write(
+                out / shard["file"], lambda tmp, t=tensors, m=meta: save_file(t, str(tmp), metadata=m)
+            )
     manifest["complete"] = True
     write_json(out / MANIFEST, manifest)
     return manifest
 
 
 def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=1)))
 
 
 def read_manifest(directory: Path) -> dict:

@@ -7,7 +7,6 @@ there (sampled); questions are deduplicated and reported with their diversity.
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
 from dataclasses import asdict
@@ -26,6 +25,7 @@ from draftheads.data.distill import (
     stock,
 )
 from draftheads.data.prompts import PromptRow
+from draftheads.heads.checkpoint import atomic_write
 
 
 def normalise(text: str) -> str:
@@ -108,7 +108,6 @@ def self_prompts(
     stats = {**diversity(kept), **counts}
     out.mkdir(parents=True, exist_ok=True)
     (out / "prompts.stats.json").write_text(json.dumps(stats, indent=1))
-    tmp = out / (PROMPTS + ".tmp")
-    tmp.write_text("".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in rows))
-    os.replace(tmp, cached)
+    text = "".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in rows)
+    atomic_write(cached, lambda tmp: tmp.write_text(text))
     return rows, stats

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from draftheads.decode import backend as backends
+from draftheads.heads.checkpoint import atomic_write
 from draftheads.heads.masks import additive_mask
 
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -167,9 +168,7 @@ def cached_curve(target, backend: str, cache_dir: str | Path | None = None) -> C
     curve = measure_curve(target, backend)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(curve), indent=1))
-        os.replace(tmp, f)
+        atomic_write(f, lambda tmp: tmp.write_text(json.dumps(asdict(curve), indent=1)))
     except OSError:
         pass  # an unwritable cache only costs a measurement next time
     return curve

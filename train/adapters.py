@@ -16,8 +16,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
-
-ADAPTER_DIR = "adapter"
+from draftheads.heads.checkpoint import ADAPTER_DIR
 
 
 def add_lora(target: nn.Module, cfg: DraftConfig) -> nn.Module:
