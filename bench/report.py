@@ -34,9 +34,10 @@ def summary_lines(results: dict[str, Any]) -> str:
     for kind, reports in results["drafters"].items():
         for name, r in reports.items():
             line = (
-                f"{kind:<7} {name:<11} τ {r['tau']:.2f}  speedup {r['speedup']:.2f}×  "
-                f"({r['tokens_per_s']:.1f} vs {r['baseline_tokens_per_s']:.1f} tok/s)  "
-                f"greedy identical {r['greedy_identical']:.2f}"
+                f"{kind:<7} {name:<11} τ {r['tau']:.2f}  speedup {r.get('speedup_vs_stock', 0.0):.2f}× vs stock "
+                f"generate, {r['speedup']:.2f}× vs greedy on {r.get('backend', 'eager')}  "
+                f"({r['tokens_per_s']:.1f} vs {r.get('stock_tokens_per_s', 0.0):.1f} / "
+                f"{r['baseline_tokens_per_s']:.1f} tok/s)  greedy identical {r['greedy_identical']:.2f}"
             )
             if "pld" in r:
                 line += f"  | prompt lookup τ {r['pld']['tau']:.2f} speedup {r['pld']['speedup']:.2f}×"
