@@ -30,8 +30,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-
-BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
+from draftheads.conf.schema.decode import BACKENDS
 
 # Packed weights live outside the modules (a module that holds an opaque oneDNN tensor can no
 # longer be deep-copied or saved): layer -> (weight storage and version, packed weight, bias).

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode.cost import device_name
 from draftheads.decode.evaluate import TurnResult
 
 
@@ -90,15 +91,7 @@ def environment(target: nn.Module, decode: DecodeConfig) -> dict[str, Any]:
     from draftheads.conf import __version__
 
     device = next(target.parameters()).device
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-
+    cpu = device_name(torch.device("cpu"))
     return {
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
