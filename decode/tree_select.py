@@ -16,6 +16,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode import backend as backends
 from draftheads.decode.prompting import encode_prompt
 from draftheads.decode.tree import best_tree, expected_tokens
 from draftheads.heads.masks import additive_mask, causal
@@ -156,10 +157,12 @@ def select_tree(
     size = dc.tree_size
     if size == 0:
         sizes = tuple(s for s in COST_SIZES if s <= dc.tree_max_size)
-        costs, draft = profile_tree_costs(target, drafter, dc.tree_topk, sizes)
+        # priced on the backend the decoder will run (oneDNN's curve is much flatter than eager's)
+        with backends.running(dc.backend, target, drafter) as chosen:
+            costs, draft = profile_tree_costs(target, drafter, dc.tree_topk, sizes)
         size, table = pick_size(acc, costs, draft, dc.tree_max_size)
-        record.update(device=str(target.device), verify_cost_s=costs, draft_cost_s=draft)
-        log(f"verification cost on {target.device} (relative to 1 token, {costs[1] * 1e3:.1f} ms):")
+        record.update(device=str(target.device), backend=chosen, verify_cost_s=costs, draft_cost_s=draft)
+        log(f"verification cost on {target.device}, {chosen} (relative to 1 token, {costs[1] * 1e3:.1f} ms):")
         log("  " + "  ".join(f"{t}:{c / costs[1]:.2f}" for t, c in costs.items()))
         for r in table:
             if r["size"] in costs or r["size"] == size:
