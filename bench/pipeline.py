@@ -71,8 +71,10 @@ def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
     from draftheads.data.distill import distill
     from draftheads.data.self_prompts import self_prompts
     from draftheads.decode import backend
+    from draftheads.decode.batched import batched_generate
 
     runner = partial(backend.running, cfg.data.distill.backend)
+    fast = batched_generate(target)  # drops finished rows from the batch (decode/batched.py)
     out = Path(b.out_dir) / "distill"
     d = replace(
         cfg.data.distill,
@@ -83,16 +85,18 @@ def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
     dirs = [out / "prompts"]
     if not done(dirs[0]):
         log(f"distill: {b.distill_prompts} prompts, greedy, {b.distill_new_tokens} new tokens")
-        distill(target, tok, distill_prompts(cfg, b), replace(d, out_dir=str(dirs[0])), runner=runner)
+        distill(
+            target, tok, distill_prompts(cfg, b), replace(d, out_dir=str(dirs[0])), decode=fast, runner=runner
+        )
         mark_done(dirs[0])
     if b.self_prompts:
         dirs.append(out / "self")
         if not done(dirs[1]):
             log(f"distill: {b.self_prompts} target-written prompts, then their answers")
             sd = replace(d, out_dir=str(dirs[1]), source="self", self_prompts=b.self_prompts)
-            prompts, stats = self_prompts(target, tok, sd, runner=runner)
+            prompts, stats = self_prompts(target, tok, sd, decode=fast, runner=runner)
             log(f"target-written prompts: {json.dumps(stats)}")
-            distill(target, tok, prompts, sd, source="self", runner=runner)
+            distill(target, tok, prompts, sd, source="self", decode=fast, runner=runner)
             mark_done(dirs[1], stats)
     return dirs
 

@@ -109,14 +109,18 @@ def distill(cfg: DistillArgs) -> None:
         raise UserError(f"data.distill.source={d.source} is unknown; use data (answer data.path) or self")
     not_a_checkpoint(d.out_dir, "data.distill.out_dir")
     model, tok = load_target(cfg.target)
-    generate = None
+    from draftheads.data.distill import decoder_generate
+
     if d.heads:
-        from draftheads.data.distill import decoder_generate
         from draftheads.decode import SpeculativeGenerator
         from draftheads.heads import Drafter
 
         drafter = Drafter.from_pretrained(d.heads, target=model, tokenizer=tok, revision=cfg.revision)
         generate = decoder_generate(model, tok, SpeculativeGenerator(model, drafter, tokenizer=tok).generate)
+    else:  # plain batched generation that drops finished rows from the batch
+        from draftheads.decode.batched import batched_generate
+
+        generate = decoder_generate(model, tok, batched_generate(model))
     runner = partial(backend.running, d.backend)
     if d.source == "self":
         prompts, stats = self_prompts(model, tok, d, generate=generate, runner=runner)

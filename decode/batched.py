@@ -1,0 +1,115 @@
+"""Plain batched generation that retires finished rows: the loop behind distillation.
+
+transformers' ``generate`` keeps every row of a batch in every forward until the longest answer
+ends, so a batch whose answers have very different lengths spends much of its compute on rows
+that are already done. Here a row that emits a stop token is retired: once retired rows make up
+a quarter of the batch, their KV rows are dropped (``DynamicCache.batch_select_indices``) and
+every later forward costs only the rows still answering. The prefill computes the vocabulary
+projection for the last position only.
+
+Greedy decoding picks the target's argmax at every position, as ``generate`` does; sampling draws
+from the same distribution (temperature, then top-p: :func:`draftheads.decode.verify.warp`).
+:func:`batched_generate` returns a function with ``generate``'s calling convention, so it plugs
+into :func:`draftheads.data.distill.decoder_generate`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from draftheads.decode.verify import warp
+
+# retired rows are dropped from the batch once they are at least this share of it
+COMPACT_SHARE = 0.25
+
+
+def next_tokens(logits: torch.Tensor, do_sample: bool, temperature: float, top_p: float) -> torch.Tensor:
+    """One token per row: the argmax, or a draw from the warped distribution."""
+    if not do_sample:
+        return logits.argmax(-1)
+    return torch.multinomial(warp(logits, temperature, 0, top_p), 1)[:, 0]
+
+
+def last_logits(model, **inputs) -> torch.Tensor:
+    """The logits at the last position ``[B, V]`` (only that row of the vocabulary projection
+    is computed when the model accepts ``logits_to_keep``)."""
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        inputs["logits_to_keep"] = 1
+    return model(**inputs, use_cache=True).logits[:, -1].float()
+
+
+@torch.no_grad()
+def generate_retiring(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> torch.Tensor:
+    """``[B, W + n]``: the left-padded prompts and up to ``max_new_tokens`` new tokens per row.
+
+    A row ends at its first stop token (written, then repeated to the end of the row); the loop
+    stops when every row has ended.
+    """
+    B, W = input_ids.shape
+    dev = input_ids.device
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.dtype)
+    stops = torch.tensor(
+        []
+        if eos_token_id is None
+        else [eos_token_id]
+        if isinstance(eos_token_id, int)
+        else list(eos_token_id),
+        dtype=torch.long,
+        device=dev,
+    )
+    fill = int(stops[0]) if len(stops) else 0
+    out = torch.full((B, max_new_tokens), fill, dtype=torch.long, device=dev)
+    # positions count real tokens only, so a left-padded row starts at position 0
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    cache = DynamicCache()
+    logits = last_logits(
+        model, input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache
+    )
+    rows = torch.arange(B, device=dev)  # which output row each batch row writes
+    live = torch.ones(B, dtype=torch.bool, device=dev)  # not yet ended (batch rows)
+    nxt = pos[:, -1] + 1
+    steps = 0
+    for t in range(max_new_tokens):
+        tok = next_tokens(logits, do_sample, temperature, top_p)
+        tok = torch.where(live, tok, fill)
+        out[rows, t] = tok
+        steps = t + 1
+        live &= ~torch.isin(tok, stops)
+        if not live.any() or t + 1 == max_new_tokens:
+            break
+        if (~live).sum() >= COMPACT_SHARE * len(live):
+            keep = live.nonzero()[:, 0]
+            cache.batch_select_indices(keep)
+            rows, live, tok, mask, nxt = rows[keep], live[keep], tok[keep], mask[keep], nxt[keep]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = last_logits(
+            model,
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=nxt[:, None],
+            past_key_values=cache,
+        )
+        nxt = nxt + 1
+    return torch.cat([input_ids, out[:, :steps]], dim=1)
+
+
+def batched_generate(model) -> Callable[..., torch.Tensor]:
+    """``generate_retiring`` bound to ``model``, with ``generate``'s keyword arguments."""
+
+    def generate(input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        return generate_retiring(model, input_ids, **kwargs)
+
+    return generate
