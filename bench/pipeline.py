@@ -267,6 +267,8 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
     else:
         cache = stage_features(cfg, b, target, tok, data_dirs)
     results: dict[str, Any] = {"drafters": {}, "scaling": [], "train": {}, "ablations": {}}
+    if b.teacher_tokens:
+        results["data"] = json.loads((cache / ".done").read_text())
     for kind in b.drafters:
         heads = Path(b.out_dir) / kind
         if b.teacher_tokens and kind == "eagle3":  # streamed from the cache, equal compute to scaling

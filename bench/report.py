@@ -70,28 +70,46 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
         "",
         "## Training",
         "",
-        "| drafter | steps | answer tokens | minutes |",
-        "|---|---|---|---|",
+        "| drafter | steps | epochs | answer tokens | minutes |",
+        "|---|---|---|---|---|",
     ]
     for kind, t in results["train"].items():
+        epochs = "" if t.get("epochs") is None else f"{t['epochs']:.2f}"
         lines.append(
-            f"| {kind} | {t.get('steps')} | {t.get('answer_tokens')} | {t.get('seconds', 0) / 60:.1f} |"
+            f"| {kind} | {t.get('steps') or ''} | {epochs} | {t.get('answer_tokens')} | "
+            f"{t.get('seconds', 0) / 60:.1f} |"
         )
+    data = results.get("data")
+    if data:
+        minutes = f", {data['seconds'] / 60:.1f} min" if data.get("seconds") else ""
+        lines += [
+            "",
+            f"Teacher-forced feature cache: {data.get('rows')} rows, {data.get('answer_tokens')} distinct "
+            f"answer tokens{minutes}.",
+        ]
     lines += [
         "",
         "## Acceptance and speed",
         "",
-        "| drafter | prompt set | τ | speedup | tok/s | greedy tok/s | greedy identical | turns |"
-        " prompt lookup τ | prompt lookup speedup |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Speedups are against stock transformers `generate` and against greedy decoding on the "
+        "decoder's own backend (`backend`); a step's cost is in greedy steps on that backend; prompt "
+        "lookup is transformers' (`prompt_lookup_num_tokens=10`), against stock `generate`.",
+        "",
+        "| drafter | prompt set | τ | vs stock | vs greedy | backend | tok/s | stock tok/s | greedy tok/s |"
+        " step cost | drafting | greedy identical | turns | prompt lookup τ | prompt lookup vs stock |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, reports in results["drafters"].items():
         for name, r in reports.items():
             p = pld.get(name, {})
+            nan = float("nan")
             lines.append(
-                f"| {kind} | {name} | {r['tau']:.2f} | {r['speedup']:.2f}× | {r['tokens_per_s']:.1f} | "
-                f"{r['baseline_tokens_per_s']:.1f} | {r['greedy_identical']:.2f} | {r['num_turns']} | "
-                f"{p.get('tau', float('nan')):.2f} | {p.get('speedup', float('nan')):.2f}× |"
+                f"| {kind} | {name} | {r['tau']:.2f} | {r.get('speedup_vs_stock', nan):.2f}× | "
+                f"{r['speedup']:.2f}× | {r.get('backend', 'eager')} | {r['tokens_per_s']:.1f} | "
+                f"{r.get('stock_tokens_per_s', nan):.1f} | {r['baseline_tokens_per_s']:.1f} | "
+                f"{r.get('step_cost_greedy_steps', nan):.2f} | {r.get('draft_cost_greedy_steps', nan):.2f} | "
+                f"{r['greedy_identical']:.2f} | {r['num_turns']} | "
+                f"{p.get('tau', nan):.2f} | {p.get('speedup', nan):.2f}× |"
             )
     for kind, reports in results["drafters"].items():
         cats = reports.get("spec_bench", {}).get("per_category")
@@ -123,12 +141,15 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
             "Distinct answer tokens against epochs; with teacher-forced data every point has the same "
             "compute (answer tokens x epochs).",
             "",
-            "| answer tokens | epochs | steps | τ |",
-            "|---|---|---|---|",
+            "| answer tokens | epochs | steps | training minutes | τ |",
+            "|---|---|---|---|---|",
         ]
         for p in results["scaling"]:
             epochs = "" if p.get("epochs") is None else f"{p['epochs']:.2f}"
-            lines.append(f"| {p['answer_tokens']} | {epochs} | {p.get('steps') or ''} | {p['tau']:.2f} |")
+            minutes = f"{p['seconds'] / 60:.1f}" if p.get("seconds") else ""
+            lines.append(
+                f"| {p['answer_tokens']} | {epochs} | {p.get('steps') or ''} | {minutes} | {p['tau']:.2f} |"
+            )
         lines += ["", f"Plot: `{Path(b.out_dir) / 'scaling.png'}`."]
     if results.get("ablations"):
         lines += [
@@ -153,7 +174,19 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
 def figures(results: dict[str, Any]) -> dict[str, Any]:
     """Every figure of the tables: training, acceptance and speed per drafter and prompt set,
     Spec-Bench per category, the scaling points and the ablation rows."""
-    keys = ("tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "greedy_identical", "num_turns")
+    keys = (
+        "tau",
+        "speedup",
+        "speedup_vs_stock",
+        "backend",
+        "tokens_per_s",
+        "stock_tokens_per_s",
+        "baseline_tokens_per_s",
+        "step_cost_greedy_steps",
+        "draft_cost_greedy_steps",
+        "greedy_identical",
+        "num_turns",
+    )
     drafters = {
         kind: {
             name: {
@@ -170,6 +203,7 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "train": results["train"],
+        "data": results.get("data"),
         "drafters": drafters,
         "scaling": results.get("scaling", []),
         "ablations": results.get("ablations", {}),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,7 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok, extra: list[Path]
     out = Path(b.out_dir) / "teacher"
     if done(out):
         return out
+    t0 = time.perf_counter()
     ds, tokens = teacher_dataset(cfg, b, tok, extra)
     log(f"teacher: {len(ds)} rows, {tokens} distinct answer tokens, top-{b.topk} logits")
     layers = DraftConfig(kind="eagle", version=3).training_layers(fingerprint(target).num_layers)
@@ -112,7 +114,7 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok, extra: list[Path]
     loss = [sum(m) for m in ds["loss_mask"]]
     shards = read_manifest(out)["shards"]
     (out / ANSWER_TOKENS).write_text(json.dumps([sum(loss[a:z]) for a, z in (s["rows"] for s in shards)]))
-    mark_done(out, {"rows": len(ds), "answer_tokens": tokens})
+    mark_done(out, {"rows": len(ds), "answer_tokens": tokens, "seconds": time.perf_counter() - t0})
     return out
 
 
@@ -159,8 +161,6 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
              extra: list[str] = ()) -> dict:  # fmt: skip
     """One cached training run on the answer tokens of ``cache`` (EAGLE: streamed from disk;
     Medusa: its final states in memory), ``epochs`` passes; returns its ``.done`` record."""
-    import time
-
     from draftheads.bench.stages import compose, done, load_rows, log, mark_done, target_group
     from draftheads.train.recipe import train
 

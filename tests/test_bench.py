@@ -190,6 +190,11 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     assert record["drafters"]["eagle3"]["heldout"]["tau"] == again["drafters"]["eagle3"]["heldout"]["tau"]
     text = docs.read_text()
     assert "## Recipe ablations" in text and "| eagle3 init from target |" in text
+    # the data stage and both speedups (stock generate, greedy on the same backend) are reported
+    assert again["data"] == teacher and teacher["seconds"] > 0 and "Teacher-forced feature cache" in text
+    heldout = record["drafters"]["eagle3"]["heldout"]
+    assert heldout["speedup_vs_stock"] == again["drafters"]["eagle3"]["heldout"]["speedup_vs_stock"] > 0
+    assert "| τ | vs stock | vs greedy | backend |" in text
 
 
 def test_an_unknown_ablation_row_is_refused_before_any_stage(tmp_path):
