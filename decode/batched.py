@@ -3,9 +3,14 @@
 transformers' ``generate`` keeps every row of a batch in every forward until the longest answer
 ends, so a batch whose answers have very different lengths spends much of its compute on rows
 that are already done. Here a row that emits a stop token is retired: once retired rows make up
-a quarter of the batch, their KV rows are dropped (``DynamicCache.batch_select_indices``) and
-every later forward costs only the rows still answering. The prefill computes the vocabulary
+a quarter of the batch, their rows leave every layer's keys and values, and every later forward
+costs only the rows still answering. The prefill computes the vocabulary
 projection for the last position only.
+
+After the prefill the keys and values move into fixed-capacity buffers (``StaticKV``, as in the
+static verify path): each step writes one slot per row in place and masks the unused slots.
+A growing cache would copy every layer's keys and values at every step (``torch.cat``), which
+at a batch of 32 and a few hundred positions moves more memory than the weights themselves.
 
 Greedy decoding picks the target's argmax at every position, as ``generate`` does; sampling draws
 from the same distribution (temperature, then top-p: :func:`draftheads.decode.verify.warp`).
@@ -21,7 +26,9 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from draftheads.decode.static import KVPool, StaticKV
 from draftheads.decode.verify import warp
+from draftheads.heads.masks import additive_mask
 
 # retired rows are dropped from the batch once they are at least this share of it
 COMPACT_SHARE = 0.25
@@ -74,10 +81,13 @@ def generate_retiring(
     out = torch.full((B, max_new_tokens), fill, dtype=torch.long, device=dev)
     # positions count real tokens only, so a left-padded row starts at position 0
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
-    cache = DynamicCache()
-    logits = last_logits(
-        model, input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache
-    )
+    prefill = DynamicCache()
+    logits = last_logits(model, input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=prefill)
+    cache = StaticKV.adopt(prefill, KVPool(), max_new_tokens)
+    del prefill
+    allowed = torch.zeros(B, cache.capacity, dtype=torch.bool, device=dev)  # cache slots a row sees
+    allowed[:, :W] = mask.bool()
+    dtype = next(model.parameters()).dtype
     rows = torch.arange(B, device=dev)  # which output row each batch row writes
     live = torch.ones(B, dtype=torch.bool, device=dev)  # not yet ended (batch rows)
     nxt = pos[:, -1] + 1
@@ -92,16 +102,20 @@ def generate_retiring(
             break
         if (~live).sum() >= COMPACT_SHARE * len(live):
             keep = live.nonzero()[:, 0]
-            cache.batch_select_indices(keep)
-            rows, live, tok, mask, nxt = rows[keep], live[keep], tok[keep], mask[keep], nxt[keep]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            for layer in cache.layers:  # a new tensor is copied into buffers for the smaller batch
+                layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+            rows, live, tok, allowed, nxt = rows[keep], live[keep], tok[keep], allowed[keep], nxt[keep]
+        S = W + t  # the slot of this step's token
+        allowed[:, S] = True
+        cache.write_index = torch.tensor([S], device=dev)
         logits = last_logits(
             model,
             input_ids=tok[:, None],
-            attention_mask=mask,
+            attention_mask=additive_mask(allowed[:, None, :], dtype),
             position_ids=nxt[:, None],
-            past_key_values=cache,
+            cache=cache,
         )
+        cache.set_length(S + 1)
         nxt = nxt + 1
     return torch.cat([input_ids, out[:, :steps]], dim=1)
 

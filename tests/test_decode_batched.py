@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from draftheads.decode import batched
 from draftheads.decode.batched import generate_retiring
+from draftheads.decode.static import StaticLayer
 
 
 def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,13 +46,14 @@ def test_greedy_rows_equal_generate_and_finished_rows_are_dropped(kind, monkeypa
     prompts, stops = prompts_and_stops(model, vocab)
     ids, mask = left_padded(prompts, pad=0)
     kept = []
-    real_select = DynamicCache.batch_select_indices
+    real_set = StaticLayer._set
 
-    def spy(cache, indices):  # record every compaction, then do it
-        kept.append(len(indices))
-        return real_select(cache, indices)
+    def spy(layer, name, t):  # record the batch size of every compaction, then do it
+        if layer.index == 0 and name == "k_buf" and layer.k_buf is not None and len(t) < len(layer.k_buf):
+            kept.append(len(t))
+        return real_set(layer, name, t)
 
-    monkeypatch.setattr(DynamicCache, "batch_select_indices", spy)
+    monkeypatch.setattr(StaticLayer, "_set", spy)
     out = generate_retiring(model, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=stops)
     ref = model.generate(
         ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=stops, pad_token_id=0
