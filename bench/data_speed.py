@@ -1,16 +1,24 @@
 """The data pipeline's throughput on this machine (a benchmark, not a test)::
 
     draftheads data-speed speed.feature_tokens=3000 speed.batch_tokens=2048
+    draftheads data-speed speed.feature_tokens=0 speed.distill_prompts=96
 
 Prints tokens/s of tokenisation + masking (``prepare_dataset`` on the configured data, the
 embedded set by default) and of feature extraction (``build_feature_cache`` over the first
-``speed.feature_tokens`` tokens of it), both with the configured target.
+``speed.feature_tokens`` tokens of it), both with the configured target. With
+``speed.distill_prompts``, also new tokens/s of greedy distillation through the decoder's
+batched loop (``decode/batched.py``, what ``draftheads distill`` runs) and through transformers'
+``generate``, and the share of answers the two give identically.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -31,6 +39,10 @@ def data_speed(args: DataSpeedArgs) -> None:
     print(
         f"tokenize+mask: {len(ds)} rows, {report.tokens} tokens in {dt:.1f} s = {report.tokens / dt:,.0f} tokens/s"
     )
+    if o.distill_prompts:
+        distill_speed(model, tok, args)
+    if not o.feature_tokens:
+        return
     n, total = 0, 0
     while n < len(ds) and total < o.feature_tokens:
         total += len(ds[n]["input_ids"])
@@ -53,3 +65,43 @@ def data_speed(args: DataSpeedArgs) -> None:
         f"features (last layer, {o.dtype}, batch_tokens {o.batch_tokens}, {torch.get_num_threads()} threads): "
         f"{n} rows, {total} tokens in {dt:.1f} s = {total / dt:,.0f} tokens/s"
     )
+
+
+def distill_speed(model, tok, args: DataSpeedArgs) -> None:
+    """Greedy distillation of the first ``speed.distill_prompts`` training prompts, once per loop."""
+    from draftheads.data.distill import decoder_generate, distill, hf_generate
+    from draftheads.data.prompts import prompts_from_config
+    from draftheads.decode import backend
+    from draftheads.decode.batched import batched_generate
+
+    o = args.speed
+    prompts = prompts_from_config(args.data, "train")[: o.distill_prompts]
+    runner = partial(backend.running, args.data.distill.backend)
+    loops = {
+        "batched loop (decode/batched.py)": decoder_generate(model, tok, batched_generate(model)),
+        "transformers generate": hf_generate(model, tok),
+    }
+    answers = []
+    for name, generate in loops.items():
+        with tempfile.TemporaryDirectory() as out:
+            cfg = replace(
+                args.data.distill,
+                out_dir=out,
+                temperature=0.0,
+                batch_size=o.distill_batch_size,
+                max_new_tokens=o.distill_new_tokens,
+            )
+            t = time.perf_counter()
+            distill(model, tok, prompts, cfg, generate=generate, show_progress=False, runner=runner)
+            dt = time.perf_counter() - t
+            rows = [json.loads(x) for f in sorted(Path(out).glob("shard-*.jsonl")) for x in f.open()]
+        ids = {r["id"]: r["answer_ids"] for r in rows}
+        new = sum(len(a) for turns in ids.values() for a in turns)
+        answers.append(ids)
+        print(
+            f"distill, {name} ({args.data.distill.backend} backend, batch {o.distill_batch_size}, "
+            f"{torch.get_num_threads()} threads): {len(rows)} prompts, {new} new tokens in {dt:.1f} s "
+            f"= {new / dt:,.0f} new tokens/s"
+        )
+    same = sum(answers[0][k] == answers[1].get(k) for k in answers[0])
+    print(f"distill: {same} of {len(answers[0])} greedy answers identical between the two loops")

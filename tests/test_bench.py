@@ -205,3 +205,12 @@ def test_an_unknown_ablation_row_is_refused_before_any_stage(tmp_path):
     ):
         pipeline(cfg, b)
     assert not (tmp_path / "bench").exists()
+
+
+def test_data_speed_times_both_distillation_loops_and_compares_their_answers(capsys):
+    argv = ["data-speed", "target=tiny-llama", "data.max_rows=40", "speed.feature_tokens=0"]
+    argv += ["speed.distill_prompts=6", "speed.distill_batch_size=3", "speed.distill_new_tokens=5"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "distill, batched loop" in printed and "distill, transformers generate" in printed
+    assert "6 of 6 greedy answers identical between the two loops" in printed
