@@ -223,3 +223,5 @@ def test_distilled_rows_keep_their_token_ids_and_the_decode_round_trip_is_counte
     (tmp_path / "r" / "shard-00000.jsonl").write_text("\n".join(lines) + "\n")
     counts = roundtrip_changes(tmp_path / "r", tok)
     assert counts["rows"] == 2 and counts["rows_changed"] == 1 and counts["answers_changed"] == 1
+    # the five letters are replaced by the whole word's tokens; the unchanged row adds nothing
+    assert counts["tokens"] == 5 + len(whole) and counts["tokens_changed"] == 5
