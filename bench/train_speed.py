@@ -1,6 +1,6 @@
 """Training throughput on this machine (a benchmark, not a test)::
 
-    draftheads train-speed speed.cache=outputs/bench/features draft=eagle3 speed.tokens=8000 speed.steps=8
+    draftheads train-speed speed.cache=outputs/bench/teacher draft=eagle3 speed.tokens=8000 speed.steps=8
 
 Trains ``speed.steps`` steps of the ``make bench`` recipe for one drafter on the first
 ``speed.tokens`` answer tokens of an offline feature cache (as ``draftheads bench`` does), then

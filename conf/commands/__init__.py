@@ -120,7 +120,7 @@ COMMANDS: dict[str, Command] = {
         "draftheads.conf.commands.bench:train_speed",
         a.TrainSpeedArgs,
         "training tokens/s of the bench recipe on a feature cache",
-        "draftheads train-speed speed.cache=outputs/bench/features draft=eagle3",
+        "draftheads train-speed speed.cache=outputs/bench/teacher draft=eagle3",
     ),
     "data-speed": Command(
         "draftheads.conf.commands.bench:data_speed",

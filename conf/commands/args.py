@@ -159,7 +159,7 @@ class SpeedArgs:
 class TrainSpeedOptions:
     """``speed.*`` of ``draftheads train-speed``: the feature cache and how much of it to train on."""
 
-    cache: str = "outputs/bench/features"
+    cache: str = "outputs/bench/teacher"
     tokens: int = 8000
     steps: int = 8
 
