@@ -66,7 +66,8 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
         f"- Hardware: {env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores, torch threads "
         f"{env.get('torch_threads', '?')}, device {env.get('device', '?')}",
         f"- Versions: {json.dumps(env.get('versions', {}))}",
-        f"- Whole run: {results['seconds'] / 60:.0f} min. Settings: `{json.dumps(settings)}`",
+        f"- This invocation: {results['seconds'] / 60:.0f} min (stages cached by an earlier one are "
+        f"skipped, not counted). Settings: `{json.dumps(settings)}`",
         "",
         "## Training",
         "",
