@@ -13,7 +13,6 @@ batched loop (``decode/batched.py``, what ``draftheads distill`` runs) and throu
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import replace
@@ -69,7 +68,7 @@ def data_speed(args: DataSpeedArgs) -> None:
 
 def distill_speed(model, tok, args: DataSpeedArgs) -> None:
     """Greedy distillation of the first ``speed.distill_prompts`` training prompts, once per loop."""
-    from draftheads.data.distill import decoder_generate, distill, hf_generate
+    from draftheads.data.distill import decoder_generate, distill, hf_generate, shard_rows
     from draftheads.data.prompts import prompts_from_config
     from draftheads.decode import backend
     from draftheads.decode.batched import batched_generate
@@ -94,7 +93,7 @@ def distill_speed(model, tok, args: DataSpeedArgs) -> None:
             t = time.perf_counter()
             distill(model, tok, prompts, cfg, generate=generate, show_progress=False, runner=runner)
             dt = time.perf_counter() - t
-            rows = [json.loads(x) for f in sorted(Path(out).glob("shard-*.jsonl")) for x in f.open()]
+            rows = shard_rows(Path(out))
         ids = {r["id"]: r["answer_ids"] for r in rows}
         new = sum(len(a) for turns in ids.values() for a in turns)
         answers.append(ids)

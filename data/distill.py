@@ -362,6 +362,13 @@ def answer_batch(
     return rows, n_new
 
 
+def shard_rows(out: Path) -> list[dict]:
+    """Every row of a distillation's shards, in shard order."""
+    return [
+        json.loads(line) for f in sorted(Path(out).glob("shard-*.jsonl")) for line in f.open(encoding="utf-8")
+    ]
+
+
 def changed_tokens(ids: list[int], again: list[int]) -> int:
     """Generated tokens not kept by the re-tokenization (outside the longest matching blocks)."""
     blocks = difflib.SequenceMatcher(a=ids, b=again, autojunk=False).get_matching_blocks()
@@ -373,10 +380,7 @@ def roundtrip_changes(out: Path, tokenizer) -> dict:
     tokens whose generated ids (``answer_ids``) differ from ``encode(decode(ids))``, over every
     shard row. (On SmolLM2 about 0.4% of tokens: the target sometimes emits a non-canonical
     split such as ``Ġsm`` + ``ok`` for ``Ġsmok``.)"""
-    rows = [
-        json.loads(line) for f in sorted(Path(out).glob("shard-*.jsonl")) for line in f.open(encoding="utf-8")
-    ]
-    answers = [r.get("answer_ids") or [] for r in rows]
+    answers = [r.get("answer_ids") or [] for r in shard_rows(out)]
     again = [[tokenizer(tokenizer.decode(i, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
               for i in a] for a in answers]  # fmt: skip
     redo = [[x != y for x, y in zip(a, b)] for a, b in zip(answers, again)]
