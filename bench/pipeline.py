@@ -246,6 +246,7 @@ def main_point(results: dict[str, Any], kind: str) -> list[dict]:
             "answer_tokens": train["answer_tokens"],
             "steps": train.get("steps"),
             "epochs": train.get("epochs"),
+            "seconds": train.get("seconds"),
             "tau": report["tau"],
             "prompts": report["num_prompts"],
         }
