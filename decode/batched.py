@@ -41,12 +41,15 @@ def next_tokens(logits: torch.Tensor, do_sample: bool, temperature: float, top_p
     return torch.multinomial(warp(logits, temperature, 0, top_p), 1)[:, 0]
 
 
-def last_logits(model, **inputs) -> torch.Tensor:
-    """The logits at the last position ``[B, V]`` (only that row of the vocabulary projection
-    is computed when the model accepts ``logits_to_keep``)."""
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        inputs["logits_to_keep"] = 1
-    return model(**inputs, use_cache=True).logits[:, -1].float()
+def last_only(model) -> dict:
+    """``logits_to_keep=1`` where the model accepts it: only the last position's row of the
+    vocabulary projection is computed."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def last_logits(model, keep: dict, **inputs) -> torch.Tensor:
+    """The logits at the last position ``[B, V]`` (``keep``: :func:`last_only` of the model)."""
+    return model(**inputs, **keep, use_cache=True).logits[:, -1].float()
 
 
 @torch.no_grad()
@@ -81,8 +84,11 @@ def generate_retiring(
     out = torch.full((B, max_new_tokens), fill, dtype=torch.long, device=dev)
     # positions count real tokens only, so a left-padded row starts at position 0
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    keep_last = last_only(model)  # checked once, not per step
     prefill = DynamicCache()
-    logits = last_logits(model, input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=prefill)
+    logits = last_logits(
+        model, keep_last, input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=prefill
+    )
     cache = StaticKV.adopt(prefill, KVPool(), max_new_tokens)
     del prefill
     allowed = torch.zeros(B, cache.capacity, dtype=torch.bool, device=dev)  # cache slots a row sees
@@ -110,6 +116,7 @@ def generate_retiring(
         cache.write_index = torch.tensor([S], device=dev)
         logits = last_logits(
             model,
+            keep_last,
             input_ids=tok[:, None],
             attention_mask=additive_mask(allowed[:, None, :], dtype),
             position_ids=nxt[:, None],
