@@ -241,6 +241,62 @@ def read_manifest(directory: Path) -> dict:
         raise UserError(f"{path} is corrupt; rebuild the cache with `draftheads features`") from None
 
 
+# what every cache of a combined view must agree on, beyond the target
+VIEW_KEYS = ("layers", "feature_dim", "dtype", "topk", "target_next")
+
+
+def combine_caches(sources: list[tuple[Path, int]], out: Path) -> dict:
+    """Write ``out/manifest.json``: a cache that reads each ``(cache, repeats)`` source's shards
+    ``repeats`` times, in order, without copying them (shards are named by relative path).
+
+    This is how separately built caches (teacher-forced text, self-distilled answers) train as one
+    mixture, with a smaller source weighted up by repeating it; the sources must share the
+    target, layers, dtype and label columns. Returns the manifest.
+    """
+    out = Path(out)
+    read = [(Path(d), read_manifest(Path(d)), r) for d, r in sources]
+    if not read:
+        raise UserError("combine_caches: no source caches given; name at least one feature cache")
+    first_dir, first, _ = read[0]
+    expected = TargetFingerprint.from_dict(first["fingerprint"])
+    for d, m, repeats in read:
+        if not m.get("complete"):
+            raise UserError(f"feature cache {d} is incomplete; rerun `draftheads features` to finish it")
+        if repeats < 1:
+            raise UserError(f"feature cache {d}: repeats must be at least 1, got {repeats}")
+        bad = TargetFingerprint.from_dict(m["fingerprint"]).mismatches(expected)
+        bad += [k for k in VIEW_KEYS if m.get(k) != first.get(k)]
+        if bad:
+            raise UserError(
+                f"feature caches {first_dir} and {d} differ in {', '.join(bad)} and cannot train together; "
+                f"rebuild {d} with `draftheads features` for the same target, layers and top-k"
+            )
+    shards, rows, tokens, loss = [], 0, 0, 0
+    for d, m, repeats in read:
+        for _ in range(repeats):
+            shards += [
+                {
+                    "file": os.path.relpath(d / s["file"], out),
+                    "rows": [rows + s["rows"][0], rows + s["rows"][1]],
+                }
+                for s in m["shards"]
+            ]
+            rows += m["num_rows"]
+            tokens += m.get("num_tokens", 0)
+            loss += m["num_loss_tokens"]
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        **{k: v for k, v in first.items() if k not in ("shards", "view_of")},
+        "shards": shards,
+        "num_rows": rows,
+        "num_tokens": tokens,
+        "num_loss_tokens": loss,
+        "view_of": [[str(d), r] for d, _, r in read],
+    }
+    write_json(out / MANIFEST, manifest)
+    return manifest
+
+
 class FeatureCache(Dataset):
     """A built feature cache as a torch Dataset of per-row dicts of tensors.
 

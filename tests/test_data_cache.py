@@ -10,7 +10,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DataConfig
-from draftheads.data.cache import MANIFEST, FeatureCache, build_feature_cache, length_batches
+from draftheads.data.cache import MANIFEST, FeatureCache, build_feature_cache, combine_caches, length_batches
 from draftheads.data.prepare import prepare_dataset
 from draftheads.heads.features import target_features
 
@@ -104,3 +104,32 @@ def test_cache_resumes_and_refuses_other_targets_and_layers(tmp_path, tiny_llama
         build_feature_cache(model, tok, small_set, tmp_path / "x", [9], **kw)
     with pytest.raises(UserError, match="not a feature cache"):
         FeatureCache(tmp_path / "nowhere")
+
+
+def test_combined_caches_read_each_source_in_order_repeated_and_refuse_mismatches(
+    tmp_path, tiny_llama, small_set
+):
+    model, tok, fp = tiny_llama
+    kw = dict(dtype="float32", batch_tokens=256, topk=3, shard_mb=0.01, show_progress=False)
+    a, b = tmp_path / "a", tmp_path / "b"
+    build_feature_cache(model, tok, small_set.select(range(5)), a, [1, 4], **kw)
+    build_feature_cache(model, tok, small_set.select(range(5, 12)), b, [1, 4], **kw)
+    m = combine_caches([(a, 1), (b, 2)], tmp_path / "mix")
+    A, B = FeatureCache(a), FeatureCache(b)
+    mix = FeatureCache(tmp_path / "mix", expected_fingerprint=fp, layers=[1, 4])
+    assert len(mix) == len(A) + 2 * len(B) == 19
+    assert m["num_loss_tokens"] == A.manifest["num_loss_tokens"] + 2 * B.manifest["num_loss_tokens"]
+    # row i of the view is the source row it names: a's rows, then b's rows twice
+    order = [(A, i) for i in range(5)] + [(B, i) for i in range(7)] * 2
+    for i, (src, j) in enumerate(order):
+        got, want = mix[i], src[j]
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+    other = tmp_path / "other"  # the same rows without top-k labels: a different label column
+    build_feature_cache(model, tok, small_set.select(range(5)), other, [1, 4], **{**kw, "topk": 0})
+    with pytest.raises(UserError, match=r"differ in topk .*rebuild .*other"):
+        combine_caches([(a, 1), (other, 1)], tmp_path / "bad")
+    with pytest.raises(UserError, match="repeats must be at least 1"):
+        combine_caches([(a, 1), (b, 0)], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
