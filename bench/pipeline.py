@@ -83,21 +83,23 @@ def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
         batch_size=b.distill_batch_size,
     )
     dirs = [out / "prompts"]
-    if not done(dirs[0]):
+    made = {"prompts": b.distill_prompts, "new_tokens": b.distill_new_tokens}
+    if not done(dirs[0], made):
         log(f"distill: {b.distill_prompts} prompts, greedy, {b.distill_new_tokens} new tokens")
         distill(
             target, tok, distill_prompts(cfg, b), replace(d, out_dir=str(dirs[0])), decode=fast, runner=runner
         )
-        mark_done(dirs[0])
+        mark_done(dirs[0], settings=made)
     if b.self_prompts:
         dirs.append(out / "self")
-        if not done(dirs[1]):
+        made = {"self_prompts": b.self_prompts, "new_tokens": b.distill_new_tokens}
+        if not done(dirs[1], made):
             log(f"distill: {b.self_prompts} target-written prompts, then their answers")
             sd = replace(d, out_dir=str(dirs[1]), source="self", self_prompts=b.self_prompts)
             prompts, stats = self_prompts(target, tok, sd, decode=fast, runner=runner)
             log(f"target-written prompts: {json.dumps(stats)}")
             distill(target, tok, prompts, sd, source="self", decode=fast, runner=runner)
-            mark_done(dirs[1], stats)
+            mark_done(dirs[1], stats, settings=made)
     return dirs
 
 
@@ -110,7 +112,10 @@ def stage_features(cfg: BenchArgs, b: BenchConfig, target, tok, data_dirs: list[
     from draftheads.heads.target import fingerprint
 
     out = Path(b.out_dir) / "features"
-    if done(out):
+    # beside a teacher-forced cache, the same label columns (top-k), so the two train as one
+    topk = b.topk if b.teacher_tokens else 0
+    made = {"data": [d.name for d in data_dirs], "topk": topk}
+    if done(out, made):
         return out
     parts = []
     for d in data_dirs:
@@ -121,8 +126,10 @@ def stage_features(cfg: BenchArgs, b: BenchConfig, target, tok, data_dirs: list[
     # EAGLE-3's training layers: a superset of Medusa's (the final state), so one cache serves both
     layers = DraftConfig(kind="eagle", version=3).training_layers(fingerprint(target).num_layers)
     log(f"features: {len(ds)} rows, layers {layers}")
-    build_feature_cache(target, tok, ds, out, layers, dtype="bfloat16", batch_tokens=2048)
-    mark_done(out)
+    t0 = time.perf_counter()
+    build_feature_cache(target, tok, ds, out, layers, dtype="bfloat16", topk=topk, batch_tokens=2048)
+    answer = sum(map(sum, ds["loss_mask"]))
+    mark_done(out, {"rows": len(ds), "answer_tokens": answer, "seconds": time.perf_counter() - t0}, made)
     return out
 
 
@@ -130,15 +137,18 @@ def stage_features(cfg: BenchArgs, b: BenchConfig, target, tok, data_dirs: list[
 def stage_train(cfg: BenchArgs, b: BenchConfig, kind: str, rows: list[dict], steps: int, out: Path) -> Path:
     from draftheads.train.recipe import train
 
-    if done(out):
+    made = {"kind": kind, "steps": steps, "answer_tokens": answer_tokens(rows)}
+    if done(out, made):
         return out
-    log(f"train {kind}: {len(rows)} rows, {answer_tokens(rows)} answer tokens, {steps} steps")
+    log(f"train {kind}: {len(rows)} rows, {made['answer_tokens']} answer tokens, {steps} steps")
     t0 = time.perf_counter()
     tcfg = compose([f"target={target_group(cfg)}", *train_overrides(kind, out, steps)])
     tcfg.target = cfg.target
     train(tcfg, rows=rows)
     mark_done(
-        out, {"seconds": time.perf_counter() - t0, "answer_tokens": answer_tokens(rows), "steps": steps}
+        out,
+        {"seconds": time.perf_counter() - t0, "answer_tokens": made["answer_tokens"], "steps": steps},
+        made,
     )
     return out
 
@@ -170,7 +180,13 @@ def stage_eval(
     from draftheads.heads import Drafter
 
     out = heads / f"eval-{name}"
-    if done(out):
+    made = {
+        "prompts": b.eval_prompts,
+        "new_tokens": b.eval_new_tokens,
+        "per_category": b.spec_bench_per_category,
+        "baselines": list(baselines),
+    }
+    if done(out, made):
         return json.loads((out / "report.json").read_text())
     prompts = eval_prompts(name, b, tok)
     if not prompts:
@@ -185,7 +201,7 @@ def stage_eval(
         prompts=name, heads=str(heads), drafter=drafter.kind, environment=environment(target, decode)
     )
     write_report(report, results, baselines, out)
-    mark_done(out)
+    mark_done(out, settings=made)
     return report
 
 
@@ -263,8 +279,11 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
     target, tok = load_target(cfg.target)
     H = target.config.hidden_size
     data_dirs = stage_distill(cfg, b, target, tok) if b.distill_prompts else []
+    distilled = None  # with teacher-forced data: the distilled answers' own cache, mixed in by view
     if b.teacher_tokens:
-        cache = study.stage_teacher(cfg, b, target, tok, data_dirs)
+        cache = study.stage_teacher(cfg, b, target, tok)
+        if data_dirs:
+            distilled = stage_features(cfg, b, target, tok, data_dirs)
     else:
         cache = stage_features(cfg, b, target, tok, data_dirs)
     results: dict[str, Any] = {"drafters": {}, "scaling": [], "train": {}, "ablations": {}}
@@ -274,8 +293,13 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
         heads = Path(b.out_dir) / kind
         if b.teacher_tokens and kind == "eagle3":  # streamed from the cache, equal compute to scaling
             tokens = json.loads((cache / ".done").read_text())["answer_tokens"]
-            epochs = b.scaling_compute / max(tokens, 1)
-            study.train_on(cfg, b, target, cache, heads, tokens, epochs)
+            source, note = cache, {}
+            epochs = b.scaling_compute / max(tokens, 1)  # passes over the teacher tokens
+            if distilled is not None:  # the same passes over a view that adds the distilled ones
+                source, note = study.mixture(b, cache, distilled)
+                results["mixture"] = {**json.loads((distilled / ".done").read_text()), **note}
+                tokens += note["distilled_tokens"]
+            study.train_on(cfg, b, target, source, heads, tokens, epochs, note=note)
         else:
             limit = b.medusa_tokens if b.teacher_tokens and kind == "medusa" else None
             rows = load_rows(cache, H, "last" if kind == "medusa" else "all", max_tokens=limit)
@@ -294,7 +318,9 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
     eagle = next((k for k in b.drafters if k in EAGLE_KINDS), None)
     if b.teacher_tokens:
         points = study.stage_scaling(cfg, b, target, tok, cache)
-        results["scaling"] = points + (main_point(results, eagle) if eagle == "eagle3" else [])
+        # the main drafter is a point of the equal-compute curve unless distilled data was added
+        main = eagle == "eagle3" and distilled is None
+        results["scaling"] = points + (main_point(results, eagle) if main else [])
         results["ablations"] = study.stage_ablations(cfg, b, target, tok, cache)
     elif eagle and b.scaling_tokens:
         results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle) + main_point(results, eagle)

@@ -88,6 +88,14 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
             f"Teacher-forced feature cache: {data.get('rows')} rows, {data.get('answer_tokens')} distinct "
             f"answer tokens{minutes}.",
         ]
+    mix = results.get("mixture")
+    if mix:
+        lines += [
+            "",
+            f"Self-distilled answers beside it: {mix.get('rows')} rows, {mix['distilled_tokens']} answer "
+            f"tokens, {mix['distill_repeats']} passes each per pass over the teacher-forced text, in the "
+            "main EAGLE-3 drafter's data only.",
+        ]
     lines += [
         "",
         "## Acceptance and speed",
@@ -166,7 +174,8 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
     lines += [
         "",
         "Reproduce: `make bench` (or `draftheads bench bench.out_dir=outputs/bench`); stages are cached "
-        "under `bench.out_dir`, so a rerun skips what is done.",
+        "under `bench.out_dir`, so a rerun skips what is done, and a stage done under other settings "
+        "stops the rerun with the folder to delete.",
     ]
     replace_section(path, "\n".join(lines))
     write_figures(results, settings, path.with_suffix(".json"))
@@ -205,6 +214,7 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
     return {
         "train": results["train"],
         "data": results.get("data"),
+        "mixture": results.get("mixture"),
         "drafters": drafters,
         "scaling": results.get("scaling", []),
         "ablations": results.get("ablations", {}),

@@ -21,13 +21,32 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def done(path: Path) -> bool:
-    return (path / ".done").is_file()
+def done(path: Path, settings: dict[str, Any] | None = None) -> bool:
+    """Whether the stage that writes ``path`` has finished. A stage finished under other
+    ``settings`` (recorded by :func:`mark_done`) stops the run: reusing it would report figures
+    for settings that were not run. Markers that record no settings are trusted."""
+    marker = path / ".done"
+    if not marker.is_file():
+        return False
+    made = json.loads(marker.read_text()).get("settings")
+    want = json.loads(json.dumps(settings))
+    if settings is not None and made is not None and made != want:
+        keys = sorted(k for k in {*made, *want} if made.get(k) != want.get(k))
+        was = ", ".join(f"{k}={made.get(k)}" for k in keys)
+        now = ", ".join(f"{k}={want.get(k)}" for k in keys)
+        raise UserError(
+            f"{path} was made with {was}, not {now}; delete {path} to redo that stage, "
+            "or set bench.out_dir to a new folder"
+        )
+    return True
 
 
-def mark_done(path: Path, info: dict[str, Any] | None = None) -> None:
+def mark_done(path: Path, info: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> None:
+    """Mark the stage that writes ``path`` finished, with what it measured (``info``) and the
+    settings it ran under (checked by :func:`done` on a rerun)."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / ".done").write_text(json.dumps(info or {}) + "\n")
+    record = {**(info or {}), **({"settings": settings} if settings is not None else {})}
+    (path / ".done").write_text(json.dumps(record) + "\n")
 
 
 def compose(overrides: list[str]) -> Config:

@@ -65,9 +65,10 @@ def interleave(lengths: list[int], seed: int) -> list[tuple[int, int]]:
     return [(k, row) for _, k, row in sorted(keyed)]
 
 
-def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok, extra: list[Path]):
-    """Distinct teacher-forced rows (``data=teacher`` plus distilled folders ``extra``), interleaved
-    across components and cut at ``bench.teacher_tokens`` answer tokens."""
+def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok):
+    """Distinct teacher-forced rows (``data=teacher``), interleaved across components and cut at
+    ``bench.teacher_tokens`` answer tokens. Distilled answers get their own cache (see
+    :func:`mixture`), so adding them never rebuilds this one."""
     import datasets
 
     from draftheads.bench.stages import compose, log
@@ -77,7 +78,6 @@ def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok, extra: list[Path]):
         compose(["data=teacher", f"data.data_dir={b.shared_data}"]).data, max_rows=cfg.data.max_rows
     )
     comps = [dict(c) for c in data.mixture if c["name"] != "self"]
-    comps += [{"name": d.name, "path": str(d)} for d in extra]
     parts = []
     for comp in comps:
         if absent(comp, data.data_dir):
@@ -97,24 +97,25 @@ def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok, extra: list[Path]):
     return datasets.concatenate_datasets(parts).select(picked), tokens
 
 
-def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok, extra: list[Path]) -> Path:
+def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
     """The feature cache of the teacher-forced rows: EAGLE-3's layers and the target's top-k."""
     from draftheads.bench.stages import done, log, mark_done
     from draftheads.data.cache import build_feature_cache, read_manifest
     from draftheads.heads.target import fingerprint
 
     out = Path(b.out_dir) / "teacher"
-    if done(out):
+    made = {"teacher_tokens": b.teacher_tokens, "topk": b.topk, "max_rows": cfg.data.max_rows}
+    if done(out, made):
         return out
     t0 = time.perf_counter()
-    ds, tokens = teacher_dataset(cfg, b, tok, extra)
+    ds, tokens = teacher_dataset(cfg, b, tok)
     log(f"teacher: {len(ds)} rows, {tokens} distinct answer tokens, top-{b.topk} logits")
     layers = DraftConfig(kind="eagle", version=3).training_layers(fingerprint(target).num_layers)
     build_feature_cache(target, tok, ds, out, layers, topk=b.topk, shard_mb=b.shard_mb, batch_tokens=2048)
     loss = [sum(m) for m in ds["loss_mask"]]
     shards = read_manifest(out)["shards"]
     (out / ANSWER_TOKENS).write_text(json.dumps([sum(loss[a:z]) for a, z in (s["rows"] for s in shards)]))
-    mark_done(out, {"rows": len(ds), "answer_tokens": tokens, "seconds": time.perf_counter() - t0})
+    mark_done(out, {"rows": len(ds), "answer_tokens": tokens, "seconds": time.perf_counter() - t0}, made)
     return out
 
 
@@ -145,6 +146,18 @@ def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
     return tokens
 
 
+def mixture(b: BenchConfig, teacher: Path, distilled: Path) -> tuple[Path, dict]:
+    """The main EAGLE-3 drafter's data when distillation is on: the teacher-forced cache, then the
+    self-distilled cache ``bench.distill_repeats`` times, as one view (nothing is copied).
+    Returns the view and what it holds."""
+    from draftheads.data.cache import combine_caches, read_manifest
+
+    out = Path(b.out_dir) / "mixture"
+    combine_caches([(teacher, 1), (distilled, b.distill_repeats)], out)
+    d = read_manifest(distilled)["num_loss_tokens"]
+    return out, {"distilled_tokens": d, "distill_repeats": b.distill_repeats}
+
+
 # ---- training and τ ------------------------------------------------------------------------
 def recipe(kind: str, out: Path, extra: list[str], save_every: int) -> list[str]:
     """The bench's training overrides for ``kind`` plus a row's ``extra`` (which win)."""
@@ -158,13 +171,15 @@ def recipe(kind: str, out: Path, extra: list[str], save_every: int) -> list[str]
 
 
 def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tokens: int, epochs: float,
-             extra: list[str] = ()) -> dict:  # fmt: skip
+             extra: list[str] = (), note: dict | None = None) -> dict:  # fmt: skip
     """One cached training run on the answer tokens of ``cache`` (EAGLE: streamed from disk;
-    Medusa: its final states in memory), ``epochs`` passes; returns its ``.done`` record."""
+    Medusa: its final states in memory), ``epochs`` passes; returns its ``.done`` record
+    (with ``note`` added to it)."""
     from draftheads.bench.stages import compose, done, load_rows, log, mark_done, target_group
     from draftheads.train.recipe import train
 
-    if done(out):
+    made = {"answer_tokens": tokens, "epochs": round(epochs, 6), "overrides": list(extra), **(note or {})}
+    if done(out, made):
         return json.loads((out / ".done").read_text())
     medusa = any(o.startswith("draft=medusa") for o in extra)
     kind = "medusa" if medusa else "eagle3"
@@ -185,8 +200,9 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
         "answer_tokens": tokens,
         "epochs": epochs,
         "overrides": list(extra),
+        **(note or {}),
     }
-    mark_done(out, info)
+    mark_done(out, info, made)
     return info
 
 

@@ -180,6 +180,12 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     again = pipeline(cfg, b)
     assert [c.train.output_dir for c in calls] == [str(out / "scaling" / "eagle3-700" / "drafter")]
     assert again["ablations"]["eagle3 init from target"]["tau"] == row["tau"]
+    # a finished stage is never reused under other settings: the rerun stops and names it
+    with pytest.raises(UserError, match=r"teacher was made with topk=8, not topk=4; delete .*teacher"):
+        pipeline(cfg, replace(b, topk=4))
+    with pytest.raises(UserError, match=r"bench/eagle3 was made with epochs=0\.\d+, not epochs=1\.\d+;"):
+        pipeline(cfg, replace(b, scaling_compute=2000))
+    assert (out / "eagle3" / "model.safetensors").is_file()  # nothing was deleted
 
     docs = tmp_path / "docs" / "benchmarks.md"
     write_docs(again, b, docs)
@@ -195,6 +201,44 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     heldout = record["drafters"]["eagle3"]["heldout"]
     assert heldout["speedup_vs_stock"] == again["drafters"]["eagle3"]["heldout"]["speedup_vs_stock"] > 0
     assert "| τ | vs stock | vs greedy | backend |" in text
+
+
+@pytest.mark.slow
+def test_distilled_answers_join_the_teacher_cache_by_view_for_the_main_drafter_only(tmp_path, tiny_llama):
+    """With teacher-forced data and distillation, the distilled answers get their own top-k cache;
+    the main EAGLE-3 drafter reads teacher rows then distilled rows ``distill_repeats`` times."""
+    cfg = parse(["bench", "target=tiny-llama", "data.max_rows=12"]).args
+    out = tmp_path / "bench"
+    b = replace(
+        cfg.bench,
+        out_dir=str(out),
+        shared_data=str(tmp_path / "no-shared-data"),
+        distill_prompts=4,
+        distill_new_tokens=6,
+        distill_batch_size=4,
+        distill_repeats=3,
+        teacher_tokens=600,
+        topk=8,
+        shard_mb=0.1,
+        drafters=["eagle3"],
+        eval_sets=["heldout"],
+        eval_prompts=1,
+        eval_new_tokens=6,
+        baselines=[],
+        docs="",
+    )
+    results = pipeline(cfg, b)
+    teacher = json.loads((out / "teacher" / "manifest.json").read_text())
+    distilled = json.loads((out / "features" / "manifest.json").read_text())
+    mix = json.loads((out / "mixture" / "manifest.json").read_text())
+    assert distilled["topk"] == teacher["topk"] == 8 and distilled["num_rows"] == 4
+    assert mix["num_rows"] == teacher["num_rows"] + 3 * distilled["num_rows"]
+    assert mix["num_loss_tokens"] == teacher["num_loss_tokens"] + 3 * distilled["num_loss_tokens"]
+    main_run = results["train"]["eagle3"]
+    assert main_run["distilled_tokens"] == distilled["num_loss_tokens"] and main_run["distill_repeats"] == 3
+    assert main_run["answer_tokens"] == teacher["num_loss_tokens"] + distilled["num_loss_tokens"]
+    # the mixed drafter is not a point of the equal-compute curve
+    assert results["scaling"] == [] and results["mixture"]["rows"] == 4
 
 
 def test_an_unknown_ablation_row_is_refused_before_any_stage(tmp_path):

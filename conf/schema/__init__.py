@@ -26,8 +26,11 @@ class BenchConfig:
     CodeAlpaca); absent, those sets are skipped with a message.
 
     With ``teacher_tokens > 0`` the drafters train on teacher-forced text (``data=teacher``: the
-    embedded components, GSM8K and CodeAlpaca when present, and any distilled answers), labelled
-    by the target's top-``topk`` logits; EAGLE-3 streams that cache from disk. The embedded
+    embedded components, GSM8K and CodeAlpaca when present), labelled by the target's
+    top-``topk`` logits; EAGLE-3 streams that cache from disk. With ``distill_prompts > 0`` as
+    well, the distilled answers get a cache of their own and the main EAGLE-3 drafter trains on
+    both, the distilled part ``distill_repeats`` times (a mixture; Medusa, the scaling points and
+    the ablations stay on the teacher-forced cache). The embedded
     components alone hold about 350k answer tokens; 500k needs GSM8K or CodeAlpaca in
     ``shared_data`` (1.47M with both).
 
@@ -56,6 +59,8 @@ class BenchConfig:
     # train and CodeAlpaca when shared_data exists), and target-written prompts
     distill_prompts: int = 0
     self_prompts: int = 0
+    # beside teacher-forced data: passes over the distilled answers per pass over the teacher text
+    distill_repeats: int = 1
     distill_new_tokens: int = 192
     distill_batch_size: int = 32
     # teacher-forced answer tokens in the feature cache (0: train on the distilled data only)
