@@ -34,34 +34,36 @@ class BenchConfig:
     components alone hold about 350k answer tokens; 500k needs GSM8K or CodeAlpaca in
     ``shared_data`` (1.47M with both).
 
-    **Time on 2 CPU cores (measured rates).** features ~400 tokens/s, EAGLE-3 training ~320
-    tokens/s (more with top-k labels), distillation ~100 new tokens/s. Rates count every row
-    token; teacher-forced rows are ~57% answer tokens, so 1 answer token ~ 1.75 row tokens.
+    **Time on 2 CPU cores** (stage times measured on an AMD EPYC with AVX2, torch 2.13 CPU):
 
-    * distillation: 0 prompts by default (teacher-forced text replaces it): 0 min;
-    * features: 500k answer tokens ~ 875k row tokens / 400 = 2190 s ~ 37 min;
-    * EAGLE-3, 500k distinct answer tokens x 1 epoch (``scaling_compute``) ~ 875k / 320 =
-      2730 s ~ 46 min (~36 min at 400 tokens/s with top-k labels);
-    * Medusa, ``medusa_steps`` 150 at ~5 s = 13 min; evaluation (held-out 20, Spec-Bench 13,
-      GSM8K 20 prompts x 128 tokens, 2 drafters + baselines) ~ 15 min;
-    * total ~ 110 min: within 2 hours.
+    * distillation: 480 prompts x up to 160 new tokens, 68k answer tokens at ~110 new tokens/s
+      ~ 10 min;
+    * teacher-forced features: 500k answer tokens (847k row tokens) at ~444 tokens/s ~ 32 min;
+      the distilled answers' features (104k row tokens) ~ 4 min;
+    * Medusa, ``medusa_steps`` 150 at ~1.8 s ~ 4.5 min, its tree ~ 1 min;
+    * EAGLE-3, 500k teacher-forced answer tokens x 1 epoch plus 68k distilled ones x 2, streamed,
+      ~540 tokens/s ~ 33 min;
+    * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; each drafter
+      against stock and same-backend greedy, prompt lookup once) ~ 40 min;
+    * total ~ 124 min (``distill_prompts=0``, teacher-forced text alone: 104 min).
 
-    A scaling point costs as much as the main EAGLE-3 run (equal compute, ~40 min), an
-    ablation row ``ablation_tokens x ablation_epochs`` = 136k answer-token passes ~ 240k row
-    tokens ~ 12 min: they do not fit beside the main run, so they are off by default and are
-    added by a rerun (cached stages only add what is new): ``bench.scaling_tokens=[68000,150000]``
-    (~80 min; the 500k point is the main drafter) and ``bench.ablations=[all]`` (10 rows, ~2 h).
+    A scaling point costs as much as the main EAGLE-3 run without the distilled part (equal
+    compute, ~26-31 min), an ablation row ``ablation_tokens x ablation_epochs`` = 68k answer-token
+    passes ~ 120k row tokens ~ 5 min plus 2 min of held-out decoding: they do not fit beside the
+    main run, so they are off by default and are added by a rerun (cached stages only add what
+    is new): ``bench.scaling_tokens=[68000,150000]`` (~60 min; the 500k point is the teacher-only
+    drafter) and ``bench.ablations=[all]`` (10 rows, ~70 min).
     """
 
     out_dir: str = "outputs/bench"
     shared_data: str = "../shared/data"
     # distillation: prompts answered greedily by the target (embedded train split, plus GSM8K
     # train and CodeAlpaca when shared_data exists), and target-written prompts
-    distill_prompts: int = 0
+    distill_prompts: int = 480
     self_prompts: int = 0
     # beside teacher-forced data: passes over the distilled answers per pass over the teacher text
-    distill_repeats: int = 1
-    distill_new_tokens: int = 192
+    distill_repeats: int = 2
+    distill_new_tokens: int = 160
     distill_batch_size: int = 32
     # teacher-forced answer tokens in the feature cache (0: train on the distilled data only)
     teacher_tokens: int = 500_000
@@ -80,7 +82,7 @@ class BenchConfig:
     # recipe switches at equal data (rows of draftheads.bench.study.ABLATIONS, or [all])
     ablations: list[str] = field(default_factory=list)
     ablation_tokens: int = 68_000
-    ablation_epochs: float = 2.0
+    ablation_epochs: float = 1.0
     eval_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench", "gsm8k_test"])
     eval_prompts: int = 20
     spec_bench_per_category: int = 1
