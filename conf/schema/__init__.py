@@ -45,7 +45,7 @@ class BenchConfig:
       ~540 tokens/s ~ 33 min;
     * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; each drafter
       against stock and same-backend greedy, prompt lookup once) ~ 40 min;
-    * total ~ 124 min (``distill_prompts=0``, teacher-forced text alone: 104 min).
+    * total ~ 126 min (``distill_prompts=0``, teacher-forced text alone: 104 min).
 
     A scaling point costs as much as the main EAGLE-3 run without the distilled part (equal
     compute, ~26-31 min), an ablation row ``ablation_tokens x ablation_epochs`` = 68k answer-token
