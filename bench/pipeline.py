@@ -10,7 +10,8 @@ Stages, each cached under ``bench.out_dir`` so that a rerun skips what is done:
 3. **train**: each drafter in ``bench.drafters`` on the cached features.
 4. **tree**: the Medusa tree is chosen from measured head accuracies (``draftheads tree``).
 5. **eval**: every drafter on every prompt set (held-out, Spec-Bench, GSM8K test) against
-   plain greedy ``generate`` and prompt lookup decoding, in the same run.
+   plain greedy ``generate`` and prompt lookup decoding, all in one loop per set: the greedy
+   runs are decoded once per turn for every drafter, and every ratio comes from one run.
 6. **scaling**: τ on held-out prompts against training tokens for the EAGLE drafter.
 
 The results, with the commands and the hardware, are written to ``bench.docs``.
@@ -173,36 +174,59 @@ def stage_tree(cfg: BenchArgs, target, tok, heads: Path) -> None:
 
 # ---- 5. eval ----------------------------------------------------------------------------
 def stage_eval(
-    cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path, name: str, baselines: list[str]
-) -> dict | None:
+    cfg: BenchArgs, b: BenchConfig, target, tok, heads: dict[str, Path], name: str
+) -> dict[str, dict]:
+    """Every drafter of ``heads`` (kind -> folder) on one prompt set, in one loop: stock and
+    same-backend greedy run once per turn for all of them, the baselines once (reported with
+    the first drafter). Each drafter's report is cached in its own ``eval-<set>`` folder; a
+    rerun decodes only the drafters whose report is missing."""
     from draftheads.decode.evaluate import run_eval
     from draftheads.decode.report import environment, summarize, write_report
     from draftheads.heads import Drafter
 
-    out = heads / f"eval-{name}"
-    made = {
-        "prompts": b.eval_prompts,
-        "new_tokens": b.eval_new_tokens,
-        "per_category": b.spec_bench_per_category,
-        "baselines": list(baselines),
+    first = next(iter(heads))
+
+    def made(kind: str) -> dict[str, Any]:
+        return {
+            "prompts": b.eval_prompts,
+            "new_tokens": b.eval_new_tokens,
+            "per_category": b.spec_bench_per_category,
+            "baselines": list(b.baselines) if kind == first else [],
+        }
+
+    reports = {
+        k: json.loads((p / f"eval-{name}" / "report.json").read_text())
+        for k, p in heads.items()
+        if done(p / f"eval-{name}", made(k))
     }
-    if done(out, made):
-        return json.loads((out / "report.json").read_text())
+    todo = [k for k in heads if k not in reports]
+    if not todo:
+        return reports
     prompts = eval_prompts(name, b, tok)
     if not prompts:
-        log(f"eval {heads.name} on {name}: skipped (no prompts; is {b.shared_data} there?)")
-        return None
-    log(f"eval {heads.name} on {name}: {len(prompts)} prompts, {b.eval_new_tokens} new tokens")
+        log(f"eval on {name}: skipped (no prompts; is {b.shared_data} there?)")
+        return reports
+    log(f"eval {', '.join(todo)} on {name}: {len(prompts)} prompts, {b.eval_new_tokens} new tokens")
+    baselines = list(b.baselines) if first in todo else []
     decode = replace(cfg.decode, max_new_tokens=b.eval_new_tokens)
-    drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok)
-    results = run_eval(target, tok, drafter, prompts, decode, baselines, warmup=cfg.eval.warmup)
-    report = summarize(results, baselines)
-    report.update(
-        prompts=name, heads=str(heads), drafter=drafter.kind, environment=environment(target, decode)
-    )
-    write_report(report, results, baselines, out)
-    mark_done(out, settings=made)
-    return report
+    drafters = {k: Drafter.from_pretrained(heads[k], target=target, tokenizer=tok) for k in todo}
+    t0 = time.perf_counter()
+    runs = run_eval(target, tok, drafters, prompts, decode, baselines, warmup=cfg.eval.warmup)
+    seconds = time.perf_counter() - t0
+    for k in todo:
+        kept = baselines if k == first else []
+        report = summarize(runs[k], kept)
+        report.update(
+            prompts=name,
+            heads=str(heads[k]),
+            drafter=drafters[k].kind,
+            environment=environment(target, decode),
+        )
+        out = heads[k] / f"eval-{name}"
+        write_report(report, runs[k], kept, out)
+        mark_done(out, {"seconds": seconds, "decoded_with": todo}, made(k))
+        reports[k] = report
+    return {k: reports[k] for k in heads if k in reports}
 
 
 # ---- 6. scaling -------------------------------------------------------------------------
@@ -308,13 +332,12 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
         results["train"][kind] = json.loads((heads / ".done").read_text())
         if kind == "medusa":
             stage_tree(cfg, target, tok, heads)
-        reports = {}
-        for name in b.eval_sets:
-            baselines = list(b.baselines) if kind == b.drafters[0] else []
-            rep = stage_eval(cfg, b, target, tok, heads, name, baselines)
-            if rep is not None:
-                reports[name] = rep
-        results["drafters"][kind] = reports
+    # every drafter in one loop per prompt set: the greedy baselines are decoded once for all
+    trained = {kind: Path(b.out_dir) / kind for kind in b.drafters}
+    results["drafters"] = {kind: {} for kind in b.drafters}
+    for name in b.eval_sets:
+        for kind, rep in stage_eval(cfg, b, target, tok, trained, name).items():
+            results["drafters"][kind][name] = rep
     eagle = next((k for k in b.drafters if k in EAGLE_KINDS), None)
     if b.teacher_tokens:
         points = study.stage_scaling(cfg, b, target, tok, cache)

@@ -7,7 +7,8 @@ run and back to back, we decode
 * with the target's stock greedy ``generate`` (eager PyTorch: what a user has without us),
 * with the same greedy ``generate`` on the decoder's backend (e.g. pre-packed oneDNN weights):
   the reference output, and the fair baseline for the decoding method itself,
-* with the speculative generator (target + drafter, on that backend),
+* with each speculative generator (target + a drafter, on that backend): several drafters share
+  one loop, so the greedy runs above are paid once per turn and every ratio comes from one run,
 * with each requested baseline: transformers' prompt lookup decoding (``pld``) and, when
   ``eval.assistant_model`` is given, assisted generation (``assisted``).
 
@@ -81,14 +82,18 @@ def timed(fn, *args, **kwargs):
 def evaluate_prompts(
     target: nn.Module,
     tokenizer,
-    generator,
+    generators: dict[str, Any],
     prompts: list,
     max_new_tokens: int,
     baselines: list[str],
     assistant: nn.Module | None = None,
     progress: bool = True,
-) -> list[TurnResult]:
-    """Decode every turn of every prompt with the drafter and with each baseline (greedy)."""
+) -> dict[str, list[TurnResult]]:
+    """Decode every turn of every prompt with each generator and each baseline (greedy).
+
+    Per turn: stock greedy once, greedy on each distinct backend once, then every generator,
+    then the baselines once (their figures are attached to every generator's result). The
+    conversation continues with the reference answer of the first generator's backend."""
     from tqdm import tqdm
 
     device = next(target.parameters()).device
@@ -96,53 +101,64 @@ def evaluate_prompts(
     gen_kw = dict(
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
     )
-    results: list[TurnResult] = []
+    results: dict[str, list[TurnResult]] = {name: [] for name in generators}
+    first_backend = next(iter(generators.values())).backend
     n_turns = sum(len(p.turns) for p in prompts)
     bar = tqdm(total=n_turns, desc="eval", unit="turn", disable=not progress)
-    accepted, forwards = 0, 0
+    accepted = dict.fromkeys(generators, 0)
+    forwards = dict.fromkeys(generators, 0)
     for p in prompts:
         messages: list[dict[str, str]] = []
         for turn in p.turns:
             messages.append({"role": "user", "content": turn})
             ids = encode_prompt(tokenizer, messages).to(device)
             n_prompt = ids.shape[1]
-            stock, stock_s = timed(target.generate, ids, attention_mask=torch.ones_like(ids), **gen_kw)
-            with backends.applied(generator.backend, target):
-                ref, base_s = timed(target.generate, ids, attention_mask=torch.ones_like(ids), **gen_kw)
-            out, spec_s = timed(generator.generate, ids, max_new_tokens=max_new_tokens, eos_token_id=eos)
-            stats = generator.last_stats
-            ref_new, out_new, stock_new = (
-                _trim(t[0, n_prompt:], tokenizer.pad_token_id, eos) for t in (ref, out, stock)
-            )
-            extra = {}
-            for name in baselines:
-                extra[name] = _run_baseline(name, target, ids, gen_kw, assistant)
-            results.append(
-                TurnResult(
-                    prompt_id=str(p.id),
-                    category=p.category or "all",
-                    new_tokens=len(out_new),
-                    spec_time_s=spec_s,
-                    base_time_s=base_s,
-                    target_forwards=stats.target_forwards,
-                    accepted_lengths=list(stats.accepted_lengths),
-                    identical=torch.equal(ref_new, out_new),
-                    draft_time_s=stats.draft_time_s,
-                    verify_time_s=stats.verify_time_s,
-                    baselines=extra,
-                    backend=generator.backend,
-                    stock_time_s=stock_s,
-                    identical_stock=torch.equal(stock_new, out_new),
-                    tree_tokens=list(stats.tree_tokens),
+            mask = torch.ones_like(ids)
+            stock, stock_s = timed(target.generate, ids, attention_mask=mask, **gen_kw)
+            stock_new = _trim(stock[0, n_prompt:], tokenizer.pad_token_id, eos)
+            refs: dict[str, tuple[torch.Tensor, float]] = {}  # backend -> (reference answer, seconds)
+            for gen in generators.values():
+                if gen.backend not in refs:
+                    with backends.applied(gen.backend, target):
+                        ref, base_s = timed(target.generate, ids, attention_mask=mask, **gen_kw)
+                    refs[gen.backend] = (_trim(ref[0, n_prompt:], tokenizer.pad_token_id, eos), base_s)
+            decoded = {}
+            for name, gen in generators.items():
+                out, spec_s = timed(gen.generate, ids, max_new_tokens=max_new_tokens, eos_token_id=eos)
+                decoded[name] = (
+                    _trim(out[0, n_prompt:], tokenizer.pad_token_id, eos),
+                    spec_s,
+                    gen.last_stats,
                 )
-            )
-            accepted += sum(stats.accepted_lengths)
-            forwards += len(stats.accepted_lengths)
-            bar.set_postfix(tau=f"{accepted / max(forwards, 1):.2f}")
+            extra = {name: _run_baseline(name, target, ids, gen_kw, assistant) for name in baselines}
+            for name, gen in generators.items():
+                out_new, spec_s, stats = decoded[name]
+                ref_new, base_s = refs[gen.backend]
+                results[name].append(
+                    TurnResult(
+                        prompt_id=str(p.id),
+                        category=p.category or "all",
+                        new_tokens=len(out_new),
+                        spec_time_s=spec_s,
+                        base_time_s=base_s,
+                        target_forwards=stats.target_forwards,
+                        accepted_lengths=list(stats.accepted_lengths),
+                        identical=torch.equal(ref_new, out_new),
+                        draft_time_s=stats.draft_time_s,
+                        verify_time_s=stats.verify_time_s,
+                        baselines=extra,
+                        backend=gen.backend,
+                        stock_time_s=stock_s,
+                        identical_stock=torch.equal(stock_new, out_new),
+                        tree_tokens=list(stats.tree_tokens),
+                    )
+                )
+                accepted[name] += sum(stats.accepted_lengths)
+                forwards[name] += len(stats.accepted_lengths)
+            bar.set_postfix(tau=" ".join(f"{accepted[k] / max(forwards[k], 1):.2f}" for k in generators))
             bar.update(1)
-            messages.append(
-                {"role": "assistant", "content": tokenizer.decode(ref_new, skip_special_tokens=True)}
-            )
+            answer = tokenizer.decode(refs[first_backend][0], skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": answer})
     bar.close()
     return results
 
@@ -195,23 +211,28 @@ def check_baselines(names: list[str], assistant: bool) -> None:
 def run_eval(
     target: nn.Module,
     tokenizer,
-    drafter: nn.Module | None,
+    drafters: dict[str, nn.Module | None],
     prompts: list,
     decode: DecodeConfig,
     baselines: list[str],
     assistant: nn.Module | None = None,
     warmup: int = 1,
     progress: bool = True,
-) -> list[TurnResult]:
-    """Warm up, then decode every turn of ``prompts`` with ``drafter`` (None: lookup alone)
-    and each baseline."""
+) -> dict[str, list[TurnResult]]:
+    """Warm up, then decode every turn of ``prompts`` with each named drafter (None: lookup
+    alone) in one loop and each baseline once; returns each drafter's turns under its name."""
     from draftheads.decode import SpeculativeGenerator
 
+    if not drafters:
+        raise UserError("nothing to evaluate: give at least one drafter (heads=PATH)")
     device = next(target.parameters()).device
-    generator = SpeculativeGenerator(target, drafter, tokenizer=tokenizer, config=decode)
+    generators = {
+        name: SpeculativeGenerator(target, d, tokenizer=tokenizer, config=decode)
+        for name, d in drafters.items()
+    }
     for _ in range(warmup):  # first calls pay one-off costs (allocation, packing, the cost curve)
         ids = encode_prompt(tokenizer, "Hello").to(device)
-        for name in ("eager", generator.backend):
+        for name in dict.fromkeys(["eager", *(g.backend for g in generators.values())]):
             with backends.applied(name, target):
                 target.generate(
                     ids,
@@ -220,8 +241,9 @@ def run_eval(
                     do_sample=False,
                     pad_token_id=tokenizer.pad_token_id,
                 )
-        generator.generate(ids, max_new_tokens=8)
+        for generator in generators.values():
+            generator.generate(ids, max_new_tokens=8)
     with torch.inference_mode():
         return evaluate_prompts(
-            target, tokenizer, generator, prompts, decode.max_new_tokens, baselines, assistant, progress
+            target, tokenizer, generators, prompts, decode.max_new_tokens, baselines, assistant, progress
         )

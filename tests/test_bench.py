@@ -53,6 +53,10 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     ):
         assert (out / stage / ".done").is_file(), stage
     assert (out / "medusa" / "tree.json").is_file()
+    # both drafters were decoded in one loop per prompt set (the greedy runs shared)
+    for kind in ("medusa", "eagle3"):
+        marker = json.loads((out / kind / "eval-heldout" / ".done").read_text())
+        assert marker["decoded_with"] == ["medusa", "eagle3"] and marker["seconds"] > 0
     # Spec-Bench is absent here: skipped, not failed; held-out was decoded exactly
     assert set(results["drafters"]["medusa"]) == {"heldout"}
     for kind in ("medusa", "eagle3"):
@@ -95,6 +99,15 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     monkeypatch.setattr("draftheads.train.recipe.train", no_training)
     again = pipeline(cfg, b)
     assert again["drafters"]["medusa"]["heldout"]["tau"] == results["drafters"]["medusa"]["heldout"]["tau"]
+    # a lost report is decoded again for its drafter alone
+    shutil.rmtree(out / "eagle3" / "eval-heldout")
+    again = pipeline(cfg, b)
+    decoded_with = {
+        k: json.loads((out / k / "eval-heldout" / ".done").read_text())["decoded_with"]
+        for k in again["drafters"]
+    }
+    assert decoded_with == {"medusa": ["medusa", "eagle3"], "eagle3": ["eagle3"]}
+    assert again["drafters"]["eagle3"]["heldout"]["greedy_identical"] == 1.0
 
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\nHand-written analysis stays.\n")

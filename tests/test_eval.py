@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from draftheads.conf.cli import main
 from draftheads.decode.evaluate import TurnResult
@@ -154,3 +155,50 @@ def test_per_category_keeps_the_first_prompts_of_every_category():
     assert parse(["eval", "heads=x", "eval.per_category=1"]).args.eval.per_category == 1
     with pytest.raises(Exception, match="eval.per_category=0 is out of range"):
         parse(["eval", "heads=x", "eval.per_category=0"])
+
+
+def test_drafters_evaluated_together_decode_as_alone_and_share_the_greedy_runs(tiny_llama, monkeypatch):
+    """Several drafters in one loop: each gives the turns it gives alone, and stock and
+    same-backend greedy (and each baseline) run once per turn for all of them."""
+    from draftheads.conf.schema.decode import DecodeConfig
+    from draftheads.data.prompts import load_prompts
+    from draftheads.decode.evaluate import run_eval
+
+    model, tok, fp = tiny_llama
+    torch.manual_seed(0)
+    drafters = {
+        "medusa": MedusaHeads(fp, num_heads=2),
+        "eagle3": EagleDrafter(fp, target_config=model.config.to_dict(), version=3, draft_vocab_size=1000),
+    }
+    for d in drafters.values():
+        d.attach(model)
+    prompts = load_prompts("heldout", max_prompts=2, tokenizer=tok)
+    decode = DecodeConfig(max_new_tokens=10)
+    alone = {
+        k: run_eval(model, tok, {k: d}, prompts, decode, [], warmup=0, progress=False)[k]
+        for k, d in drafters.items()
+    }
+
+    calls = []
+    stock_generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda *a, **k: calls.append(1) or stock_generate(*a, **k))
+    together = run_eval(model, tok, drafters, prompts, decode, ["pld"], warmup=0, progress=False)
+
+    turns = sum(len(p.turns) for p in prompts)
+    assert len(calls) == 3 * turns  # stock, same-backend greedy and prompt lookup, once each
+    for k in drafters:
+        assert [r.accepted_lengths for r in together[k]] == [r.accepted_lengths for r in alone[k]]
+        assert all(r.identical and r.identical_stock for r in together[k])
+        assert all(set(r.baselines) == {"pld"} for r in together[k])
+    # one greedy run per turn, shared: both drafters are compared with the same reference times
+    assert [r.base_time_s for r in together["medusa"]] == [r.base_time_s for r in together["eagle3"]]
+
+
+def test_an_evaluation_without_drafters_is_refused(tiny_llama):
+    from draftheads.conf.errors import UserError
+    from draftheads.conf.schema.decode import DecodeConfig
+    from draftheads.decode.evaluate import run_eval
+
+    model, tok, _ = tiny_llama
+    with pytest.raises(UserError, match="at least one drafter"):
+        run_eval(model, tok, {}, [], DecodeConfig(), [])

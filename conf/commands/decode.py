@@ -135,7 +135,8 @@ def evaluate(args: EvalArgs) -> dict:
         from transformers import AutoModelForCausalLM
 
         assistant = AutoModelForCausalLM.from_pretrained(e.assistant_model).to(target.device)
-    results = run_eval(target, tok, drafter, prompts, args.decode, baselines, assistant, e.warmup)
+    runs = run_eval(target, tok, {"heads": drafter}, prompts, args.decode, baselines, assistant, e.warmup)
+    results = runs["heads"]
     report = summarize(results, baselines)
     env = environment(target, args.decode)
     report.update(
