@@ -87,20 +87,22 @@ def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
     made = {"prompts": b.distill_prompts, "new_tokens": b.distill_new_tokens}
     if not done(dirs[0], made):
         log(f"distill: {b.distill_prompts} prompts, greedy, {b.distill_new_tokens} new tokens")
+        t0 = time.perf_counter()
         distill(
             target, tok, distill_prompts(cfg, b), replace(d, out_dir=str(dirs[0])), decode=fast, runner=runner
         )
-        mark_done(dirs[0], settings=made)
+        mark_done(dirs[0], {"seconds": time.perf_counter() - t0}, settings=made)
     if b.self_prompts:
         dirs.append(out / "self")
         made = {"self_prompts": b.self_prompts, "new_tokens": b.distill_new_tokens}
         if not done(dirs[1], made):
             log(f"distill: {b.self_prompts} target-written prompts, then their answers")
+            t0 = time.perf_counter()
             sd = replace(d, out_dir=str(dirs[1]), source="self", self_prompts=b.self_prompts)
             prompts, stats = self_prompts(target, tok, sd, decode=fast, runner=runner)
             log(f"target-written prompts: {json.dumps(stats)}")
             distill(target, tok, prompts, sd, source="self", decode=fast, runner=runner)
-            mark_done(dirs[1], stats, settings=made)
+            mark_done(dirs[1], {**stats, "seconds": time.perf_counter() - t0}, settings=made)
     return dirs
 
 
@@ -168,7 +170,9 @@ def stage_tree(cfg: BenchArgs, target, tok, heads: Path) -> None:
     dc = replace(cfg.decode, tree_size=0, tree_max_size=16)
     prompts = [r.turns[0] for r in load_prompts("heldout", max_prompts=dc.tree_prompts, tokenizer=tok)]
     drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok, map_location=target.device)
+    t0 = time.perf_counter()
     record = select_tree(target, drafter, tok, prompts, dc, log=log)
+    record["seconds"] = time.perf_counter() - t0
     (heads / TREE_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -293,6 +297,42 @@ def main_point(results: dict[str, Any], kind: str) -> list[dict]:
     ]
 
 
+# ---- stage times -------------------------------------------------------------------------
+def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
+    """Minutes each stage of the main run took, read from the records the stages wrote (None:
+    a record made before stages were timed). Opt-in scaling points and ablation rows are left
+    out: they report their own training minutes. An evaluation counts each of its decoding runs
+    once, however many drafters shared it."""
+    out = Path(b.out_dir)
+
+    def minutes(record: Path) -> float | None:
+        seconds = json.loads(record.read_text()).get("seconds")
+        return None if seconds is None else seconds / 60
+
+    records = [
+        ("distill", out / "distill" / "prompts" / ".done"),
+        ("distill, target-written prompts", out / "distill" / "self" / ".done"),
+        ("teacher-forced features", out / "teacher" / ".done"),
+        ("distilled answers' features" if b.teacher_tokens else "features", out / "features" / ".done"),
+    ]
+    for kind in b.drafters:
+        records.append((f"train {kind}", out / kind / ".done"))
+        if kind == "medusa":
+            records.append(("medusa tree", out / kind / "tree.json"))
+    times = {name: minutes(path) for name, path in records if path.is_file()}
+    for name in b.eval_sets:
+        runs = set()
+        for kind in b.drafters:
+            marker = out / kind / f"eval-{name}" / ".done"
+            if marker.is_file():
+                record = json.loads(marker.read_text())
+                runs.add((tuple(record.get("decoded_with", [kind])), record.get("seconds")))
+        if runs:
+            seconds = [s for _, s in runs]
+            times[f"eval {name}"] = None if None in seconds else sum(seconds) / 60
+    return times
+
+
 # ---- the pipeline -----------------------------------------------------------------------
 def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
     """Run (or resume) every stage; returns what the docs page is written from."""
@@ -347,6 +387,7 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
         results["ablations"] = study.stage_ablations(cfg, b, target, tok, cache)
     elif eagle and b.scaling_tokens:
         results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle) + main_point(results, eagle)
+    results["stage_minutes"] = stage_minutes(b)
     results["seconds"] = time.perf_counter() - t0
     return results
 

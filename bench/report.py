@@ -96,6 +96,13 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
             f"tokens, {mix['distill_repeats']} passes each per pass over the teacher-forced text, in the "
             "main EAGLE-3 drafter's data only.",
         ]
+    stages = results.get("stage_minutes") or {}
+    if stages:
+        known = [m for m in stages.values() if m is not None]
+        lines += ["", "## Stage times", "", "| stage | minutes |", "|---|---|"]
+        lines += [f"| {name} | {'not recorded' if m is None else f'{m:.1f}'} |" for name, m in stages.items()]
+        total = f"{sum(known):.1f}" + ("" if len(known) == len(stages) else " (recorded stages only)")
+        lines.append(f"| **all stages** | **{total}** |")
     lines += [
         "",
         "## Acceptance and speed",
@@ -218,6 +225,7 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         "drafters": drafters,
         "scaling": results.get("scaling", []),
         "ablations": results.get("ablations", {}),
+        "stage_minutes": results.get("stage_minutes", {}),
         "seconds": results.get("seconds"),
     }
 

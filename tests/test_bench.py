@@ -15,12 +15,24 @@ from draftheads.conf.errors import UserError
 
 
 @pytest.mark.slow
-def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch, capsys):
-    cfg = parse(["bench", "target=tiny-llama"]).args
-    b = replace(
-        cfg.bench,
+def tiny_bench(tmp_path, *overrides: str, **settings):
+    """``(args, bench config)`` for the tiny target: outputs under ``tmp_path/bench``, no shared
+    data folder, no docs page, held-out prompts only and no extra baselines unless ``settings``
+    say otherwise."""
+    cfg = parse(["bench", "target=tiny-llama", *overrides]).args
+    base = dict(
         out_dir=str(tmp_path / "bench"),
         shared_data=str(tmp_path / "no-shared-data"),
+        eval_sets=["heldout"],
+        baselines=[],
+        docs="",
+    )
+    return cfg, replace(cfg.bench, **{**base, **settings})
+
+
+def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch, capsys):
+    cfg, b = tiny_bench(
+        tmp_path,
         distill_prompts=8,
         self_prompts=0,
         distill_new_tokens=12,
@@ -33,7 +45,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         eval_sets=["heldout", "spec_bench"],
         eval_prompts=2,
         eval_new_tokens=8,
-        docs="",
+        baselines=["pld"],
     )
     pipeline(cfg, b)
     out = tmp_path / "bench"
@@ -53,6 +65,16 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     ):
         assert (out / stage / ".done").is_file(), stage
     assert (out / "medusa" / "tree.json").is_file()
+    # every stage of the main run recorded its time; both drafters share each evaluation's time
+    stages = results["stage_minutes"]
+    assert list(stages) == [
+        "distill",
+        "features",
+        "train medusa",
+        "medusa tree",
+        "train eagle3",
+        "eval heldout",
+    ] and all(m > 0 for m in stages.values())
     # both drafters were decoded in one loop per prompt set (the greedy runs shared)
     for kind in ("medusa", "eagle3"):
         marker = json.loads((out / kind / "eval-heldout" / ".done").read_text())
@@ -116,6 +138,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     text = docs.read_text()
     assert text.count(BEGIN) == 1 and text.count(END) == 1 and "Hand-written analysis stays." in text
     assert "| medusa | heldout |" in text and "τ" in summary_lines(results)
+    assert f"| **all stages** | **{sum(stages.values()):.1f}** |" in text
 
 
 def test_replace_section_keeps_the_rest(tmp_path):
@@ -136,12 +159,9 @@ def test_speed_dynamic_setting_names_a_malformed_value(capsys):
 def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, tiny_llama, monkeypatch):
     """Teacher-forced cache, main EAGLE-3 from disk, two scaling points at equal compute, one
     ablation row; deleting a later stage and rerunning recomputes only that stage."""
-    cfg = parse(["bench", "target=tiny-llama", "data.max_rows=12"]).args
-    out = tmp_path / "bench"
-    b = replace(
-        cfg.bench,
-        out_dir=str(out),
-        shared_data=str(tmp_path / "no-shared-data"),
+    cfg, b = tiny_bench(
+        tmp_path,
+        "data.max_rows=12",
         distill_prompts=0,
         teacher_tokens=1500,
         topk=8,
@@ -152,12 +172,10 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
         ablations=["eagle3 init from target", "medusa 3 heads"],
         ablation_tokens=300,
         ablation_epochs=1.0,
-        eval_sets=["heldout"],
         eval_prompts=2,
         eval_new_tokens=8,
-        baselines=[],
-        docs="",
     )
+    out = tmp_path / "bench"
     results = pipeline(cfg, b)
     teacher = json.loads((out / "teacher" / ".done").read_text())
     assert (
@@ -220,12 +238,9 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
 def test_distilled_answers_join_the_teacher_cache_by_view_for_the_main_drafter_only(tmp_path, tiny_llama):
     """With teacher-forced data and distillation, the distilled answers get their own top-k cache;
     the main EAGLE-3 drafter reads teacher rows then distilled rows ``distill_repeats`` times."""
-    cfg = parse(["bench", "target=tiny-llama", "data.max_rows=12"]).args
-    out = tmp_path / "bench"
-    b = replace(
-        cfg.bench,
-        out_dir=str(out),
-        shared_data=str(tmp_path / "no-shared-data"),
+    cfg, b = tiny_bench(
+        tmp_path,
+        "data.max_rows=12",
         distill_prompts=4,
         distill_new_tokens=6,
         distill_batch_size=4,
@@ -234,12 +249,10 @@ def test_distilled_answers_join_the_teacher_cache_by_view_for_the_main_drafter_o
         topk=8,
         shard_mb=0.1,
         drafters=["eagle3"],
-        eval_sets=["heldout"],
         eval_prompts=1,
         eval_new_tokens=6,
-        baselines=[],
-        docs="",
     )
+    out = tmp_path / "bench"
     results = pipeline(cfg, b)
     teacher = json.loads((out / "teacher" / "manifest.json").read_text())
     distilled = json.loads((out / "features" / "manifest.json").read_text())
