@@ -36,16 +36,16 @@ class BenchConfig:
 
     **Time on 2 CPU cores** (stage times measured on an AMD EPYC with AVX2, torch 2.13 CPU):
 
-    * distillation: 480 prompts x up to 160 new tokens, 68k answer tokens at ~110 new tokens/s
-      ~ 10 min;
+    * distillation: 480 prompts x up to 160 new tokens, 68k answer tokens at ~165 new tokens/s
+      ~ 7 min;
     * teacher-forced features: 500k answer tokens (847k row tokens) at ~444 tokens/s ~ 32 min;
       the distilled answers' features (104k row tokens) ~ 4 min;
     * Medusa, ``medusa_steps`` 150 at ~1.8 s ~ 4.5 min, its tree ~ 1 min;
     * EAGLE-3, 500k teacher-forced answer tokens x 1 epoch plus 68k distilled ones x 2, streamed,
       ~540 tokens/s ~ 33 min;
-    * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; each drafter
-      against stock and same-backend greedy, prompt lookup once) ~ 40 min;
-    * total ~ 126 min (``distill_prompts=0``, teacher-forced text alone: 104 min).
+    * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; both drafters
+      in one loop against stock and same-backend greedy and prompt lookup) ~ 30 min;
+    * total ~ 110 min.
 
     A scaling point costs as much as the main EAGLE-3 run without the distilled part (equal
     compute, ~26-31 min), an ablation row ``ablation_tokens x ablation_epochs`` = 68k answer-token
