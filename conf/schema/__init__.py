@@ -52,7 +52,8 @@ class BenchConfig:
     passes ~ 120k row tokens ~ 5 min plus 2 min of held-out decoding: they do not fit beside the
     main run, so they are off by default and are added by a rerun (cached stages only add what
     is new): ``bench.scaling_tokens=[68000,150000]`` (~60 min; the 500k point is the teacher-only
-    drafter) and ``bench.ablations=[all]`` (10 rows, ~70 min).
+    drafter) and ``bench.ablations=[all]`` (10 rows, ~90 min; Medusa-2, which trains the target's
+    LoRA adapters, ~30 of them).
     """
 
     out_dir: str = "outputs/bench"
