@@ -217,15 +217,11 @@ def stage_eval(
     t0 = time.perf_counter()
     runs = run_eval(target, tok, drafters, prompts, decode, baselines, warmup=cfg.eval.warmup)
     seconds = time.perf_counter() - t0
+    env = environment(target, decode)
     for k in todo:
         kept = baselines if k == first else []
         report = summarize(runs[k], kept)
-        report.update(
-            prompts=name,
-            heads=str(heads[k]),
-            drafter=drafters[k].kind,
-            environment=environment(target, decode),
-        )
+        report.update(prompts=name, heads=str(heads[k]), drafter=drafters[k].kind, environment=env)
         out = heads[k] / f"eval-{name}"
         write_report(report, runs[k], kept, out)
         mark_done(out, {"seconds": seconds, "decoded_with": todo}, made(k))
