@@ -219,7 +219,7 @@ def stage_eval(
     seconds = time.perf_counter() - t0
     env = environment(target, decode)
     for k in todo:
-        kept = baselines if k == first else []
+        kept = made(k)["baselines"]  # the baselines' figures are reported with the first drafter
         report = summarize(runs[k], kept)
         report.update(prompts=name, heads=str(heads[k]), drafter=drafters[k].kind, environment=env)
         out = heads[k] / f"eval-{name}"
