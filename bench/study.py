@@ -13,7 +13,6 @@ smaller subsets are nested in the larger ones). Nothing is copied.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from dataclasses import replace
@@ -122,7 +121,7 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
 def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
     """A cache folder reading the first shards of ``cache`` up to about ``max_tokens`` answer
     tokens (at least one shard); returns its answer tokens."""
-    from draftheads.data.cache import MANIFEST, read_manifest, write_json
+    from draftheads.data.cache import read_manifest, write_view
 
     m = read_manifest(cache)
     per_shard = json.loads((cache / ANSWER_TOKENS).read_text())
@@ -130,19 +129,7 @@ def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
     while k < len(per_shard) and (k == 0 or tokens + per_shard[k] / 2 <= max_tokens):
         tokens += per_shard[k]
         k += 1
-    shards = [{**s, "file": os.path.relpath(cache / s["file"], out)} for s in m["shards"][:k]]
-    rows = shards[-1]["rows"][1]
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(
-        out / MANIFEST,
-        {
-            **{k: v for k, v in m.items() if k != "num_tokens"},
-            "shards": shards,
-            "num_rows": rows,
-            "num_loss_tokens": tokens,
-            "view_of": str(cache),
-        },
-    )
+    write_view(out, m, [(cache, m["shards"][:k])], num_loss_tokens=tokens)
     return tokens
 
 

@@ -271,28 +271,40 @@ def combine_caches(sources: list[tuple[Path, int]], out: Path) -> dict:
                 f"feature caches {first_dir} and {d} differ in {', '.join(bad)} and cannot train together; "
                 f"rebuild {d} with `draftheads features` for the same target, layers and top-k"
             )
-    shards, rows, tokens, loss = [], 0, 0, 0
-    for d, m, repeats in read:
-        for _ in range(repeats):
-            shards += [
-                {
-                    "file": os.path.relpath(d / s["file"], out),
-                    "rows": [rows + s["rows"][0], rows + s["rows"][1]],
-                }
-                for s in m["shards"]
-            ]
-            rows += m["num_rows"]
-            tokens += m.get("num_tokens", 0)
-            loss += m["num_loss_tokens"]
-    out.mkdir(parents=True, exist_ok=True)
+    parts = [(d, m["shards"]) for d, m, repeats in read for _ in range(repeats)]
+    return write_view(
+        out,
+        first,
+        parts,
+        num_tokens=sum(m.get("num_tokens", 0) * r for _, m, r in read),
+        num_loss_tokens=sum(m["num_loss_tokens"] * r for _, m, r in read),
+    )
+
+
+def write_view(out: Path, base: dict, parts: list[tuple[Path, list[dict]]], **totals: int) -> dict:
+    """Write ``out/manifest.json``: a cache made of the listed shards of other caches, read in
+    the order given with their rows renumbered from 0, nothing copied (each shard is named by its
+    path relative to ``out``). ``base`` is a source's manifest (target, layers, dtype, label
+    columns); ``totals`` are the view's own counts (``num_loss_tokens``, and ``num_tokens`` where
+    known). Returns the manifest."""
+    out = Path(out)
+    shards, rows = [], 0
+    for d, entries in parts:
+        start = entries[0]["rows"][0] if entries else 0
+        for s in entries:
+            a, z = s["rows"]
+            name = os.path.relpath(Path(d) / s["file"], out)
+            shards.append({"file": name, "rows": [rows + a - start, rows + z - start]})
+        rows += entries[-1]["rows"][1] - start if entries else 0
+    counts = ("shards", "view_of", "num_rows", "num_tokens", "num_loss_tokens")
     manifest = {
-        **{k: v for k, v in first.items() if k not in ("shards", "view_of")},
+        **{k: v for k, v in base.items() if k not in counts},
         "shards": shards,
         "num_rows": rows,
-        "num_tokens": tokens,
-        "num_loss_tokens": loss,
-        "view_of": [[str(d), r] for d, _, r in read],
+        **totals,
+        "view_of": [str(d) for d, _ in parts],
     }
+    out.mkdir(parents=True, exist_ok=True)
     write_json(out / MANIFEST, manifest)
     return manifest
 

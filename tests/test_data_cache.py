@@ -10,7 +10,14 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DataConfig
-from draftheads.data.cache import MANIFEST, FeatureCache, build_feature_cache, combine_caches, length_batches
+from draftheads.data.cache import (
+    MANIFEST,
+    FeatureCache,
+    build_feature_cache,
+    combine_caches,
+    length_batches,
+    write_view,
+)
 from draftheads.data.prepare import prepare_dataset
 from draftheads.heads.features import target_features
 
@@ -125,6 +132,15 @@ def test_combined_caches_read_each_source_in_order_repeated_and_refuse_mismatche
         got, want = mix[i], src[j]
         assert got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in want)
+    # a view of a middle run of b's shards reads exactly those rows, renumbered from 0
+    mid = B.manifest["shards"][1:3]
+    assert len(B.manifest["shards"]) > 3
+    first, last = mid[0]["rows"][0], mid[-1]["rows"][1]
+    v = write_view(tmp_path / "slice", B.manifest, [(b, mid)], num_loss_tokens=1)
+    part = FeatureCache(tmp_path / "slice", expected_fingerprint=fp, layers=[1, 4])
+    assert v["num_rows"] == len(part) == last - first > 0 and "num_tokens" not in v
+    for i in range(len(part)):
+        assert all(torch.equal(part[i][k], B[first + i][k]) for k in B[first + i])
 
     other = tmp_path / "other"  # the same rows without top-k labels: a different label column
     build_feature_cache(model, tok, small_set.select(range(5)), other, [1, 4], **{**kw, "topk": 0})
