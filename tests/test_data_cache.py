@@ -136,9 +136,11 @@ def test_combined_caches_read_each_source_in_order_repeated_and_refuse_mismatche
     mid = B.manifest["shards"][1:3]
     assert len(B.manifest["shards"]) > 3
     first, last = mid[0]["rows"][0], mid[-1]["rows"][1]
-    v = write_view(tmp_path / "slice", B.manifest, [(b, mid)], num_loss_tokens=1)
+    loss = sum(int(B[i]["loss_mask"].sum()) for i in range(first, last))
+    v = write_view(tmp_path / "slice", B.manifest, [(b, mid)], num_loss_tokens=loss)
     part = FeatureCache(tmp_path / "slice", expected_fingerprint=fp, layers=[1, 4])
-    assert v["num_rows"] == len(part) == last - first > 0 and "num_tokens" not in v
+    assert v["num_rows"] == len(part) == last - first > 0
+    assert part.manifest["num_loss_tokens"] == loss and "num_tokens" not in part.manifest
     for i in range(len(part)):
         assert all(torch.equal(part[i][k], B[first + i][k]) for k in B[first + i])
 
