@@ -9,7 +9,9 @@ Layout of a cache directory::
 Each shard holds a contiguous range of dataset rows, flattened: ``offsets [n+1]`` (int64),
 ``input_ids [N]`` (int32), ``loss_mask [N]`` (uint8), ``features [N, F]`` (``dtype``), and
 optionally ``target_next [N]`` (the target's argmax next token at each position, int32) and
-``topk_ids / topk_logits [N, k]``. Row ``i`` of the cache is row ``i`` of the dataset.
+``topk_ids / topk_logits [N, k]``: the target's top-k at the positions whose next token is
+a loss token (what training reads; zeros elsewhere, as padding). Row ``i`` of the cache is row
+``i`` of the dataset.
 
 The builder batches rows of similar length (sorted within a shard, packed up to
 ``batch_tokens`` padded tokens per forward), prints the expected disk size before starting,
@@ -84,10 +86,17 @@ def check_layers(layers: list[int], num_layers: int) -> list[int]:
     return list(layers)
 
 
+def labelled(loss_mask: list[int]) -> list[bool]:
+    """The positions whose next token is a loss token (``loss_mask[p + 1]``): where training
+    reads the target's top-k as the label of the next token."""
+    return [bool(m) for m in loss_mask[1:]] + [False]
+
+
 @torch.no_grad()
 def encode_shard(
     model,
     rows: list[list[int]],
+    masks: list[list[int]],
     layers: list[int],
     dtype: str,
     batch_tokens: int,
@@ -96,33 +105,50 @@ def encode_shard(
     target_next: bool,
     progress,
 ) -> dict[str, torch.Tensor]:
-    """Run the target over one shard's rows (length-bucketed batches) and flatten the results."""
+    """Run the target over one shard's rows (length-bucketed batches) and flatten the results.
+
+    The target's top-k is projected and stored only where training reads it (:func:`labelled`);
+    every other position holds zeros, as padding does. ``target_next`` is stored everywhere, so
+    with it the whole sequence is projected.
+    """
     device = next(model.parameters()).device
     lengths = [len(r) for r in rows]
     feats: list[torch.Tensor | None] = [None] * len(rows)
     nexts: list[torch.Tensor | None] = [None] * len(rows)
     tk_ids: list[torch.Tensor | None] = [None] * len(rows)
     tk_val: list[torch.Tensor | None] = [None] * len(rows)
-    with_logits = target_next or topk > 0
     for batch in length_batches(lengths, batch_tokens):
         width = max(lengths[i] for i in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         attn = torch.zeros((len(batch), width), dtype=torch.long)
+        at = torch.zeros((len(batch), width), dtype=torch.bool)
         for j, i in enumerate(batch):
             ids[j, : lengths[i]] = torch.tensor(rows[i])
             attn[j, : lengths[i]] = 1
-        f, logits = target_features(model, ids.to(device), attn.to(device), layers, with_logits=with_logits)
+            at[j, : lengths[i]] = True if target_next else torch.tensor(labelled(masks[i]))
+        at = at if target_next or topk else None
+        f, logits = target_features(
+            model, ids.to(device), attn.to(device), layers, logits_at=None if at is None else at.to(device)
+        )
         f = f.to("cpu", STORE_DTYPES[dtype])
+        if at is not None:
+            lg = logits.float()
+            nxt = lg.argmax(-1).to("cpu", torch.int32) if target_next else None
+            v, k = lg.topk(topk, dim=-1) if topk else (None, None)
+            ends = at.sum(1).cumsum(0).tolist()  # row j's positions are [ends[j-1], ends[j]) of lg
         for j, i in enumerate(batch):
             n = lengths[i]
             feats[i] = f[j, :n].clone()
-            if with_logits:
-                lg = logits[j, :n].float()
-                if target_next:
-                    nexts[i] = lg.argmax(-1).to("cpu", torch.int32)
-                if topk:
-                    v, k = lg.topk(topk, dim=-1)
-                    tk_ids[i], tk_val[i] = k.to("cpu", torch.int32), v.cpu()
+            if at is None:
+                continue
+            lo, hi = (ends[j - 1] if j else 0), ends[j]
+            if target_next:
+                nexts[i] = nxt[lo:hi]
+            if topk:
+                sel = at[j, :n]
+                tk_ids[i] = torch.zeros(n, topk, dtype=torch.int32)
+                tk_val[i] = torch.zeros(n, topk, dtype=torch.float32)
+                tk_ids[i][sel], tk_val[i][sel] = k[lo:hi].to("cpu", torch.int32), v[lo:hi].cpu()
         progress.update(sum(lengths[i] for i in batch))
     out = {
         "offsets": torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0),
@@ -207,6 +233,7 @@ def build_feature_cache(
             tensors = encode_shard(
                 model,
                 [list(r) for r in input_ids[a:b]],
+                [list(m) for m in loss_mask[a:b]],
                 layers,
                 dtype,
                 batch_tokens,

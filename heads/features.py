@@ -16,6 +16,7 @@ def target_features(
     layers: list[int],
     with_logits: bool = False,
     position_ids: torch.Tensor | None = None,
+    logits_at: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the frozen target once and return ``(features [B,T,F], logits [B,T,V] or None)``.
 
@@ -24,16 +25,23 @@ def target_features(
     ``Drafter.select_features`` picks, so online and cached features are the same tensors.
     With ``position_ids`` (packed rows), each document attends only to itself and starts at
     position 0, so its features equal those of the document alone.
+
+    With ``logits_at`` (bool ``[B, T]``), the logits are ``[n, V]``: only the n marked positions,
+    row-major, projected from the final state through the output embeddings. The vocabulary
+    projection is about a fifth of a small target's forward, so a caller that needs logits at
+    some positions only (a cache's labels, not its prompts or padding) skips most of it.
     """
     out = target(
         input_ids=input_ids,
         **packed_inputs(target, attention_mask, position_ids),
         output_hidden_states=True,
-        logits_to_keep=0 if with_logits else 1,
+        logits_to_keep=0 if with_logits and logits_at is None else 1,
         use_cache=False,
     )
     feats = [out.hidden_states[i] for i in layers]
     f = feats[0] if len(feats) == 1 else torch.cat(feats, dim=-1)
+    if logits_at is not None:
+        return f, target.get_output_embeddings()(out.hidden_states[-1][logits_at])
     return f, (out.logits if with_logits else None)
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from draftheads.conf.commands.compose import compose
-from draftheads.data.cache import FeatureCache, build_feature_cache
+from draftheads.data.cache import FeatureCache, build_feature_cache, labelled
 from draftheads.data.prepare import prepare_dataset
 from draftheads.heads.features import target_features
-from draftheads.train.batching import collate
+from draftheads.train.batching import collate, right_pad
 from draftheads.train.modules import EagleObjective
 from draftheads.train.recipe import TrainRecipe, build_drafter
 from tests.conftest import get_target
@@ -69,13 +69,20 @@ def test_teacher_rows_carry_the_targets_own_topk_and_one_step_learns_it(teacher_
         model, tok, rows, tmp / "cache", layers, dtype="float32", topk=TOPK, show_progress=False
     )
     cache = FeatureCache(tmp / "cache")
+    full_ids, full_vals = [], []
     for i in range(len(cache)):
         r = cache[i]
         ids = r["input_ids"][None]
         final, _ = target_features(model, ids, torch.ones_like(ids), [model.config.num_hidden_layers])
         vals, top = model.lm_head(final)[0].float().topk(TOPK, dim=-1)
-        assert torch.equal(r["topk_ids"], top)  # every position: the target's top-k, not the text
-        torch.testing.assert_close(r["topk_logits"].float(), vals, rtol=1e-4, atol=1e-4)
+        # where the next token is an answer token: the target's top-k, not the text; elsewhere nothing
+        read = torch.tensor(labelled(r["loss_mask"].tolist()))
+        assert 0 < int(read.sum()) < len(read)
+        assert torch.equal(r["topk_ids"][read], top[read])
+        torch.testing.assert_close(r["topk_logits"][read].float(), vals[read], rtol=1e-4, atol=1e-4)
+        assert not r["topk_ids"][~read].any() and not r["topk_logits"][~read].any()
+        full_ids.append(torch.where(read[:, None], r["topk_ids"], top))
+        full_vals.append(torch.where(read[:, None], r["topk_logits"], vals))
 
     torch.manual_seed(0)
     # a draft vocabulary of the whole target vocabulary, so every top-k entry is a label
@@ -85,6 +92,14 @@ def test_teacher_rows_carry_the_targets_own_topk_and_one_step_learns_it(teacher_
     batch = collate([cache[i] for i in range(len(cache))], tok.pad_token_id or 0)
     opt = torch.optim.Adam([p for p in objective.parameters() if p.requires_grad], lr=3e-3)
     before, _ = objective(batch)
+    # the positions left out are never read: filled with the target's top-k, the loss is the same
+    full = dict(
+        batch,
+        topk_ids=right_pad(full_ids, batch["topk_ids"].shape[1]),
+        topk_logits=right_pad(full_vals, batch["topk_ids"].shape[1]),
+    )
+    with torch.no_grad():
+        assert torch.equal(objective(full)[0], before.detach())
     before.backward()
     opt.step()
     with torch.no_grad():
