@@ -8,7 +8,7 @@ costs only the rows still answering. The prefill computes the vocabulary
 projection for the last position only.
 
 After the prefill the keys and values move into fixed-capacity buffers (``StaticKV``, as in the
-static verify path): each step writes one slot per row in place and masks the unused slots.
+static verify path): each step writes one slot per row in place and attends over the slots filled so far (``span``).
 A growing cache would copy every layer's keys and values at every step (``torch.cat``), which
 at a batch of 32 and a few hundred positions moves more memory than the weights themselves.
 
@@ -114,11 +114,12 @@ def generate_retiring(
         S = W + t  # the slot of this step's token
         allowed[:, S] = True
         cache.write_index = torch.tensor([S], device=dev)
+        cache.span = S + 1  # attend over the filled slots only, not the whole capacity
         logits = last_logits(
             model,
             keep_last,
             input_ids=tok[:, None],
-            attention_mask=additive_mask(allowed[:, None, :], dtype),
+            attention_mask=additive_mask(allowed[:, None, : S + 1], dtype),
             position_ids=nxt[:, None],
             cache=cache,
         )

@@ -159,12 +159,15 @@ class StaticKV:
     """A transformers-compatible cache over fixed-capacity buffers (``update`` as a model calls it).
 
     ``write_index`` (a static ``[T]`` long tensor) says where the next forward's T entries go;
-    ``update`` returns the whole buffers, so attention always spans all ``capacity`` slots.
+    ``update`` returns the whole buffers, so attention always spans all ``capacity`` slots
+    (fixed shapes, what a CUDA graph needs), or only the first ``span`` slots when a caller
+    without graphs sets it (attention then costs what the filled slots cost).
     """
 
     def __init__(self, pool: KVPool, num_layers: int) -> None:
         self.layers = [StaticLayer(pool, i) for i in range(num_layers)]
         self.write_index: torch.Tensor | None = None
+        self.span: int | None = None
 
     @classmethod
     def adopt(cls, cache, pool: KVPool, extra: int) -> StaticKV:
@@ -197,6 +200,8 @@ class StaticKV:
         layer = self.layers[layer_idx]
         layer.k_buf.index_copy_(2, self.write_index, keys)
         layer.v_buf.index_copy_(2, self.write_index, values)
+        if self.span is not None:
+            return layer.k_buf[:, :, : self.span], layer.v_buf[:, :, : self.span]
         return layer.k_buf, layer.v_buf
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
