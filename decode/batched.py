@@ -5,7 +5,8 @@ ends, so a batch whose answers have very different lengths spends much of its co
 that are already done. Here a row that emits a stop token is retired: once retired rows make up
 a quarter of the batch, their rows leave every layer's keys and values, and every later forward
 costs only the rows still answering. The prefill computes the vocabulary
-projection for the last position only.
+projection for the last position only, and runs a prefix that every prompt shares (a chat
+template's system prompt: 26 of SmolLM2's prompt tokens) once instead of once per row.
 
 After the prefill the keys and values move into fixed-capacity buffers (``StaticKV``, as in the
 static verify path): each step writes one slot per row in place and attends over the slots filled so far (``span``).
@@ -32,6 +33,9 @@ from draftheads.heads.masks import additive_mask
 
 # retired rows are dropped from the batch once they are at least this share of it
 COMPACT_SHARE = 0.25
+# a prefix shared by every prompt is run once when it is at least this long (shorter ones are not
+# worth a second forward)
+MIN_SHARED = 8
 
 
 def next_tokens(logits: torch.Tensor, do_sample: bool, temperature: float, top_p: float) -> torch.Tensor:
@@ -50,6 +54,55 @@ def last_only(model) -> dict:
 def last_logits(model, keep: dict, **inputs) -> torch.Tensor:
     """The logits at the last position ``[B, V]`` (``keep``: :func:`last_only` of the model)."""
     return model(**inputs, **keep, use_cache=True).logits[:, -1].float()
+
+
+def shared_prefix(input_ids: torch.Tensor, mask: torch.Tensor) -> int:
+    """How many leading tokens every left-padded row has in common, leaving each row at least
+    one token of its own (0 for a single row, or a mask that is not plain left padding)."""
+    B, W = input_ids.shape
+    lens = mask.sum(-1)
+    left = torch.arange(W, device=mask.device) >= (W - lens)[:, None]
+    n = int(lens.min()) - 1
+    if B < 2 or n < 1 or not torch.equal(mask.bool(), left):
+        return 0
+    heads = input_ids.gather(1, (W - lens)[:, None] + torch.arange(n, device=mask.device))
+    return int((heads == heads[:1]).all(0).long().cumprod(0).sum())
+
+
+def prefill_prompts(
+    model, keep: dict, input_ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
+    """The prompts' cache and last logits: ``(logits [B, V], cache, mask [B, W], positions [B, W])``.
+
+    Positions count real tokens only, so a left-padded row starts at position 0. A prefix that
+    every row shares (a chat template's system prompt) is run once, for one row, and its keys
+    and values broadcast to all: the cache then holds that prefix at slots ``[0, P)`` for every
+    row and each row's own tokens left-padded after it (the returned mask says which slots are
+    real). Keys carry their positions, so the layout changes which slots hold a token, not what
+    any token sees.
+    """
+    B, W = input_ids.shape
+    P = shared_prefix(input_ids, mask)
+    cache = DynamicCache()
+    if P < MIN_SHARED:
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        logits = last_logits(model, keep, input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=cache)
+        return logits, cache, mask, pos
+    start = W - int(mask[0].sum())
+    head = input_ids[:1, start : start + P]
+    model(input_ids=head, position_ids=torch.arange(P, device=head.device)[None], cache=cache, use_cache=True, **keep)
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
+    # the columns after the first P hold each row's own tokens, right-aligned; the prefix tokens
+    # that fall among them (rows shorter than W) are masked like padding
+    cols = torch.arange(W, device=mask.device)
+    own = (cols >= (W - mask.sum(-1) + P)[:, None])[:, P:].to(mask.dtype)
+    mask = torch.cat([torch.ones_like(mask[:, :P]), own], 1)
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    logits = last_logits(
+        model, keep, input_ids=input_ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], cache=cache
+    )
+    return logits, cache, mask, pos
 
 
 @torch.no_grad()
@@ -82,13 +135,8 @@ def generate_retiring(
     )
     fill = int(stops[0]) if len(stops) else 0
     out = torch.full((B, max_new_tokens), fill, dtype=torch.long, device=dev)
-    # positions count real tokens only, so a left-padded row starts at position 0
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)
     keep_last = last_only(model)  # checked once, not per step
-    prefill = DynamicCache()
-    logits = last_logits(
-        model, keep_last, input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=prefill
-    )
+    logits, prefill, mask, pos = prefill_prompts(model, keep_last, input_ids, mask)
     cache = StaticKV.adopt(prefill, KVPool(), max_new_tokens)
     del prefill
     allowed = torch.zeros(B, cache.capacity, dtype=torch.bool, device=dev)  # cache slots a row sees

@@ -102,3 +102,43 @@ def test_next_tokens_samples_only_inside_the_nucleus():
     assert set(drawn.tolist()) == {0, 1}
     share = (drawn == 0).float().mean().item()
     assert abs(share - (probs[0] / probs[:2].sum()).item()) < 0.04
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_shared_prompt_prefix_runs_once_and_changes_no_token(kind, monkeypatch):
+    from tests.conftest import get_target
+
+    model, _ = get_target(kind)
+    g = torch.Generator().manual_seed(1)
+    head = torch.randint(3, model.config.vocab_size, (10,), generator=g).tolist()
+    prompts, stops = prompts_and_stops(model, model.config.vocab_size, n=4)
+    prompts = [head + p for p in prompts]  # every prompt starts with the same 10 tokens
+    ids, mask = left_padded(prompts, pad=0)
+    assert batched.shared_prefix(ids, mask) == 10
+    widths = []
+    real_forward = model.forward
+
+    def spy(*args, **kwargs):  # record the shape of every forward's input
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    out = generate_retiring(model, ids, attention_mask=mask, max_new_tokens=10, eos_token_id=stops)
+    monkeypatch.undo()
+    # the prefix alone for one row, then the rest of every row
+    assert widths[:2] == [(1, 10), (len(prompts), ids.shape[1] - 10)]
+    ref = model.generate(
+        ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=stops, pad_token_id=0
+    )
+    mine = [until_stop(r, set(stops)) for r in out[:, ids.shape[1] :].tolist()]
+    assert mine == [until_stop(r, set(stops)) for r in ref[:, ids.shape[1] :].tolist()]
+
+
+def test_the_shared_prefix_leaves_every_row_a_token_and_needs_left_padding():
+    ids = torch.tensor([[0, 5, 6, 7], [5, 6, 7, 8], [0, 0, 5, 6]])
+    mask = (ids != 0).long()
+    assert batched.shared_prefix(ids, mask) == 1  # the shortest row keeps its last token
+    assert batched.shared_prefix(ids[:2], mask[:2]) == 2
+    assert batched.shared_prefix(ids[:1], mask[:1]) == 0  # one row shares nothing
+    right = torch.tensor([[5, 6, 0], [5, 6, 7]])
+    assert batched.shared_prefix(right, (right != 0).long()) == 0  # not left padding
