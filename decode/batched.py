@@ -86,11 +86,19 @@ def prefill_prompts(
     cache = DynamicCache()
     if P < MIN_SHARED:
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        logits = last_logits(model, keep, input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=cache)
+        logits = last_logits(
+            model, keep, input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=cache
+        )
         return logits, cache, mask, pos
     start = W - int(mask[0].sum())
     head = input_ids[:1, start : start + P]
-    model(input_ids=head, position_ids=torch.arange(P, device=head.device)[None], cache=cache, use_cache=True, **keep)
+    model(
+        input_ids=head,
+        position_ids=torch.arange(P, device=head.device)[None],
+        cache=cache,
+        use_cache=True,
+        **keep,
+    )
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
     # the columns after the first P hold each row's own tokens, right-aligned; the prefix tokens
