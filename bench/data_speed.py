@@ -1,11 +1,14 @@
 """The data pipeline's throughput on this machine (a benchmark, not a test)::
 
     draftheads data-speed speed.feature_tokens=3000 speed.batch_tokens=2048
+    draftheads data-speed speed.feature_tokens=30000 speed.batch_tokens=2048 speed.topk=64
     draftheads data-speed speed.feature_tokens=0 speed.distill_prompts=96
 
 Prints tokens/s of tokenisation + masking (``prepare_dataset`` on the configured data, the
 embedded set by default) and of feature extraction (``build_feature_cache`` over the first
-``speed.feature_tokens`` tokens of it), both with the configured target. With
+``speed.feature_tokens`` tokens of it), both with the configured target: the last layer, or with
+``speed.topk`` EAGLE-3's training layers and the target's top-k at the answer positions (the
+bench's teacher-forced cache). With
 ``speed.distill_prompts``, also new tokens/s of greedy distillation through the decoder's
 batched loop (``decode/batched.py``, what ``draftheads distill`` runs) and through transformers'
 ``generate``, and the share of answers the two give identically.
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 
 from draftheads.conf.commands.args import DataSpeedArgs
+from draftheads.conf.schema.heads import DraftConfig
 
 
 def data_speed(args: DataSpeedArgs) -> None:
@@ -46,9 +50,11 @@ def data_speed(args: DataSpeedArgs) -> None:
     while n < len(ds) and total < o.feature_tokens:
         total += len(ds[n]["input_ids"])
         n += 1
+    # with top-k labels: EAGLE-3's layers, as the bench's teacher-forced cache stores them
+    L = model.config.num_hidden_layers
+    layers = DraftConfig(kind="eagle", version=3).training_layers(L) if o.topk else [L]
     with tempfile.TemporaryDirectory() as out:
         t = time.perf_counter()
-        layers = [model.config.num_hidden_layers]
         build_feature_cache(
             model,
             tok,
@@ -57,11 +63,13 @@ def data_speed(args: DataSpeedArgs) -> None:
             layers,
             dtype=o.dtype,
             batch_tokens=o.batch_tokens,
+            topk=o.topk,
             show_progress=False,
         )
         dt = time.perf_counter() - t
+    what = f"layers {layers} + top-{o.topk} logits" if o.topk else "last layer"
     print(
-        f"features (last layer, {o.dtype}, batch_tokens {o.batch_tokens}, {torch.get_num_threads()} threads): "
+        f"features ({what}, {o.dtype}, batch_tokens {o.batch_tokens}, {torch.get_num_threads()} threads): "
         f"{n} rows, {total} tokens in {dt:.1f} s = {total / dt:,.0f} tokens/s"
     )
 

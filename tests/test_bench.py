@@ -12,6 +12,8 @@ from draftheads.bench.pipeline import load_rows, pipeline
 from draftheads.bench.report import BEGIN, END, replace_section, summary_lines, write_docs
 from draftheads.conf.cli import main, parse
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.heads import DraftConfig
+from tests.conftest import get_target
 
 
 @pytest.mark.slow
@@ -284,3 +286,13 @@ def test_data_speed_times_both_distillation_loops_and_compares_their_answers(cap
     printed = capsys.readouterr().out
     assert "distill, batched loop" in printed and "distill, transformers generate" in printed
     assert "6 of 6 greedy answers identical between the two loops" in printed
+
+
+def test_data_speed_times_the_teacher_cache_path_with_eagle3_layers_and_topk(capsys):
+    argv = ["data-speed", "target=tiny-llama", "data.max_rows=20", "speed.feature_tokens=400", "speed.topk=4"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    layers = DraftConfig(kind="eagle", version=3).training_layers(
+        get_target("llama")[0].config.num_hidden_layers
+    )
+    assert f"features (layers {layers} + top-4 logits" in printed

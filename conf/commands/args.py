@@ -175,14 +175,16 @@ class TrainSpeedArgs:
 
 @dataclass
 class DataSpeedOptions:
-    """``speed.*`` of ``draftheads data-speed``: how many tokens to extract features for, and how;
-    with ``distill_prompts > 0``, greedy distillation of that many training prompts (batches of
+    """``speed.*`` of ``draftheads data-speed``: how many tokens to extract features for, and how
+    (``topk > 0``: EAGLE-3's training layers and the target's top-k logits, as the bench's
+    teacher-forced cache; else the last layer alone); with ``distill_prompts > 0``, greedy distillation of that many training prompts (batches of
     ``distill_batch_size``, ``distill_new_tokens`` new tokens) by the decoder's batched loop and
     by transformers' ``generate``, both on ``data.distill.backend``."""
 
     feature_tokens: int = 20000
     batch_tokens: int = 4096
     dtype: str = "bfloat16"
+    topk: int = 0
     distill_prompts: int = 0
     distill_batch_size: int = 32
     distill_new_tokens: int = 128
