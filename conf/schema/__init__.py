@@ -38,7 +38,8 @@ class BenchConfig:
 
     * distillation: 480 prompts x up to 160 new tokens, 68k answer tokens at ~165 new tokens/s
       ~ 7 min;
-    * teacher-forced features: 500k answer tokens (847k row tokens) at ~444 tokens/s ~ 32 min;
+    * teacher-forced features: 500k answer tokens (847k row tokens) at ~430-445 tokens/s
+      ~ 32-33 min;
       the distilled answers' features (104k row tokens) ~ 4 min;
     * Medusa, ``medusa_steps`` 150 at ~1.8 s ~ 4.5 min, its tree ~ 1 min;
     * EAGLE-3, 500k teacher-forced answer tokens x 1 epoch plus 68k distilled ones x 2, streamed,
