@@ -9,9 +9,10 @@ projection for the last position only, and runs a prefix that every prompt share
 template's system prompt: 26 of SmolLM2's prompt tokens) once instead of once per row.
 
 After the prefill the keys and values move into fixed-capacity buffers (``StaticKV``, as in the
-static verify path): each step writes one slot per row in place and attends over the slots filled so far (``span``).
-A growing cache would copy every layer's keys and values at every step (``torch.cat``), which
-at a batch of 32 and a few hundred positions moves more memory than the weights themselves.
+static verify path): each step writes one slot per row in place and attends over the slots
+filled so far (``span``). A growing cache would copy every layer's keys and values at every
+step (``torch.cat``), which at a batch of 32 and a few hundred positions moves more memory than
+the weights themselves.
 
 Greedy decoding picks the target's argmax at every position, as ``generate`` does; sampling draws
 from the same distribution (temperature, then top-p: :func:`draftheads.decode.verify.warp`).
