@@ -145,6 +145,7 @@ def test_python_api_gets_the_same_checks():
             "data.features.batch_tokens=0",
         ),
         (["data", "data.heldout_fraction=1.5"], "data.heldout_fraction=1.5"),
+        (["data-speed", "speed.topk=-1"], "speed.topk=-1"),
         (["tree", "heads=h", "decode.tree_prompts=0"], "decode.tree_prompts=0"),
         (["tree", "heads=h", "decode.tree_new_tokens=0"], "decode.tree_new_tokens=0"),
         (["eval", "heads=h", "eval.prompts=spec-bench"], "eval.prompts=spec-bench"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from draftheads.conf.schema import BenchConfig, Config
 from draftheads.conf.schema.data import DataConfig
 from draftheads.conf.schema.decode import DecodeConfig, EvalConfig
+from draftheads.conf.schema.checks import at_least
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.conf.schema.train import LoggerConfig, TrainConfig
 
@@ -177,9 +178,10 @@ class TrainSpeedArgs:
 class DataSpeedOptions:
     """``speed.*`` of ``draftheads data-speed``: how many tokens to extract features for, and how
     (``topk > 0``: EAGLE-3's training layers and the target's top-k logits, as the bench's
-    teacher-forced cache; else the last layer alone); with ``distill_prompts > 0``, greedy distillation of that many training prompts (batches of
-    ``distill_batch_size``, ``distill_new_tokens`` new tokens) by the decoder's batched loop and
-    by transformers' ``generate``, both on ``data.distill.backend``."""
+    teacher-forced cache; else the last layer alone); with ``distill_prompts > 0``, greedy
+    distillation of that many training prompts (batches of ``distill_batch_size``,
+    ``distill_new_tokens`` new tokens) by the decoder's batched loop and by transformers'
+    ``generate``, both on ``data.distill.backend``."""
 
     feature_tokens: int = 20000
     batch_tokens: int = 4096
@@ -188,6 +190,10 @@ class DataSpeedOptions:
     distill_prompts: int = 0
     distill_batch_size: int = 32
     distill_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        """Refuse a negative top-k before the target loads (it would fail inside ``topk``)."""
+        at_least("speed.topk", self.topk, 0, 64)
 
 
 @dataclass
