@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from draftheads.conf.schema import BenchConfig, Config
+from draftheads.conf.schema.checks import at_least
 from draftheads.conf.schema.data import DataConfig
 from draftheads.conf.schema.decode import DecodeConfig, EvalConfig
-from draftheads.conf.schema.checks import at_least
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.conf.schema.train import LoggerConfig, TrainConfig
 
