@@ -49,6 +49,10 @@ from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig
 
 EAGLE_KINDS = {"eagle": "eagle", "eagle3": "eagle3"}
+# EAGLE-2's published tree (top-10 expansions, depth 6, 60 nodes, every one verified): the tree
+# EAGLE's τ figures are measured with; ``bench.published_tree`` adds the EAGLE drafter under it
+PUBLISHED_TREE = {"dynamic": True, "top_k_draft": 10, "depth": 6, "total_tokens": 60, "cost_aware": False}
+TREE_ROW = "{kind} (EAGLE-2 tree)"
 
 
 # ---- 1. distill -------------------------------------------------------------------------
@@ -178,30 +182,40 @@ def stage_tree(cfg: BenchArgs, target, tok, heads: Path) -> None:
 
 # ---- 5. eval ----------------------------------------------------------------------------
 def stage_eval(
-    cfg: BenchArgs, b: BenchConfig, target, tok, heads: dict[str, Path], name: str
+    cfg: BenchArgs,
+    b: BenchConfig,
+    target,
+    tok,
+    heads: dict[str, Path],
+    name: str,
+    tree: dict[str, Any] | None = None,
 ) -> dict[str, dict]:
     """Every drafter of ``heads`` (kind -> folder) on one prompt set, in one loop: stock and
     same-backend greedy run once per turn for all of them, the baselines once (reported with
     the first drafter). Each drafter's report is cached in its own ``eval-<set>`` folder; a
-    rerun decodes only the drafters whose report is missing."""
+    rerun decodes only the drafters whose report is missing. ``tree``: decode settings that
+    replace the configured tree (:data:`PUBLISHED_TREE`), reported in ``eval-<set>-tree``
+    folders without the baselines."""
     from draftheads.decode.evaluate import run_eval
     from draftheads.decode.report import environment, summarize, write_report
     from draftheads.heads import Drafter
 
     first = next(iter(heads))
+    folder = f"eval-{name}" + ("-tree" if tree else "")
 
     def made(kind: str) -> dict[str, Any]:
         return {
             "prompts": b.eval_prompts,
             "new_tokens": b.eval_new_tokens,
             "per_category": b.spec_bench_per_category,
-            "baselines": list(b.baselines) if kind == first else [],
+            "baselines": list(b.baselines) if kind == first and not tree else [],
+            **({"tree": tree} if tree else {}),
         }
 
     reports = {
-        k: json.loads((p / f"eval-{name}" / "report.json").read_text())
+        k: json.loads((p / folder / "report.json").read_text())
         for k, p in heads.items()
-        if done(p / f"eval-{name}", made(k))
+        if done(p / folder, made(k))
     }
     todo = [k for k in heads if k not in reports]
     if not todo:
@@ -210,9 +224,10 @@ def stage_eval(
     if not prompts:
         log(f"eval on {name}: skipped (no prompts; is {b.shared_data} there?)")
         return reports
-    log(f"eval {', '.join(todo)} on {name}: {len(prompts)} prompts, {b.eval_new_tokens} new tokens")
-    baselines = list(b.baselines) if first in todo else []
-    decode = replace(cfg.decode, max_new_tokens=b.eval_new_tokens)
+    how = f" with {json.dumps(tree)}" if tree else ""
+    log(f"eval {', '.join(todo)} on {name}{how}: {len(prompts)} prompts, {b.eval_new_tokens} new tokens")
+    baselines = list(b.baselines) if first in todo and not tree else []
+    decode = replace(cfg.decode, max_new_tokens=b.eval_new_tokens, **(tree or {}))
     drafters = {k: Drafter.from_pretrained(heads[k], target=target, tokenizer=tok) for k in todo}
     t0 = time.perf_counter()
     runs = run_eval(target, tok, drafters, prompts, decode, baselines, warmup=cfg.eval.warmup)
@@ -222,7 +237,7 @@ def stage_eval(
         kept = made(k)["baselines"]  # the baselines' figures are reported with the first drafter
         report = summarize(runs[k], kept)
         report.update(prompts=name, heads=str(heads[k]), drafter=drafters[k].kind, environment=env)
-        out = heads[k] / f"eval-{name}"
+        out = heads[k] / folder
         write_report(report, runs[k], kept, out)
         mark_done(out, {"seconds": seconds, "decoded_with": todo}, made(k))
         reports[k] = report
@@ -326,6 +341,11 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
         if runs:
             seconds = [s for _, s in runs]
             times[f"eval {name}"] = None if None in seconds else sum(seconds) / 60
+    for kind in b.drafters if b.published_tree else []:
+        for name in b.eval_sets:
+            marker = out / kind / f"eval-{name}-tree" / ".done"
+            if marker.is_file():
+                times[f"eval {name}, {TREE_ROW.format(kind=kind)}"] = minutes(marker)
     return times
 
 
@@ -375,6 +395,12 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
         for kind, rep in stage_eval(cfg, b, target, tok, trained, name).items():
             results["drafters"][kind][name] = rep
     eagle = next((k for k in b.drafters if k in EAGLE_KINDS), None)
+    if b.published_tree and eagle:
+        row = results["drafters"][TREE_ROW.format(kind=eagle)] = {}
+        for name in b.eval_sets:
+            reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, PUBLISHED_TREE)
+            if eagle in reports:  # absent when the prompt set is
+                row[name] = reports[eagle]
     if b.teacher_tokens:
         points = study.stage_scaling(cfg, b, target, tok, cache)
         # the main drafter is a point of the equal-compute curve unless distilled data was added

@@ -142,6 +142,25 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     assert "| medusa | heldout |" in text and "τ" in summary_lines(results)
     assert f"| **all stages** | **{sum(stages.values()):.1f}** |" in text
 
+    # EAGLE-2's published tree: one more row per prompt set, every one of its nodes verified and
+    # the output still the target's greedy one; the default rows are read from their cache
+    wide = pipeline(cfg, replace(b, published_tree=True))
+    row = wide["drafters"]["eagle3 (EAGLE-2 tree)"]["heldout"]
+    default = wide["drafters"]["eagle3"]["heldout"]
+    assert row["greedy_identical"] == 1.0 and default == again["drafters"]["eagle3"]["heldout"]
+    assert row["tree_tokens_per_step"] >= 60 > 8 + 6 >= default["tree_tokens_per_step"]
+    marker = json.loads((out / "eagle3" / "eval-heldout-tree" / ".done").read_text())
+    assert marker["settings"]["tree"] == {
+        "dynamic": True,
+        "top_k_draft": 10,
+        "depth": 6,
+        "total_tokens": 60,
+        "cost_aware": False,
+    }
+    assert wide["stage_minutes"]["eval heldout, eagle3 (EAGLE-2 tree)"] > 0
+    write_docs(wide, b, docs)
+    assert "| eagle3 (EAGLE-2 tree) | heldout |" in docs.read_text()
+
 
 def test_replace_section_keeps_the_rest(tmp_path):
     p = tmp_path / "x.md"

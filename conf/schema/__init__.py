@@ -48,6 +48,12 @@ class BenchConfig:
       in one loop against stock and same-backend greedy and prompt lookup) ~ 30 min;
     * total ~ 110 min.
 
+    ``published_tree=true`` adds a row per prompt set: the EAGLE drafter verified with EAGLE-2's
+    published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
+    lookup branch as configured), the tree EAGLE's τ figures are measured with. On 2 CPU cores
+    such a step costs about four greedy steps, so it measures τ, not a faster setting: ~8 min
+    per prompt set.
+
     ``distill_prompts=960 distill_repeats=1`` reads twice the distinct distilled answers once
     each at the same training compute: Spec-Bench tau 2.20 against the default's 2.14, held-out
     and GSM8K unchanged, for ~15 min more (~125 min in all), so it is not the default.
@@ -95,6 +101,8 @@ class BenchConfig:
     eval_new_tokens: int = 128
     # run once, with the first drafter (they do not depend on the drafter)
     baselines: list[str] = field(default_factory=lambda: ["pld"])
+    # also evaluate the EAGLE drafter with EAGLE-2's published tree (60 nodes, no cost-aware pruning)
+    published_tree: bool = False
     docs: str = "docs/benchmarks.md"
 
 
