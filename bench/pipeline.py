@@ -311,9 +311,10 @@ def main_point(results: dict[str, Any], kind: str) -> list[dict]:
 # ---- stage times -------------------------------------------------------------------------
 def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
     """Minutes each stage of the main run took, read from the records the stages wrote (None:
-    a record made before stages were timed). Opt-in scaling points and ablation rows are left
-    out: they report their own training minutes. An evaluation counts each of its decoding runs
-    once, however many drafters shared it."""
+    a record made before stages were timed). Opt-in scaling points, ablation rows and the
+    published-tree evaluations are left out: the first two report their own training minutes,
+    the last its tokens/s. An evaluation counts each of its decoding runs once, however many
+    drafters shared it."""
     out = Path(b.out_dir)
 
     def minutes(record: Path) -> float | None:
@@ -341,11 +342,6 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
         if runs:
             seconds = [s for _, s in runs]
             times[f"eval {name}"] = None if None in seconds else sum(seconds) / 60
-    for kind in b.drafters if b.published_tree else []:
-        for name in b.eval_sets:
-            marker = out / kind / f"eval-{name}-tree" / ".done"
-            if marker.is_file():
-                times[f"eval {name}, {TREE_ROW.format(kind=kind)}"] = minutes(marker)
     return times
 
 
