@@ -51,12 +51,12 @@ class PromptRow:
 def shared_path(name: str) -> Path:
     """``../shared/data/<file>`` for a named shared data set, or a UserError saying where it looked."""
     rel = Path("..") / "shared" / "data" / SHARED[name]
-    candidates = [Path.cwd() / rel, REPO / rel]
+    candidates = list(dict.fromkeys(p.resolve() for p in (Path.cwd() / rel, REPO / rel)))  # once each
     for p in candidates:
         if p.is_file():
-            return p.resolve()
+            return p
     raise UserError(
-        f"{name} data is absent: looked for {' and '.join(str(c.resolve()) for c in candidates)}; "
+        f"{name} data is absent: looked for {' and '.join(map(str, candidates))}; "
         f"pass the path to the file instead (e.g. load_prompts('/path/to/{Path(SHARED[name]).name}'))"
     )
 

@@ -13,7 +13,7 @@ from draftheads.data.chat import encode_chat, user_turn_prefix
 from draftheads.data.embedded import HELDOUT_PERCENT, embedded_items, is_heldout
 from draftheads.data.formats import RowError, detect_format, to_example
 from draftheads.data.prepare import prepare_dataset
-from draftheads.data.prompts import load_prompts, shared_path
+from draftheads.data.prompts import REPO, SHARED, load_prompts, shared_path
 
 CHAT = [
     {"role": "user", "content": "hi"},
@@ -353,6 +353,15 @@ def test_load_prompts_from_shared_spec_bench():
     rows = load_prompts("spec_bench")
     assert len(rows) == 320 and sum(len(r.turns) == 2 for r in rows) == 80
     assert {r.category for r in rows} >= {"writing", "translation", "qa", "math_reasoning"}
+
+
+def test_an_absent_shared_set_names_each_place_it_looked_once(monkeypatch):
+    monkeypatch.setitem(SHARED, "spec_bench", "spec_bench/no-such-file.jsonl")
+    monkeypatch.chdir(REPO)  # the working directory and the repository give the same place
+    with pytest.raises(UserError, match="spec_bench data is absent: looked for ") as e:
+        shared_path("spec_bench")
+    # the place looked once, and the file's name once more in the suggested call
+    assert str(e.value).count("no-such-file.jsonl") == 2
 
 
 def test_an_absent_mixture_component_fails_unless_optional_and_in_data_dir_resolves(tmp_path, tokenizer):
