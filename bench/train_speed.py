@@ -2,6 +2,8 @@
 
     draftheads train-speed speed.cache=outputs/bench/teacher draft=eagle3 speed.tokens=8000 speed.steps=8
 
+(``speed.pack=false`` pads every micro-batch to its longest row instead of packing it).
+
 Trains ``speed.steps`` steps of the ``make bench`` recipe for one drafter on the first
 ``speed.tokens`` answer tokens of an offline feature cache (as ``draftheads bench`` does), then
 prints the per-step losses and the mean training tokens/s after the first step (which pays
@@ -44,6 +46,7 @@ def train_speed(args: TrainSpeedArgs) -> None:
                 *train_overrides(kind, Path(out), args.speed.steps),
                 "train.progress=false",
                 "train.log_every=1",
+                f"train.pack_micro_batches={str(args.speed.pack).lower()}",
             ]
         )
         cfg.target = args.target

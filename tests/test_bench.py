@@ -103,6 +103,16 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     assert (
         len(printed.splitlines()[0].split()) == 3 and "eagle3:" in printed and "training tokens/s" in printed
     )
+    # padded micro-batches (speed.pack=false) train to the same losses as the packed default
+    assert (
+        main(["train-speed", cache, "draft=eagle3", "target=tiny-llama", "speed.steps=2", "speed.pack=false"])
+        == 0
+    )
+    padded = capsys.readouterr().out
+    packed_losses, padded_losses = (
+        [float(x) for x in p.splitlines()[0].split()[1:]] for p in (printed, padded)
+    )
+    assert padded_losses == pytest.approx(packed_losses, abs=2e-3)
 
     # the decoding-speed benchmark on the trained drafter: one table per tree setting, outputs
     # identical to greedy generate at every batch size

@@ -125,3 +125,86 @@ def test_training_keeps_the_position_ids_of_packed_rows(tmp_path):
     }
     rows, tokens = TrainRecipe(cfg, [row]).load_rows()
     assert rows == tokens == [{k: row[k] for k in ("input_ids", "loss_mask", "position_ids")}]
+
+
+def cached_rows(fp, lengths: list[tuple[int, int]], k: int = 4, seed: int = 5) -> list[dict]:
+    """Rows as a feature cache gives them: tokens, a prompt-then-answer loss mask, EAGLE-3's
+    four layers of features and the target's top-k logits (sorted, descending)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n, prompt in lengths:
+        logits = torch.randn(n, k, generator=g).sort(-1, descending=True).values
+        rows.append(
+            {
+                "input_ids": torch.randint(3, fp.vocab_size, (n,), generator=g).tolist(),
+                "loss_mask": [0] * prompt + [1] * (n - prompt),
+                "features": torch.randn(n, 4 * fp.hidden_size, generator=g),
+                "topk_ids": torch.randint(3, fp.vocab_size, (n, k), generator=g),
+                "topk_logits": logits,
+            }
+        )
+    return rows
+
+
+def test_a_packed_micro_batch_trains_like_the_padded_one(tiny_llama):
+    """``collate_packed`` puts the rows end to end with per-row positions: the EAGLE-3 loss from
+    cached features and top-k labels, its counts and every gradient equal the padded batch's."""
+    from draftheads.conf.schema.heads import DraftConfig
+    from draftheads.train.batching import collate_packed
+    from draftheads.train.modules import EagleObjective
+
+    model, _, fp = tiny_llama
+    rows = cached_rows(fp, [(9, 3), (4, 1), (12, 7), (6, 2)])
+    packed = collate_packed(rows)
+    assert packed["input_ids"].shape == (1, 31) and packed["features"].shape == (1, 31, 4 * fp.hidden_size)
+    assert packed["position_ids"][0, 9:14].tolist() == [0, 1, 2, 3, 0]
+    torch.manual_seed(0)
+    cfg = DraftConfig(kind="eagle", version=3, ttt_steps=3, draft_vocab_size=fp.vocab_size)
+    drafter = EagleDrafter(fp, model.config.to_dict(), version=3, draft_vocab_size=fp.vocab_size).attach(
+        model
+    )
+    objective = EagleObjective(drafter, model, cfg, topk=5)
+    results = []
+    for batch in (collate(rows, pad_id=0), packed):
+        drafter.zero_grad()
+        loss, stats = objective(batch)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), {k: v.item() for k, v in stats.items() if k.endswith("/n")}, grads))
+    (loss_a, n_a, g_a), (loss_b, n_b, g_b) = results
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-5, rtol=1e-4)
+    assert n_a == n_b and n_a["step2/n"] > 0
+    assert g_a.keys() == g_b.keys() and len(g_a) > 5
+    for name in g_a:
+        torch.testing.assert_close(g_b[name], g_a[name], atol=1e-5, rtol=1e-3, msg=name)
+
+
+def test_later_steps_compute_only_the_rows_a_loss_still_reads(tiny_llama):
+    """Step s > 0 runs on the rows some step >= s counts; their outputs equal the full unroll's."""
+    model, _, fp = tiny_llama
+    torch.manual_seed(0)
+    drafter = EagleDrafter(fp, model.config.to_dict(), version=3, draft_vocab_size=fp.vocab_size).attach(
+        model
+    )
+    T = 14
+    ids = torch.randint(3, fp.vocab_size, (1, T))
+    pos = torch.tensor([[*range(8), *range(6)]])  # two documents: 8 and 6 tokens
+    feats = torch.randn(1, T - 1, 3 * fp.hidden_size)
+    loss_mask = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1]])
+    counted = [label_mask(loss_mask, s + 2, pos) for s in range(3)]
+    seen = []
+    hook = drafter.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[1]))
+    subset = unroll(drafter, feats, ids, 3, pos, counted)
+    hook.remove()
+    full = unroll(drafter, feats, ids, 3, pos)
+    # counted rows: step 0 -> 3, 4, 5, 10, 11; step 1 -> 2, 3, 4, 9, 10; step 2 -> 1, 2, 3, 8, 9
+    assert [c[0, : T - 1].nonzero().flatten().tolist() for c in counted] == [
+        [3, 4, 5, 10, 11],
+        [2, 3, 4, 9, 10],
+        [1, 2, 3, 8, 9],
+    ]
+    assert seen == [13, 7, 5]  # every row; then those counted at step 1 or 2; then those at step 2
+    for s in range(3):
+        rows = counted[s][0, : T - 1]
+        torch.testing.assert_close(subset[s][0, rows], full[s][0, rows], atol=1e-5, rtol=1e-4)
+    assert (subset[2][0, ~counted[2][0, : T - 1]] == 0).all()  # rows no step computed read 0

@@ -10,6 +10,7 @@ import torch
 from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.train import validate
+from draftheads.heads.masks import causal
 from draftheads.train.batching import Layout, StepSampler, collate, split_heldout
 from draftheads.train.objectives import (
     IGNORE,
@@ -20,7 +21,7 @@ from draftheads.train.objectives import (
     medusa_loss,
     shift_left,
 )
-from draftheads.train.unroll import ttt_mask
+from draftheads.train.unroll import live_rows, ttt_allowed
 from draftheads.train.vocab import draft_vocab, masked_token_counts
 
 X = IGNORE  # no label
@@ -76,10 +77,28 @@ def test_chain_acceptance_stops_at_the_first_miss():
 
 
 def test_ttt_mask_is_causal_then_diagonal():
-    m = ttt_mask(3, 2, torch.float32, torch.device("cpu"))[0, 0] == 0
+    every = torch.arange(3)
+    m = ttt_allowed(causal(3, torch.device("cpu"))[None], [every] * 3)[0]
     assert m.shape == (3, 9)
     assert m[:, :3].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     assert m[:, 3:6].tolist() == m[:, 6:].tolist() == torch.eye(3, dtype=torch.bool).tolist()
+
+
+def test_ttt_mask_of_a_subset_keeps_each_row_on_its_own_keys():
+    # step 1 computes rows 1, 2; step 2 row 2 only: its keys are step 0's rows 0..2, then its own
+    cols = [torch.arange(3), torch.tensor([1, 2]), torch.tensor([2])]
+    m = ttt_allowed(causal(3, torch.device("cpu"))[None], cols)[0]
+    assert m.tolist() == [[1, 1, 1, 0, 1, 1]]
+
+
+def test_live_rows_are_what_a_later_step_still_counts():
+    counted = [
+        torch.tensor([[1, 0, 0, 1]]).bool(),
+        torch.tensor([[0, 1, 0, 0]]).bool(),
+        torch.zeros(1, 4).bool(),
+    ]
+    live = live_rows(counted)
+    assert [x.int().tolist() for x in live] == [[[1, 1, 0, 1]], [[0, 1, 0, 0]], [[0, 0, 0, 0]]]
 
 
 def test_schedules():

@@ -137,3 +137,23 @@ def test_eagle3_logged_loss_weights_each_micro_batch_by_its_counted_rows(tmp_pat
         assert 0 < n < int(label_mask(batch["loss_mask"], 2).sum())
         num, den = num + float(loss.detach()) * n, den + n
     assert window.reduce()["step0/loss"] == pytest.approx(num / den, rel=1e-6)
+
+
+def test_packed_micro_batches_log_the_padded_runs_losses(tmp_path, rows):
+    """Rows from a feature cache go end to end into one row per micro-batch (no padding): the
+    run's losses are the padded run's, and only the batch shape differs."""
+    cache = feature_cache(tmp_path, rows, topk=8)
+    offline = (*EAGLE3, "train.max_steps=3", "train.features=offline", f"train.feature_cache={cache}")
+    shape, logged = {}, {}
+    for name, flag in (("packed", "true"), ("padded", "false")):
+        seen = []
+        out = train(
+            config(tmp_path, *offline, f"train.pack_micro_batches={flag}", name=name), hooks=[seen.append]
+        )
+        shape[name] = tuple(seen[0].batch(seen[0].train_rows[:4])["input_ids"].shape)
+        logged[name] = losses(out)
+    assert shape["packed"] == (1, sum(len(r["input_ids"]) for r in seen[0].train_rows[:4]))
+    assert shape["padded"][0] == 4
+    torch.testing.assert_close(
+        torch.tensor(logged["packed"]), torch.tensor(logged["padded"]), rtol=1e-4, atol=1e-5
+    )

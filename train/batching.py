@@ -91,6 +91,33 @@ def collate(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def collate_packed(rows: Sequence[dict]) -> dict[str, torch.Tensor]:
+    """Every row end to end in one row ``[1, sum of lengths]``: no padding to compute on.
+
+    Each row keeps its own ``position_ids`` (counted from 0, or its own when it is already a
+    packed row), which is all that keeps attention and labels inside it (see
+    ``heads.masks.packed_causal`` and ``train.objectives.label_mask``), so every loss is the
+    padded batch's loss (the same counted positions, the same mean).
+    """
+
+    def column(key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.cat([torch.as_tensor(r[key], dtype=dtype) for r in rows])[None]
+
+    lengths = [len(r["input_ids"]) for r in rows]
+    out = {"input_ids": column("input_ids", torch.long), "loss_mask": column("loss_mask", torch.long)}
+    out["attention_mask"] = torch.ones(1, sum(lengths), dtype=torch.long)
+    if "position_ids" in rows[0]:
+        out["position_ids"] = column("position_ids", torch.long)
+    else:
+        out["position_ids"] = torch.cat([torch.arange(n) for n in lengths])[None]
+    for key in ("features", "topk_logits"):
+        if key in rows[0]:
+            out[key] = column(key)
+    if "topk_ids" in rows[0]:
+        out["topk_ids"] = column("topk_ids", torch.long)
+    return out
+
+
 class RowView(Sequence):
     """Rows ``source[indices[i]]``, read when indexed: a memory-mapped feature cache stays on disk."""
 

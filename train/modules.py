@@ -186,11 +186,12 @@ class EagleObjective(Objective):
         teacher = self.teacher(final, batch["loss_mask"], batch.get("topk_ids"), batch.get("topk_logits"))
         inp = uniform_noise(inp[:, :-1], self.cfg.feature_noise)
         pos = batch.get("position_ids")
-        outs = unroll(self.drafter, inp, batch["input_ids"], self.steps(), pos)
+        counted = [label_mask(batch["loss_mask"], s + 2, pos) for s in range(self.steps())]
+        outs = unroll(self.drafter, inp, batch["input_ids"], self.steps(), pos, counted)
         total = final.new_zeros(())
         stats: Stats = {}
         for s, out in enumerate(outs):
-            loss, st = self.step_loss(s, out, final, label_mask(batch["loss_mask"], s + 2, pos), teacher)
+            loss, st = self.step_loss(s, out, final, counted[s], teacher)
             total = total + self.cfg.ttt_decay**s * loss
             stats.update(st)
         return total, stats

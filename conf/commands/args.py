@@ -163,6 +163,8 @@ class TrainSpeedOptions:
     cache: str = "outputs/bench/teacher"
     tokens: int = 8000
     steps: int = 8
+    # train.pack_micro_batches of the run (false: every micro-batch padded to its longest row)
+    pack: bool = True
 
 
 @dataclass

@@ -70,6 +70,9 @@ class TrainConfig:
     # state through the whole vocabulary), topk (the feature cache's top-k logits, EAGLE-3
     # only), or auto (topk when the cache holds them and the drafter is EAGLE-3, else full).
     soft_labels: str = "auto"
+    # Rows that carry cached features go end to end into one row per micro-batch (per-row
+    # positions and attention), so no step computes on padding; the loss is the padded one's.
+    pack_micro_batches: bool = True
     # A datasets.save_to_disk directory of pre-tokenized rows (input_ids, loss_mask); skips data.*.
     rows: str | None = None
     progress: bool = True
