@@ -226,7 +226,7 @@ def stage_eval(
         return reports
     how = f" with {json.dumps(tree)}" if tree else ""
     log(f"eval {', '.join(todo)} on {name}{how}: {len(prompts)} prompts, {b.eval_new_tokens} new tokens")
-    baselines = list(b.baselines) if first in todo and not tree else []
+    baselines = made(first)["baselines"] if first in todo else []
     decode = replace(cfg.decode, max_new_tokens=b.eval_new_tokens, **(tree or {}))
     drafters = {k: Drafter.from_pretrained(heads[k], target=target, tokenizer=tok) for k in todo}
     t0 = time.perf_counter()

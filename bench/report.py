@@ -93,7 +93,8 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
         lines += [
             "",
             f"Self-distilled answers beside it: {mix.get('rows')} rows, {mix['distilled_tokens']} answer "
-            f"tokens, {mix['distill_repeats']} passes each per pass over the teacher-forced text, in the "
+            f"tokens, {mix['distill_repeats']} pass{'es' if mix['distill_repeats'] != 1 else ''} each per pass "
+            "over the teacher-forced text, in the "
             "main EAGLE-3 drafter's data only.",
         ]
     stages = results.get("stage_minutes") or {}
