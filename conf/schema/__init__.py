@@ -36,17 +36,17 @@ class BenchConfig:
 
     **Time on 2 CPU cores** (stage times measured on an AMD EPYC with AVX2, torch 2.13 CPU):
 
-    * distillation: 480 prompts x up to 160 new tokens, 68k answer tokens at ~165 new tokens/s
-      ~ 7 min;
+    * distillation: 960 prompts x up to 160 new tokens, 136k answer tokens at ~170 new
+      tokens/s ~ 13 min;
     * teacher-forced features: 500k answer tokens (847k row tokens) at ~430-445 tokens/s
       ~ 32-33 min;
-      the distilled answers' features (104k row tokens) ~ 4 min;
-    * Medusa, ``medusa_steps`` 150 at ~1.8 s ~ 4.5 min, its tree ~ 1 min;
-    * EAGLE-3, 500k teacher-forced answer tokens x 1 epoch plus 68k distilled ones x 2, streamed,
-      ~540 tokens/s ~ 33 min;
+      the distilled answers' features (208k row tokens) ~ 7.5 min;
+    * Medusa, ``medusa_steps`` 150 at ~1.8-2 s ~ 4.5-5 min, its tree ~ 1 min;
+    * EAGLE-3, 500k teacher-forced answer tokens plus 136k distilled ones, one pass, streamed,
+      packed micro-batches, ~730 tokens/s ~ 24 min;
     * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; both drafters
       in one loop against stock and same-backend greedy and prompt lookup) ~ 30 min;
-    * total ~ 110 min.
+    * total ~ 115 min.
 
     ``published_tree=true`` adds a row per prompt set: the EAGLE drafter verified with EAGLE-2's
     published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
@@ -54,12 +54,12 @@ class BenchConfig:
     such a step costs about four greedy steps, so it measures τ, not a faster setting: ~8 min
     per prompt set.
 
-    ``distill_prompts=960 distill_repeats=1`` reads twice the distinct distilled answers once
-    each at the same training compute: Spec-Bench tau 2.20 against the default's 2.14, held-out
-    and GSM8K unchanged, for ~15 min more (~125 min in all), so it is not the default.
+    ``distill_prompts=480 distill_repeats=2`` (the previous default) reads half the distinct
+    distilled answers twice each at the same training compute: Spec-Bench tau 2.14 against
+    2.20, held-out and GSM8K the same, ~7 min less distillation and ~4 min fewer features.
 
     A scaling point costs as much as the main EAGLE-3 run without the distilled part (equal
-    compute, ~26-31 min), an ablation row ``ablation_tokens x ablation_epochs`` = 68k answer-token
+    compute; 26-31 min when timed, before micro-batches were packed), an ablation row ``ablation_tokens x ablation_epochs`` = 68k answer-token
     passes ~ 120k row tokens ~ 5 min plus 2 min of held-out decoding: they do not fit beside the
     main run, so they are off by default and are added by a rerun (cached stages only add what
     is new): ``bench.scaling_tokens=[68000,150000]`` (~60 min; the 500k point is the teacher-only
@@ -71,10 +71,10 @@ class BenchConfig:
     shared_data: str = "../shared/data"
     # distillation: prompts answered greedily by the target (embedded train split, plus GSM8K
     # train and CodeAlpaca when shared_data exists), and target-written prompts
-    distill_prompts: int = 480
+    distill_prompts: int = 960
     self_prompts: int = 0
     # beside teacher-forced data: passes over the distilled answers per pass over the teacher text
-    distill_repeats: int = 2
+    distill_repeats: int = 1
     distill_new_tokens: int = 160
     distill_batch_size: int = 32
     # teacher-forced answer tokens in the feature cache (0: train on the distilled data only)
