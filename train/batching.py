@@ -118,6 +118,12 @@ def collate_packed(rows: Sequence[dict]) -> dict[str, torch.Tensor]:
     return out
 
 
+def micro_batch(rows: Sequence[dict], pad_id: int, pack: bool) -> dict[str, torch.Tensor]:
+    """A micro-batch of ``rows``: packed end to end (:func:`collate_packed`) when ``pack`` is set
+    and the rows carry cached features (nothing runs the target on them), else padded."""
+    return collate_packed(rows) if pack and "features" in rows[0] else collate(rows, pad_id)
+
+
 class RowView(Sequence):
     """Rows ``source[indices[i]]``, read when indexed: a memory-mapped feature cache stays on disk."""
 

@@ -39,15 +39,7 @@ from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.target import fingerprint, load_target, target_name
 from draftheads.train import checkpoint
 from draftheads.train.adapters import add_lora, save_adapters
-from draftheads.train.batching import (
-    Layout,
-    RowView,
-    StepSampler,
-    check_rows,
-    collate,
-    collate_packed,
-    split_heldout,
-)
+from draftheads.train.batching import Layout, RowView, StepSampler, check_rows, micro_batch, split_heldout
 from draftheads.train.card import model_card
 from draftheads.train.engine import build_engine, init_distributed, zero_stage
 from draftheads.train.guards import cast_shared_inputs, check_finished_run, check_output_dir, use_topk
@@ -241,12 +233,8 @@ class TrainRecipe:
 
     # ---- train -----------------------------------------------------------------------
     def batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        device = self.engine.device
-        if self.cfg.train.pack_micro_batches and "features" in rows[0]:
-            batch = collate_packed(rows)
-        else:
-            batch = collate(rows, self.tokenizer.pad_token_id or 0)
-        return {k: v.to(device) for k, v in batch.items()}
+        batch = micro_batch(rows, self.tokenizer.pad_token_id or 0, self.cfg.train.pack_micro_batches)
+        return {k: v.to(self.engine.device) for k, v in batch.items()}
 
     def train(self) -> TrainRecipe:
         t = self.cfg.train
