@@ -46,7 +46,7 @@ class BenchConfig:
       packed micro-batches, ~730 tokens/s ~ 24 min;
     * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; both drafters
       in one loop against stock and same-backend greedy and prompt lookup) ~ 30 min;
-    * total ~ 115 min.
+    * total ~ 114-118 min.
 
     ``published_tree=true`` adds a row per prompt set: the EAGLE drafter verified with EAGLE-2's
     published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
@@ -59,12 +59,13 @@ class BenchConfig:
     2.20, held-out and GSM8K the same, ~7 min less distillation and ~4 min fewer features.
 
     A scaling point costs as much as the main EAGLE-3 run without the distilled part (equal
-    compute; 26-31 min when timed, before micro-batches were packed), an ablation row ``ablation_tokens x ablation_epochs`` = 68k answer-token
-    passes ~ 120k row tokens ~ 5 min plus 2 min of held-out decoding: they do not fit beside the
-    main run, so they are off by default and are added by a rerun (cached stages only add what
-    is new): ``bench.scaling_tokens=[68000,150000]`` (~60 min; the 500k point is the teacher-only
-    drafter) and ``bench.ablations=[all]`` (10 rows, ~90 min; Medusa-2, which trains the target's
-    LoRA adapters, ~30 of them).
+    compute; 26-31 min when timed, before micro-batches were packed), an ablation row
+    ``ablation_tokens x ablation_epochs`` = 68k answer-token passes ~ 120k row tokens ~ 5 min
+    plus 2 min of held-out decoding: they do not fit beside the main run, so they are off by
+    default and are added by a rerun (cached stages only add what is new):
+    ``bench.scaling_tokens=[68000,150000]`` (~60 min; the 500k point is the teacher-only drafter)
+    and ``bench.ablations=[all]`` (10 rows, ~90 min; Medusa-2, which trains the target's LoRA
+    adapters, ~30 of them).
     """
 
     out_dir: str = "outputs/bench"
