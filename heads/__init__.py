@@ -1,11 +1,13 @@
 """Drafter modules and their checkpoint format."""
 
 from draftheads.heads.base import Drafter
+from draftheads.heads.dflash import DFlashDrafter
 from draftheads.heads.eagle import EagleDrafter
 from draftheads.heads.medusa import MedusaHeads, ResBlock
 from draftheads.heads.target import TargetFingerprint, fingerprint, load_target
 
 __all__ = [
+    "DFlashDrafter",
     "Drafter",
     "EagleDrafter",
     "MedusaHeads",

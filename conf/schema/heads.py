@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from draftheads.conf.errors import UserError
 
-DRAFT_KINDS = ("medusa", "eagle")
+DRAFT_KINDS = ("medusa", "eagle", "dflash")
 LM_HEAD_MODES = ("shared", "copy")
 EAGLE_VERSIONS = (1, 3)
 TINY_KINDS = ("llama", "mistral", "qwen2", "gpt2")  # the random-init tiny targets (heads/target.py)
@@ -50,7 +50,7 @@ class TargetConfig:
 
 @dataclass
 class DraftConfig:
-    """Shape and objective of the drafter (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3)."""
+    """Shape and objective of the drafter (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3, dflash)."""
 
     kind: str = "medusa"
     # --- Medusa ---
@@ -89,6 +89,16 @@ class DraftConfig:
     # EAGLE: start the decoder layer(s) as the target's last layer(s); EAGLE-3's widened q/k/v
     # hold the target's weights in the feature half and zeros in the embedding half
     init_from_target: bool = False
+    # --- DFlash: one non-causal pass drafts a block (feature_layers, num_decoder_layers and
+    # draft_vocab_size above apply too) ---
+    block_size: int = 16
+    # a token id the tokenizer has and never produces in text; null: the tokenizer's mask token,
+    # else its highest unused special token (recorded in the checkpoint)
+    mask_token_id: int | None = None
+    # loss weight of block position k (1-based): exp(-(k - 1) / gamma)
+    loss_gamma: float = 7.0
+    # blocks per training row, anchored at random answer positions
+    anchors_per_row: int = 8
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""
@@ -102,6 +112,8 @@ class DraftConfig:
         Medusa reads the final state. EAGLE reads its input layers plus the final state, which
         is its regression and distillation target (see ``Drafter.training_layers``).
         """
+        if self.kind == "dflash":
+            return dflash_feature_layers(self.feature_layers, num_layers)
         if self.kind != "eagle":
             return [num_layers]
         return eagle_input_layers(self.version, self.feature_layers, num_layers) + [num_layers]
@@ -121,6 +133,8 @@ def draft_config_problem(d: DraftConfig) -> str | None:
         "num_decoder_layers": (d.num_decoder_layers, 1),
         "ttt_steps": (d.ttt_steps, 1),
         "lora_r": (d.lora_r, 1),
+        "block_size": (d.block_size, 2),
+        "anchors_per_row": (d.anchors_per_row, 1),
     }
     for key, (value, low) in at_least.items():
         if value < low:
@@ -144,9 +158,45 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     for key in weights:
         if getattr(d, key) < 0:
             return f"draft.{key}={getattr(d, key)} must not be negative"
+    if d.kind == "dflash":
+        if d.loss_gamma <= 0:
+            return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
+        if d.mask_token_id is not None and d.mask_token_id < 0:
+            return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
+        if d.feature_layers is not None:
+            return dflash_layers_problem(list(d.feature_layers))
     if d.kind == "eagle" and d.feature_layers is not None:
         return feature_layers_problem(list(d.feature_layers), d.version)
     return None
+
+
+def dflash_layers_problem(layers: list[int], num_layers: int | None = None) -> str | None:
+    """Why ``layers`` cannot be a DFlash drafter's ``draft.feature_layers``, or None.
+
+    The engines' rule as for EAGLE-3 (ids index the target's ``hidden_states``: distinct,
+    ascending, from 1, each the input of a layer the engine can capture, so at most L - 1), but any
+    number of layers (the reference uses 1 to 5).
+    """
+    key = f"draft.feature_layers={list(layers)}"
+    if not layers:
+        return f"{key}: a DFlash drafter reads at least one target layer"
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in layers):
+        return f"{key}: layer ids are integers"
+    if len(set(layers)) != len(layers):
+        return f"{key}: a layer is listed twice; list each layer once, ascending"
+    if list(layers) != sorted(layers):
+        return f"{key}: list the layers in ascending order, e.g. {sorted(layers)}; serving engines concatenate them in layer order"
+    if layers[0] < 1:
+        return f"{key}: layer 0 is the embedding output, which engines cannot capture; use ids from 1"
+    if num_layers is not None and layers[-1] > num_layers - 1:
+        return f"{key}: the target has {num_layers} layers, so ids must be in 1..{num_layers - 1}"
+    return None
+
+
+def dflash_feature_layers(feature_layers: list[int] | None, num_layers: int) -> list[int]:
+    """The target layers a DFlash drafter reads: the given ones, else EAGLE-3's three (so one
+    feature cache serves both drafters)."""
+    return list(feature_layers) if feature_layers else default_eagle3_layers(num_layers)
 
 
 def feature_layers_problem(

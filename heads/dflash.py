@@ -1,0 +1,353 @@
+"""DFlash block drafters: one non-causal pass drafts a whole block from the target's features.
+
+A block of ``B`` positions starting at ``p`` (the position of the last accepted token)::
+
+    x      = embed([tok_p, mask, mask, ..., mask])                 # [B, H], target's embedding
+    ctx    = hidden_norm(fc(concat(h^a, h^b, ...)))                # [C, H], target features at < p
+    per layer:  q = q_proj(norm(x));  k, v = [k_proj(ctx) ; k_proj(norm(x))], [v_proj(ctx) ; ...]
+                x = x + o_proj(attn(q, k, v))   # no causal mask inside the block
+                x = x + mlp(post_norm(x))
+    logits = lm_head(norm(x))[1:]              # the target's lm_head (rows of the draft vocab)
+
+Block row ``k`` (1 .. B-1) predicts the token at ``p + k``. The context keys and values of a
+layer depend only on the target's features (not on the block), so a decoder computes them once
+per accepted position with :meth:`DFlashDrafter.context_kv` and keeps them; training computes
+them for a whole row and lets each block see only the context before its anchor (the mask).
+
+The layout follows z-lab's reference drafter (Qwen3-style layers with q/k norms, ``fc``,
+``hidden_norm``, ``norm``), so its checkpoints convert by renaming nothing but the config.
+``feature_layers`` index the target's ``hidden_states`` tuple as everywhere in draftheads
+(index ``i`` is the input of layer ``i``); the reference's ``target_layer_ids`` are those
+minus one (it reads ``hidden_states[id + 1]``, the output of layer ``id``).
+
+The target's embedding and lm_head are shared and frozen, never stored. A reduced draft
+vocabulary keeps the target's lm_head rows of its ids (``d2t``/``t2d`` as EAGLE-3): the head
+costs more than the layers on a CPU, so it is what makes a block draft cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.heads import dflash_feature_layers, dflash_layers_problem
+from draftheads.heads.base import Drafter
+from draftheads.heads.target import TargetFingerprint
+
+# Shape keys a drafter layer takes from the target's config unless given (the reference's names).
+LAYER_KEYS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "hidden_act",
+    "attention_bias",
+    "max_position_embeddings",
+    "rope_parameters",
+)
+# GPT-2-style names of the same shapes.
+ALIASES = {
+    "num_attention_heads": "n_head",
+    "intermediate_size": "n_inner",
+    "rms_norm_eps": "layer_norm_epsilon",
+}
+
+
+def layer_shape(target_config: dict[str, Any], hidden: int, given: dict[str, Any] | None) -> dict[str, Any]:
+    """The drafter layers' shape: ``given`` keys first, then the target's, then Llama defaults."""
+    given = dict(given or {})
+    out: dict[str, Any] = {}
+    for key in LAYER_KEYS:
+        value = given.get(key, target_config.get(key, target_config.get(ALIASES.get(key, ""), None)))
+        if value is not None:
+            out[key] = value
+    heads = int(out.setdefault("num_attention_heads", max(1, hidden // 64)))
+    out.setdefault("num_key_value_heads", heads)
+    out.setdefault("head_dim", hidden // heads)
+    out.setdefault("intermediate_size", 4 * hidden)
+    out.setdefault("rms_norm_eps", 1e-6)
+    out.setdefault("hidden_act", "silu")
+    out.setdefault("attention_bias", False)
+    out.setdefault("max_position_embeddings", int(target_config.get("n_positions", 0) or 8192))
+    if "rope_parameters" not in out:
+        theta = target_config.get("rope_theta", 10000.0)
+        out["rope_parameters"] = {"rope_type": "default", "rope_theta": float(theta)}
+    if out["hidden_act"] in ("gelu_new", "gelu_pytorch_tanh"):  # GPT-2 names; the drafter MLP is gated
+        out["hidden_act"] = "silu"
+    return json.loads(json.dumps(out))
+
+
+def llama_config(hidden: int, shape: dict[str, Any]):
+    """A LlamaConfig with the drafter layers' shape: its RMSNorm, MLP and RoPE are what we reuse."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=hidden, num_hidden_layers=1, **shape)
+
+
+class DFlashAttention(nn.Module):
+    """Queries from the block; keys and values from the context followed by the block (no causal mask)."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        H, D = config.hidden_size, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, D
+        bias = bool(config.attention_bias)
+        self.q_proj = nn.Linear(H, self.heads * D, bias=bias)
+        self.k_proj = nn.Linear(H, self.kv_heads * D, bias=bias)
+        self.v_proj = nn.Linear(H, self.kv_heads * D, bias=bias)
+        self.o_proj = nn.Linear(self.heads * D, H, bias=bias)
+        self.q_norm = LlamaRMSNorm(D, eps=config.rms_norm_eps)
+        self.k_norm = LlamaRMSNorm(D, eps=config.rms_norm_eps)
+
+    def keys_values(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k = rope(k_norm(k_proj(x)))``, ``v = v_proj(x)``, each ``[B, kv_heads, T, D]``."""
+        B, T, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(B, T, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        return rope(k, cos, sin), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``x [B, T, H]`` (normed block states); ``mask [B, 1, T, C + T]`` bool or additive."""
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.heads, self.head_dim)).transpose(1, 2)
+        q = rope(q, cos, sin)
+        k, v = self.keys_values(x, cos, sin)
+        k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
+
+
+class DFlashLayer(nn.Module):
+    """A pre-norm decoder layer whose attention reads the injected context (z-lab's layout)."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = DFlashAttention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x [B, heads, T, D]`` with ``cos, sin [B, T, D]``: x·cos + rotate_half(x)·sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class DFlashDrafter(Drafter):
+    kind = "dflash"
+
+    def __init__(
+        self,
+        target: TargetFingerprint,
+        target_config: dict[str, Any],
+        mask_token_id: int,
+        block_size: int = 16,
+        num_decoder_layers: int = 1,
+        feature_layers: list[int] | None = None,
+        draft_vocab_size: int | None = None,
+        layer_config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(target)
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+        H, V, L = target.hidden_size, target.vocab_size, target.num_layers
+        if block_size < 2:
+            raise UserError(f"draft.block_size={block_size} must be at least 2 (the root and one draft)")
+        if num_decoder_layers < 1:
+            raise UserError(f"draft.num_decoder_layers={num_decoder_layers}: need at least one layer")
+        if not 0 <= int(mask_token_id) < V:
+            raise UserError(
+                f"draft.mask_token_id={mask_token_id} is not a token id of the target's vocabulary (0..{V - 1})"
+            )
+        self.block_size, self.num_decoder_layers = int(block_size), int(num_decoder_layers)
+        self.mask_token_id = int(mask_token_id)
+        self._feature_layers = dflash_feature_layers(feature_layers, L)
+        problem = dflash_layers_problem(self._feature_layers, L)
+        if problem:
+            raise UserError(problem)
+        cfg = json.loads(json.dumps(dict(target_config), default=str))
+        self.target_config = cfg
+        self.layer_shape = layer_shape(cfg, H, layer_config)
+        self.layer_config = llama_config(H, self.layer_shape)
+        self.draft_vocab_size = int(draft_vocab_size or V)
+        if not 1 <= self.draft_vocab_size <= V:
+            raise UserError(
+                f"draft.draft_vocab_size={self.draft_vocab_size} must be between 1 and the target vocab {V}"
+            )
+        self.fc = nn.Linear(len(self._feature_layers) * H, H, bias=False)
+        self.hidden_norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(self.layer_config) for _ in range(num_decoder_layers))
+        self.norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
+        self.rotary = LlamaRotaryEmbedding(self.layer_config)  # inv_freq is not persistent: never saved
+        # target id = draft id + d2t[draft id]; t2d[target id] is True when it is in the draft vocab
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))
+        self.set_vocab(torch.arange(self.draft_vocab_size))
+
+    # ---- interface -------------------------------------------------------------------
+    def spec(self) -> dict[str, Any]:
+        return {
+            "target_config": self.target_config,
+            "mask_token_id": self.mask_token_id,
+            "block_size": self.block_size,
+            "num_decoder_layers": self.num_decoder_layers,
+            "feature_layers": list(self._feature_layers),
+            "draft_vocab_size": self.draft_vocab_size,
+            "layer_config": self.layer_shape,
+        }
+
+    def feature_layers(self) -> list[int]:
+        return list(self._feature_layers)
+
+    def training_layers(self) -> list[int]:
+        """The input layers only: labels come from the target's tokens or its cached top-k."""
+        return self.feature_layers()
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size < self.target_fingerprint.vocab_size
+
+    def attach(self, target: nn.Module, check: bool = True) -> DFlashDrafter:
+        super().attach(target, check)
+        self._shared.pop("draft_head", None)  # rebuilt from this target's lm_head on first use
+        return self
+
+    @torch.no_grad()
+    def set_vocab(self, draft_ids: torch.Tensor) -> None:
+        """Install a draft vocabulary (sorted target ids, length ``draft_vocab_size``)."""
+        draft_ids = (
+            torch.as_tensor(draft_ids, dtype=torch.long, device=self.d2t.device).flatten().sort().values
+        )
+        if draft_ids.numel() != self.draft_vocab_size:
+            raise UserError(f"draft vocabulary has {draft_ids.numel()} ids, expected {self.draft_vocab_size}")
+        self.d2t.copy_(draft_ids - torch.arange(self.draft_vocab_size, device=self.d2t.device))
+        self.t2d.zero_()
+        self.t2d[draft_ids] = True
+        self._shared.pop("draft_head", None)
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids to target ids (identity for the full vocabulary)."""
+        return ids + self.d2t[ids] if self.reduced_vocab else ids
+
+    def head(self) -> nn.Module:
+        """The frozen output layer: the target's lm_head, or a linear over its draft-vocab rows.
+
+        The reduced head is an ``nn.Linear`` outside the module tree (never trained or saved);
+        :meth:`runtime_modules` hands it to the decoder's backend so its weight is packed too.
+        """
+        lm_head = self.shared("lm_head")
+        if not self.reduced_vocab:
+            return lm_head
+        head = self._shared.get("draft_head")
+        w = lm_head.weight
+        if head is None or head.weight.device != w.device or head.weight.dtype != w.dtype:
+            ids = torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
+            head = nn.Linear(w.shape[1], self.draft_vocab_size, bias=False, device=w.device, dtype=w.dtype)
+            head.weight.data.copy_(w.detach()[ids.to(w.device)])
+            head.requires_grad_(False)
+            self._shared["draft_head"] = head
+        return head
+
+    def runtime_modules(self) -> list[nn.Module]:
+        """Frozen modules the drafter computes with that live outside its module tree."""
+        return [self.head()] if self.reduced_vocab else []
+
+    # ---- compute ---------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.shared("embed")(input_ids)
+
+    def rotary_at(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[B, T, head_dim]`` at ``positions [B, T]``, in ``x``'s dtype."""
+        return self.rotary(x, positions)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features ``[B, C, K*H]`` -> the context states ``hidden_norm(fc(.))`` ``[B, C, H]``."""
+        return self.hidden_norm(self.fc(features))
+
+    def context_kv(
+        self, features: torch.Tensor, positions: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's context keys and values ``[B, kv_heads, C, D]`` for target features at
+        ``positions [B, C]``. They depend on the features alone, so a decoder keeps them."""
+        ctx = self.fuse(features.to(self.fc.weight.dtype))
+        cos, sin = self.rotary_at(ctx, positions)
+        return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
+
+    def forward(
+        self,
+        block_ids: torch.Tensor,
+        positions: torch.Tensor,
+        context: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """The block pass: ``block_ids [B, T]`` at ``positions [B, T]`` (several blocks may sit in
+        one row), ``context`` from :meth:`context_kv` (C entries per layer), ``mask [B, 1, T, C + T]``
+        (bool: True = may attend, or additive). Returns the normed output states ``[B, T, H]``."""
+        x = self.embed(block_ids).to(self.fc.weight.dtype)
+        cos, sin = self.rotary_at(x, positions)
+        for layer, (k, v) in zip(self.layers, context):
+            x = layer(x, cos, sin, k, v, mask)
+        return self.norm(x)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the draft vocabulary from the block's output states."""
+        return self.head()(out)
+
+    def block_inputs(self, root: torch.Tensor) -> torch.Tensor:
+        """``[B, block_size]`` block tokens: each row's last accepted token, then mask tokens."""
+        block = torch.full(
+            (root.shape[0], self.block_size), self.mask_token_id, dtype=torch.long, device=root.device
+        )
+        block[:, 0] = root
+        return block
+
+
+def choose_mask_token(tokenizer) -> int:
+    """A token id the tokenizer has and never produces in text: its mask token when it has one,
+    else the highest-id added special token that is not bos/eos/pad/unk and that the chat template
+    does not use. One line when there is none."""
+    mask = getattr(tokenizer, "mask_token_id", None)
+    if mask is not None:
+        return int(mask)
+    used = {getattr(tokenizer, f"{n}_token_id", None) for n in ("bos", "eos", "pad", "unk")}
+    template = getattr(tokenizer, "chat_template", None) or ""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    candidates = [
+        int(i)
+        for i, tok in added.items()
+        if getattr(tok, "special", False)
+        and int(i) not in used
+        and getattr(tok, "content", str(tok)) not in template
+    ]
+    if not candidates:
+        raise UserError(
+            "the tokenizer has no mask token and no unused special token to draft with; "
+            "set draft.mask_token_id=ID to a token id that never occurs in text"
+        )
+    return max(candidates)
