@@ -16,15 +16,21 @@ once with :class:`torch.cuda.CUDAGraph` after a warm-up on a side stream; all gr
 memory pool. On any other device the same buffers feed an eager forward (``capture=False``),
 which is how the tests check this path against the DynamicCache one.
 
-The buffers outlive a ``generate`` call (a graph holds their addresses), pooled by (layer,
-batch, capacity). The decoder's cache surgery (kv.py) works unchanged: a layer's ``keys`` /
-``values`` show the filled prefix of its buffer, and compaction scatters into that view in
-place; assigning a prefix view sets the length, assigning a new tensor (rows that leave the
-batch) copies it into the pool's buffer for the new batch size.
+The buffers outlive a ``generate`` call (a graph holds their addresses), pooled by (lease,
+layer, batch, capacity). Every live cache holds its own lease, so two streams decoding at once
+(a server interleaving requests) never write into each other's buffers; a lease returns to the
+pool when its cache is dropped, and the next call reuses its buffers and the graphs captured on
+them. One verifier serves every generator of a model (:func:`shared`). The decoder's cache
+surgery (kv.py) works unchanged: a layer's ``keys`` / ``values`` show the filled prefix of its
+buffer, and compaction scatters into that view in place; assigning a prefix view sets the
+length, assigning a new tensor (rows that leave the batch) copies it into the lease's buffer
+for the new batch size.
 """
 
 from __future__ import annotations
 
+import heapq
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -97,8 +103,8 @@ class StaticLayer:
     """One layer's keys and values in fixed-capacity buffers; ``keys``/``values`` are the filled
     prefix ``[B, heads, length, D]`` (views: in-place writes reach the buffers)."""
 
-    def __init__(self, pool: KVPool, index: int) -> None:
-        self.pool, self.index = pool, index
+    def __init__(self, pool: KVPool, index: int, lease: int) -> None:
+        self.pool, self.index, self.lease = pool, index, lease
         self.filled = {"k_buf": 0, "v_buf": 0}  # kept apart: kv.py assigns keys, then values
         self.k_buf: torch.Tensor | None = None
         self.v_buf: torch.Tensor | None = None
@@ -115,7 +121,7 @@ class StaticLayer:
         return getattr(self, name)[:, :, : self.filled[name]]
 
     def _set(self, name: str, t: torch.Tensor) -> None:
-        """A prefix view of the buffer sets the length; any other tensor is copied into the pool's
+        """A prefix view of the buffer sets the length; any other tensor is copied into the lease's
         buffer for its batch size (and the current capacity)."""
         buf = getattr(self, name)
         if buf is not None and t.data_ptr() == buf.data_ptr() and t.stride() == buf.stride():
@@ -123,7 +129,7 @@ class StaticLayer:
                 self.filled[name] = int(t.shape[2])
                 return
         capacity = self.pool.capacity if buf is None else int(buf.shape[2])
-        new = self.pool.buffer(name, self.index, t, capacity)
+        new = self.pool.buffer(self.lease, name, self.index, t, capacity)
         new[:, :, : t.shape[2]].copy_(t)
         setattr(self, name, new)
         self.filled[name] = int(t.shape[2])
@@ -135,21 +141,35 @@ class StaticLayer:
         """Move the filled prefix into the pool's buffers of another capacity."""
         for name in ("k_buf", "v_buf"):
             old = getattr(self, name)
-            new = self.pool.buffer(name, self.index, old, capacity)
+            new = self.pool.buffer(self.lease, name, self.index, old, capacity)
             new[:, :, : self.length].copy_(old[:, :, : self.length])
             setattr(self, name, new)
 
 
 class KVPool:
-    """Cache buffers by (key or value, layer, batch, capacity), kept across calls (graphs hold them)."""
+    """Cache buffers by (lease, key or value, layer, batch, capacity), kept across calls (graphs
+    hold them). A lease is a small integer a live cache owns; released ones are handed out again
+    lowest first, so sequential calls keep reusing lease 0's buffers."""
 
     def __init__(self) -> None:
         self.capacity = capacity_for(0)
         self.buffers: dict[tuple, torch.Tensor] = {}
+        self.free: list[int] = []  # a heap of released leases
+        self.leases = 0  # leases handed out so far
 
-    def buffer(self, name: str, layer: int, like: torch.Tensor, capacity: int) -> torch.Tensor:
+    def lease(self) -> int:
+        """A lease no live cache holds."""
+        if self.free:
+            return heapq.heappop(self.free)
+        self.leases += 1
+        return self.leases - 1
+
+    def release(self, lease: int) -> None:
+        heapq.heappush(self.free, lease)
+
+    def buffer(self, lease: int, name: str, layer: int, like: torch.Tensor, capacity: int) -> torch.Tensor:
         B, H, _, D = like.shape
-        key = (name, layer, B, H, D, capacity, like.dtype, like.device)
+        key = (lease, name, layer, B, H, D, capacity, like.dtype, like.device)
         if key not in self.buffers:
             self.buffers[key] = torch.zeros(B, H, capacity, D, dtype=like.dtype, device=like.device)
         return self.buffers[key]
@@ -162,16 +182,21 @@ class StaticKV:
     ``update`` returns the whole buffers, so attention always spans all ``capacity`` slots
     (fixed shapes, what a CUDA graph needs), or only the first ``span`` slots when a caller
     without graphs sets it (attention then costs what the filled slots cost).
+
+    It holds one lease of ``pool`` for its lifetime (released when it is garbage collected, i.e.
+    when the call that decodes with it ends or its stream is dropped).
     """
 
     def __init__(self, pool: KVPool, num_layers: int) -> None:
-        self.layers = [StaticLayer(pool, i) for i in range(num_layers)]
+        self.lease = pool.lease()
+        weakref.finalize(self, pool.release, self.lease)
+        self.layers = [StaticLayer(pool, i, self.lease) for i in range(num_layers)]
         self.write_index: torch.Tensor | None = None
         self.span: int | None = None
 
     @classmethod
     def adopt(cls, cache, pool: KVPool, extra: int) -> StaticKV:
-        """Copy a filled cache (the prefill's DynamicCache) into pooled buffers with room for ``extra``."""
+        """Copy a filled cache (the prefill's DynamicCache) into leased buffers with room for ``extra``."""
         layers = cache.layers
         pool.capacity = max(pool.capacity, capacity_for(int(layers[0].keys.shape[2]) + extra))
         out = cls(pool, len(layers))
@@ -230,11 +255,17 @@ class Entry:
 
 
 class StaticVerifier:
-    """The target's verify forward on static shapes; ``capture`` records CUDA graphs (CUDA only)."""
+    """The target's verify forward on static shapes; ``capture`` records CUDA graphs (CUDA only).
+
+    It holds the target weakly, so the model-level registry (:func:`shared`) does not keep a
+    model alive. Inputs, outputs and graphs are per (batch, bucket, capacity, hidden states,
+    lease): a graph reads and writes its lease's buffers only.
+    """
 
     def __init__(self, target: nn.Module, capture: bool | None = None) -> None:
         p = next(target.parameters())
-        self.target, self.device, self.dtype = target, p.device, p.dtype
+        self._target = weakref.ref(target)
+        self.device, self.dtype = p.device, p.dtype
         self.capture = (self.device.type == "cuda") if capture is None else capture
         if self.capture and self.device.type != "cuda":
             raise UserError(
@@ -244,6 +275,10 @@ class StaticVerifier:
         self.pool = KVPool()
         self.entries: dict[tuple, Entry] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
+
+    @property
+    def target(self) -> nn.Module:
+        return self._target()
 
     def __call__(self, state, tree: Tree, anc: torch.Tensor, hidden: bool) -> Verified:
         """Verify ``tree`` for the active rows of ``state``; ``state.cache`` becomes a StaticKV.
@@ -260,7 +295,7 @@ class StaticVerifier:
         if S + size > cache.capacity:
             self.pool.capacity = capacity_for(S + size)
             cache.resize(self.pool.capacity)
-        entry = self._entry(B, size, cache.capacity, hidden)
+        entry = self._entry(B, size, cache.capacity, hidden, cache.lease)
         padded = pad_tree(tree, size)
         entry.ids.copy_(padded.tokens)
         entry.pos.copy_(state.pos[:, None] + padded.depths)
@@ -276,8 +311,8 @@ class StaticVerifier:
         states = tuple(h[:, :T] for h in out.hidden_states) if hidden else None
         return Verified(out.logits[:, :T], states)
 
-    def _entry(self, B: int, size: int, capacity: int, hidden: bool) -> Entry:
-        key = (B, size, capacity, hidden)
+    def _entry(self, B: int, size: int, capacity: int, hidden: bool, lease: int) -> Entry:
+        key = (B, size, capacity, hidden, lease)
         if key not in self.entries:
             dev = self.device
             self.entries[key] = Entry(
@@ -319,14 +354,26 @@ class StaticVerifier:
         return sum(e.graph is not None for e in self.entries.values())
 
 
+# one verifier per (model, capture): generators of a model share its buffers and graphs
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def shared(target: nn.Module, capture: bool | None = None) -> StaticVerifier:
+    """The verifier every generator of ``target`` uses (made on first use, dropped with the model)."""
+    mine = _SHARED.setdefault(target, {})
+    key = (next(target.parameters()).device.type == "cuda") if capture is None else capture
+    if key not in mine:
+        mine[key] = StaticVerifier(target, capture=key)
+    return mine[key]
+
+
 def verifier(gen) -> StaticVerifier | None:
     """The static verifier of a SpeculativeGenerator: its ``static_verifier`` when set (tests set
-    one with ``capture=False`` on CPU), a capturing one on ``decode.backend=cuda-graphs``, else
-    None (the DynamicCache path)."""
+    one with ``capture=False`` on CPU), the model's shared capturing one on
+    ``decode.backend=cuda-graphs``, else None (the DynamicCache path)."""
     own = getattr(gen, "static_verifier", None)
     if own is not None:
         return own
     if gen.backend != "cuda-graphs":
         return None
-    gen.static_verifier = StaticVerifier(gen.target, capture=True)
-    return gen.static_verifier
+    return shared(gen.target, capture=True)

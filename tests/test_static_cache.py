@@ -6,6 +6,9 @@ The CUDA graph capture itself needs a GPU (bench/gpu_check.py runs it); everythi
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -154,3 +157,59 @@ def test_static_path_is_off_unless_asked_and_capture_needs_cuda():
         SpeculativeGenerator(model, None, tok, DecodeConfig(lookup=True, backend="cuda-graphs"))
     with pytest.raises(UserError, match="CUDA device"):
         StaticVerifier(model, capture=True)
+
+
+def interleaved(streams) -> list[list[int]]:
+    """Row 0's tokens of each stream, advancing them in turn (a server serving two requests)."""
+    got: list[list[int]] = [[] for _ in streams]
+    live = list(streams)
+    while any(s is not None for s in live):
+        for i, s in enumerate(live):
+            if s is None:
+                continue
+            try:
+                got[i] += next(s)[0]
+            except StopIteration:
+                live[i] = None
+    return got
+
+
+def test_two_live_streams_of_one_batch_size_keep_their_own_cache():
+    model, tok = get_target("llama")
+    d = drafter("eagle", model, fingerprint(model, tok), version=1)
+    gen = static_generator(model, d, tok, DecodeConfig(tree="auto", cost_aware=False))
+    encs = [batch(tok, [p]) for p in PROMPTS[:2]]
+    got = interleaved([gen.stream(e.input_ids, e.attention_mask, max_new_tokens=16) for e in encs])
+    for p, row in zip(PROMPTS[:2], got):
+        assert row == reference("llama", p, 16)
+    assert {k[4] for k in gen.static_verifier.entries} == {0, 1}  # one lease per live stream
+    assert sorted(gen.static_verifier.pool.free) == [0, 1]  # both returned when the streams ended
+
+
+def test_generators_of_one_model_share_a_verifier_and_lease_its_buffers_per_stream():
+    model, tok = get_target("llama")
+    fp = fingerprint(model, tok)
+    assert static.shared(model, capture=False) is static.shared(model, capture=False)
+    gens = []
+    for kind, kw in (("medusa", {}), ("eagle", dict(version=1))):
+        gen = SpeculativeGenerator(model, drafter(kind, model, fp, **kw), tok, DecodeConfig(cost_aware=False))
+        gen.static_verifier = static.shared(model, capture=False)
+        gens.append(gen)
+    encs = [batch(tok, [p]) for p in PROMPTS[2:4]]
+    streams = [g.stream(e.input_ids, e.attention_mask, max_new_tokens=12) for g, e in zip(gens, encs)]
+    for p, row in zip(PROMPTS[2:4], interleaved(streams)):
+        assert row == reference("llama", p, 12)
+
+
+def test_the_shared_verifier_does_not_keep_its_model_alive():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32
+    )
+    model = LlamaForCausalLM(cfg)
+    static.shared(model, capture=False)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
