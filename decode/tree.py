@@ -258,21 +258,23 @@ def load_tree_file(path: Path) -> list[list[int]]:
 
 
 def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> StaticTree | None:
-    """The static tree a drafter decodes with (None: EAGLE-2 dynamic trees), from ``decode.tree``:
-    a spec, else a tree.json beside the heads, else a default (Medusa: the best tree of
-    ``total_tokens`` for prior accuracies; EAGLE with ``dynamic`` off: a chain)."""
+    """The static tree a drafter decodes with (None: EAGLE-2 dynamic trees, or DDTree for a
+    DFlash block), from ``decode.tree``: a spec, else a tree.json beside the heads, else a
+    default (Medusa: the best tree of ``total_tokens`` for prior accuracies; EAGLE with
+    ``dynamic`` off: a chain of ``depth``; DFlash with ``dynamic`` off: the block's chain)."""
     kind = getattr(drafter, "kind", "")
-    if kind not in ("medusa", "eagle"):
+    if kind not in ("medusa", "eagle", "dflash"):
         raise UserError(
-            f"drafter kind {kind!r} is not supported; use a draftheads MedusaHeads or EagleDrafter"
+            f"drafter kind {kind!r} is not supported; use a draftheads MedusaHeads, EagleDrafter or DFlashDrafter"
         )
     num_heads = getattr(drafter, "num_heads", None) if kind == "medusa" else None
-    choices = parse_tree(cfg.tree, num_heads)
+    block = drafter.block_size - 1 if kind == "dflash" else None  # the tokens one block drafts
+    choices = parse_tree(cfg.tree, num_heads or block)
     directory = tree_dir or getattr(drafter, "source_dir", None)
     if choices is None and directory is not None:
         f = Path(directory) / TREE_FILE
         choices = load_tree_file(f) if f.is_file() else None
-    if choices is None and kind == "eagle" and cfg.dynamic:
+    if choices is None and kind != "medusa" and cfg.dynamic:
         if cfg.top_k_draft < 1 or cfg.depth < 1 or cfg.total_tokens < 2:
             raise UserError(
                 f"decode.top_k_draft={cfg.top_k_draft}, depth={cfg.depth}, total_tokens={cfg.total_tokens}: "
@@ -283,5 +285,13 @@ def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> St
         if kind == "medusa":
             choices = best_tree(prior_accuracies(num_heads), max(cfg.total_tokens - 1, 1))
         else:
-            choices = chain(cfg.depth)
+            choices = chain(block or cfg.depth)
+    if block is not None:
+        deepest = max(map(len, validate_choices(choices)))
+        if deepest > block:
+            raise UserError(
+                f"decode.tree drafts {deepest} tokens deep but the DFlash drafter's block of "
+                f"{drafter.block_size} drafts {block}; use a tree of at most {block} levels "
+                "(decode.tree=chain drafts the whole block)"
+            )
     return tree_from_choices(choices, num_heads).to(device)

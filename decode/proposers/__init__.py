@@ -1,10 +1,11 @@
-"""Drafting methods behind one protocol (base.py): Medusa, EAGLE, lookup, and a drafter with lookup."""
+"""Drafting methods behind one protocol (base.py): Medusa, EAGLE, DFlash, lookup, and a drafter with lookup."""
 
 from __future__ import annotations
 
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Proposer, Tree
 from draftheads.decode.proposers.combined import WithLookup
+from draftheads.decode.proposers.dflash import DFlashProposer
 from draftheads.decode.proposers.eagle import EagleProposer
 from draftheads.decode.proposers.lookup import LookupProposer
 from draftheads.decode.proposers.medusa import MedusaProposer
@@ -12,6 +13,7 @@ from draftheads.decode.tree import StaticTree
 
 __all__ = [
     "Accepted",
+    "DFlashProposer",
     "EagleProposer",
     "LookupProposer",
     "MedusaProposer",
@@ -33,7 +35,11 @@ def build_proposer(drafter, static: StaticTree | None, cfg: DecodeConfig) -> Pro
         if lookup is None:
             raise ValueError("no drafter and no lookup: nothing proposes drafts")
         return lookup
-    inner: Proposer = (
-        MedusaProposer(drafter, static) if drafter.kind == "medusa" else EagleProposer(drafter, static, cfg)
-    )
+    inner: Proposer
+    if drafter.kind == "medusa":
+        inner = MedusaProposer(drafter, static)
+    elif drafter.kind == "dflash":
+        inner = DFlashProposer(drafter, static, cfg)
+    else:
+        inner = EagleProposer(drafter, static, cfg)
     return WithLookup(inner, lookup) if lookup is not None else inner
