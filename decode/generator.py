@@ -224,6 +224,7 @@ class SpeculativeGenerator:
         stats = self.last_stats = DecodeStats(backend=self.backend)
         t_start = time.perf_counter()
         modules = [m for m in (self.target, self.drafter) if m is not None]
+        modules += getattr(self.drafter, "runtime_modules", list)()  # a reduced draft head, say
         with backends.applied(self.backend, *modules):
             state, first = self.prefill(input_ids.to(self.device), mask, how, stopper, stats)
             if planner_curve is not None:
