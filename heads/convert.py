@@ -1,4 +1,4 @@
-"""Import official Medusa and EAGLE checkpoints: detect the layout, map the keys, load strictly.
+"""Import official Medusa, EAGLE and DFlash checkpoints: detect the layout, map the keys, load strictly.
 
 ``Drafter.from_pretrained(dir_or_hub_id, target=model)`` calls :func:`detect_layout` and, when
 the directory is not a draftheads checkpoint, :func:`convert_official`, which returns the
@@ -18,7 +18,19 @@ layout          files                                            keys
 ``eagle-3``     same                                             ``midlayer.*`` (or ``layers.0.*``
                                                                  with ``hidden_norm``), ``fc`` over
                                                                  3H, ``norm``, ``lm_head``, ``d2t``
+``dflash``      ``config.json`` naming ``DFlashDraftModel`` (or  ``layers.{i}.*`` (q/k norms), ``fc``
+                with ``dflash_config``) + ``model.safetensors``  over K·H, ``hidden_norm``, ``norm``;
+                                                                 optional ``model.`` prefix, and
+                                                                 ``lm_head`` [Vd,H] + ``d2t`` (vLLM)
 ==============  ===============================================  =====================================
+
+DFlash (z-lab's ``DFlashDraftModel``, and the vLLM/SGLang exports of :mod:`draftheads.heads.export`):
+the tensor names are ours; the config is a Qwen3 config whose shape keys build the drafter's
+layers, with ``dflash_config.mask_token_id``, ``dflash_config.target_layer_ids`` (layer
+*outputs*: our ``feature_layers`` are those plus one), ``block_size`` (top level or in
+``dflash_config``) and ``num_target_layers``. A checkpoint for another target (hidden size,
+vocabulary, depth, layer ids, mask token), a block size below 2, sliding-window or causal
+layers, and missing or extra tensors are refused in one line.
 
 Why the target is required: official files carry no usable fingerprint (Medusa's config even
 gets the head count wrong), so the drafter is built for the target the user loads it with,
@@ -29,6 +41,7 @@ with ``torch.load(weights_only=True)`` only.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +50,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.heads import dflash_layers_problem
 from draftheads.heads.layouts import (
     MEDUSA2_PREFIX,
     MEDUSA_KEY,
@@ -53,6 +67,17 @@ log = logging.getLogger(__name__)
 # Keys of an official EAGLE layer config that shape the drafter's own layers without touching
 # the rotary embedding it shares with the target.
 EAGLE_LAYER_KEYS = ("intermediate_size", "num_key_value_heads", "rms_norm_eps", "hidden_act")
+# Keys of a DFlash checkpoint's Qwen3 config that shape the drafter's layers (DFlashDrafter's layer_config).
+DFLASH_LAYER_KEYS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "hidden_act",
+    "attention_bias",
+    "max_position_embeddings",
+)
 
 
 # ---- conversion ----------------------------------------------------------------------------
@@ -121,11 +146,17 @@ def eagle3_tensors(sd: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.T
         else:
             out[k] = v
     if "d2t" in out and "t2d" not in out:
-        ids = torch.arange(out["d2t"].numel()) + out["d2t"].long()
-        t2d = torch.zeros(vocab, dtype=torch.bool)
-        t2d[ids.clamp(0, vocab - 1)] = True
-        out["t2d"] = t2d
+        out["t2d"] = t2d_from_d2t(out["d2t"], vocab)
     return out
+
+
+def t2d_from_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The target-vocab membership mask of the draft ids ``i + d2t[i]`` (out-of-range ids clamped;
+    :func:`check_vocab_maps` refuses them)."""
+    ids = torch.arange(d2t.numel()) + d2t.long()
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids.clamp(0, vocab - 1)] = True
+    return t2d
 
 
 def check_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor, vocab: int, where: str) -> None:
@@ -258,6 +289,193 @@ def build_eagle(
     return "eagle", spec, tensors
 
 
+# ---- DFlash ------------------------------------------------------------------------------------
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool (JSON ``true`` would pass ``isinstance(v, int)``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def zlab_default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's ``target_layer_ids`` when a config lists none: the middle layer for a one-layer
+    drafter, else ``num_draft_layers`` ids spread evenly over layers 1..L-3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, span = 1, num_target_layers - 4
+    return [round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def dflash_setting(config: dict[str, Any], key: str) -> Any:
+    """A DFlash setting from ``dflash_config``, else from the top level (``block_size`` lives in
+    either, depending on the checkpoint's age)."""
+    nested = config.get("dflash_config") or {}
+    return nested[key] if key in nested else config.get(key)
+
+
+def check_dflash_target(config: dict[str, Any], fp: TargetFingerprint, where: str) -> None:
+    """A DFlash config's hidden size, vocabulary and target depth must be the target's."""
+    for key, own, what in (
+        ("hidden_size", fp.hidden_size, "hidden size"),
+        ("vocab_size", fp.vocab_size, "vocabulary size"),
+        ("num_target_layers", fp.num_layers, "layer count"),
+    ):
+        value = dflash_setting(config, key)
+        if value is not None and value != own:
+            raise UserError(
+                f"{where}: it was trained for a target with {what} {value}, but {fp.short()} has {own}; "
+                "load it with the target it was trained for"
+            )
+
+
+def dflash_feature_layers_of(
+    config: dict[str, Any], num_draft_layers: int, fp: TargetFingerprint, where: str
+) -> list[int]:
+    """Our ``feature_layers`` from ``dflash_config.target_layer_ids`` (layer outputs: ours are
+    those plus one), z-lab's default when absent; refused when the target cannot supply them."""
+    ids = dflash_setting(config, "target_layer_ids")
+    if ids is None:
+        ids = zlab_default_layer_ids(fp.num_layers, num_draft_layers)
+    if not isinstance(ids, list) or not ids or not all(is_int(i) for i in ids):
+        raise UserError(
+            f"{where}: dflash_config.target_layer_ids={ids!r} must be a non-empty list of layer ids"
+        )
+    last = fp.num_layers - 2
+    if min(ids) < 0 or max(ids) > last:
+        raise UserError(
+            f"{where}: dflash_config.target_layer_ids={ids} name layer outputs outside 0..{last}, the ones "
+            f"{fp.short()} can feed the drafter ({fp.num_layers} layers); it was trained for another target"
+        )
+    layers = [i + 1 for i in ids]
+    problem = dflash_layers_problem(layers, fp.num_layers)
+    if problem:
+        raise UserError(f"{where}: dflash_config.target_layer_ids={ids}: {problem.split(': ', 1)[1]}")
+    return layers
+
+
+def dflash_block_size(config: dict[str, Any], where: str) -> int:
+    """``block_size``: an integer of at least 2 (the last accepted token and one drafted token)."""
+    block = dflash_setting(config, "block_size")
+    if not is_int(block) or block < 2:
+        raise UserError(
+            f"{where}: block_size={block!r} must be an integer of at least 2 (the last accepted token and "
+            "at least one drafted token); set the block size the drafter was trained with in config.json"
+        )
+    return block
+
+
+def dflash_mask_token(config: dict[str, Any], fp: TargetFingerprint, where: str) -> int:
+    """``dflash_config.mask_token_id``: a token id of the target's vocabulary."""
+    mask = dflash_setting(config, "mask_token_id")
+    if mask is None:
+        raise UserError(
+            f"{where}: config.json names no dflash_config.mask_token_id; add the mask token id the drafter "
+            "was trained with"
+        )
+    if not is_int(mask) or not 0 <= mask < fp.vocab_size:
+        raise UserError(
+            f"{where}: dflash_config.mask_token_id={mask!r} is not a token id of {fp.short()} "
+            f"(0..{fp.vocab_size - 1}); it was trained for another target"
+        )
+    return mask
+
+
+def dflash_layer_config(config: dict[str, Any], where: str) -> tuple[int, dict[str, Any]]:
+    """(number of layers, our ``layer_config``) from the checkpoint's Qwen3 config, read as z-lab's
+    model reads it (``Qwen3Config`` defaults, ``rope_theta``/``rope_scaling`` or ``rope_parameters``).
+
+    Sliding-window layers (causal in the engines) and ``dflash_config.causal`` are refused: this
+    drafter attends to the whole context and the whole block in every layer.
+    """
+    from transformers import Qwen3Config
+
+    if (config.get("dflash_config") or {}).get("causal"):
+        raise UserError(
+            f"{where}: dflash_config.causal=true (a causal-in-block variant) is not supported; draftheads "
+            "drafts each block non-causally"
+        )
+    keys = {k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type")}
+    qc = Qwen3Config.from_dict(keys)
+    if "sliding_attention" in (qc.layer_types or []):
+        raise UserError(
+            f"{where}: layer_types has sliding_attention layers; draftheads' DFlash drafter attends to the "
+            "whole context in every layer, so this checkpoint cannot be loaded"
+        )
+    shape = {k: getattr(qc, k) for k in DFLASH_LAYER_KEYS}
+    shape["rope_parameters"] = dict(qc.rope_parameters or {})
+    return int(qc.num_hidden_layers), json.loads(json.dumps(shape))
+
+
+def check_shared_rows(weight: torch.Tensor, target: nn.Module, ids: torch.Tensor, where: str) -> None:
+    """An lm_head in the file must be the target's (its rows ``ids``): draftheads shares the target's."""
+    own = target.get_output_embeddings().weight.detach().to("cpu", torch.float32)
+    if tuple(weight.shape) != (ids.numel(), own.shape[1]) or not torch.allclose(
+        weight.float(), own[ids], rtol=1e-2, atol=1e-3
+    ):
+        raise UserError(
+            f"{where}: its lm_head.weight is not the target's lm_head (rows of the draft vocabulary); draftheads "
+            "drafts with the target's own head, so load it with the target it was trained for"
+        )
+
+
+def dflash_tensors(
+    sd: dict[str, torch.Tensor], target: nn.Module, fp: TargetFingerprint, where: str
+) -> tuple[dict[str, torch.Tensor], int]:
+    """DFlash keys -> ours, and the draft vocabulary size.
+
+    A ``model.`` prefix and rotary caches are dropped; an embedding copy or an lm_head must be the
+    target's (checked, then dropped: both are shared). A reduced vocabulary comes as vLLM reads it:
+    ``d2t`` with ``lm_head`` [Vd, H] (the target's rows ``i + d2t[i]``); ``t2d`` is rebuilt if absent.
+    """
+    out = {
+        (k[len("model.") :] if k.startswith("model.") else k): v
+        for k, v in sd.items()
+        if not k.endswith("rotary_emb.inv_freq")
+    }
+    check_embedding(out, target, where)
+    out.pop("embed_tokens.weight", None)
+    head = out.pop("lm_head.weight", None)
+    V = fp.vocab_size
+    if "d2t" not in out:
+        if head is not None:
+            check_shared_rows(head, target, torch.arange(V), where)
+        out["d2t"], out["t2d"] = torch.zeros(V, dtype=torch.long), torch.ones(V, dtype=torch.bool)
+        return out, V
+    out["d2t"] = out["d2t"].long()
+    out.setdefault("t2d", t2d_from_d2t(out["d2t"], V))
+    check_vocab_maps(out["d2t"], out["t2d"], V, where)
+    if head is None:
+        raise UserError(
+            f"{where}: it has a reduced draft vocabulary (d2t) but no lm_head.weight for it; the checkpoint is incomplete"
+        )
+    check_shared_rows(head, target, torch.arange(out["d2t"].numel()) + out["d2t"], where)
+    return out, int(out["d2t"].numel())
+
+
+def build_dflash(
+    ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerprint
+) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """z-lab's DFlash layout (or a vLLM/SGLang DFlash export) -> (``"dflash"``, DFlashDrafter arguments, tensors).
+
+    Every config value is checked against the target before any tensor is read.
+    """
+    where, config = ckpt.where(), ckpt.config
+    check_dflash_target(config, fp, where)
+    block = dflash_block_size(config, where)
+    mask = dflash_mask_token(config, fp, where)
+    num_layers, layer_cfg = dflash_layer_config(config, where)
+    layers = dflash_feature_layers_of(config, num_layers, fp, where)
+    tensors, draft_vocab = dflash_tensors(read_tensors(ckpt.files), target, fp, where)
+    spec = {
+        "target_config": target.config.to_dict(),
+        "mask_token_id": mask,
+        "block_size": block,
+        "num_decoder_layers": num_layers,
+        "feature_layers": layers,
+        "draft_vocab_size": draft_vocab,
+        "layer_config": layer_cfg,
+    }
+    return "dflash", spec, tensors
+
+
 Builder = Callable[
     [OfficialCheckpoint, nn.Module, TargetFingerprint], tuple[str, dict[str, Any], dict[str, torch.Tensor]]
 ]
@@ -267,6 +485,7 @@ BUILDERS: dict[str, Builder] = {
     "medusa-2": build_medusa,
     "eagle-1": build_eagle,
     "eagle-3": build_eagle,
+    "dflash": build_dflash,
 }
 
 
@@ -308,7 +527,7 @@ def convert_official(
             f"{ckpt.where()} is an official checkpoint; importing it needs its target model: "
             "Drafter.from_pretrained(path, target=model, tokenizer=tok), or target=... on the command line"
         )
-    kind = "medusa" if ckpt.layout.startswith("medusa") else "eagle"
+    kind = "medusa" if ckpt.layout.startswith("medusa") else "dflash" if ckpt.layout == "dflash" else "eagle"
     if expected_kind and expected_kind != kind:
         raise UserError(
             f"{ckpt.where()} holds a drafter of kind {kind!r}, not {expected_kind!r}; use Drafter.from_pretrained"

@@ -1,4 +1,4 @@
-"""Official Medusa and EAGLE checkpoints on disk: reading their files and recognising the layout.
+"""Official Medusa, EAGLE and DFlash checkpoints on disk: reading their files and recognising the layout.
 
 See :mod:`draftheads.heads.convert` for the layouts and their conversion. Pickles are read with
 ``torch.load(weights_only=True)`` only; safetensors headers are read without loading tensors.
@@ -23,6 +23,7 @@ MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 MEDUSA2_PREFIX = "medusa_head."
+DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's class name, also what vLLM and SGLang register
 
 
 @dataclass
@@ -124,6 +125,13 @@ def read_tensors(files: list[Path], keep: Callable[[str], bool] = lambda k: True
 
 
 # ---- detection -----------------------------------------------------------------------------
+def is_dflash_config(config: dict[str, Any]) -> bool:
+    """True for a DFlash drafter's ``config.json`` (z-lab's, or a vLLM/SGLang export): it names
+    ``DFlashDraftModel`` or carries a ``dflash_config`` section."""
+    architectures = config.get("architectures") or []
+    return DFLASH_ARCHITECTURE in architectures or isinstance(config.get("dflash_config"), dict)
+
+
 EAGLE3_MARKS = ("d2t", "hidden_norm.weight", "midlayer.hidden_norm.weight", "layers.0.hidden_norm.weight")
 
 
@@ -174,6 +182,14 @@ def detect_layout(directory: Path) -> OfficialCheckpoint | None:
     if cfg_path.is_file() and (config is None or "kind" in config):
         return None
     config = config or {}
+    if is_dflash_config(config):
+        files = weight_files(directory)
+        if not files:
+            raise UserError(
+                f"{cfg_path} describes a DFlash drafter but {directory} holds no model.safetensors "
+                "(or pytorch_model.bin); the download is incomplete"
+            )
+        return OfficialCheckpoint("dflash", directory, files, config)
     for name in MEDUSA_FILES:
         if (directory / name).is_file():
             keys = list_keys([directory / name])
@@ -187,8 +203,9 @@ def detect_layout(directory: Path) -> OfficialCheckpoint | None:
     layout = classify_keys(keys, *(shape[::-1] if shape else (None, None)))
     if layout is None:
         raise UserError(
-            f"{directory}: neither a draftheads checkpoint (config.json with 'kind') nor an official Medusa "
-            f"or EAGLE layout (medusa_lm_head.*, medusa_head.*, fc + layers.0.*, midlayer.*) in {files[0].name}"
+            f"{directory}: neither a draftheads checkpoint (config.json with 'kind') nor an official Medusa, "
+            f"EAGLE or DFlash layout (medusa_lm_head.*, medusa_head.*, fc + layers.0.*, midlayer.*, a config.json "
+            f"naming {DFLASH_ARCHITECTURE}) in {files[0].name}"
         )
     return OfficialCheckpoint(layout, directory, files, config)
 
