@@ -25,7 +25,13 @@ torn last line, skips every id already written and regenerates only what is miss
 batch with the same composition and seed, so a killed-and-resumed run writes exactly what a
 straight run writes. A rerun with other settings is refused.
 
-**Pluggable generation.** Everything goes through a :data:`GenerateFn` (token ids in, new
+**A serving engine.** With ``cfg.endpoint`` an OpenAI-compatible server answers instead,
+row by row with ``cfg.concurrency`` requests in flight, into the same shards (each row's ``gen``
+adds the endpoint, the served model and where ``answer_ids`` came from); the server is checked
+against the target first, and a server that stops answering ends the run with the completed
+shards kept (:mod:`draftheads.data.endpoint`).
+
+**Pluggable generation.** In-process, everything goes through a :data:`GenerateFn` (token ids in, new
 token ids out). :func:`hf_generate` wraps the target's own ``model.generate``;
 :func:`decoder_generate` wraps any decoder with that calling convention (:data:`DecodeFn`, e.g.
 a speculative decoder's ``generate``), which the caller builds and passes in. The target's
@@ -40,7 +46,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, closing, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,6 +55,7 @@ import torch
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DistillConfig
 from draftheads.data.chat import generation_prompt
+from draftheads.data.endpoint import EndpointError, RowJob, Served, answered, connect, report_cut_short
 from draftheads.data.prompts import PromptRow
 from draftheads.heads.target import fingerprint
 
@@ -229,9 +236,11 @@ def distill(
 ) -> Path:
     """Answer every prompt with the target into ``cfg.out_dir`` (resuming), and return the directory.
 
-    Generation goes through ``generate``, else through ``decode`` (see :func:`decoder_generate`),
-    else through the target's own ``generate``; inside ``runner(model)`` (the caller's execution
-    backend, e.g. ``partial(draftheads.decode.backend.running, "auto")``).
+    Generation goes through the server of ``cfg.endpoint`` when one is set (``generate``,
+    ``decode`` and ``runner`` are then unused), else through ``generate``, else through ``decode``
+    (see :func:`decoder_generate`), else through the target's own ``generate``; inside
+    ``runner(model)`` (the caller's execution backend, e.g.
+    ``partial(draftheads.decode.backend.running, "auto")``).
     """
     from tqdm.auto import tqdm
 
@@ -256,11 +265,13 @@ def distill(
             f"data.distill.max_new_tokens={cfg.max_new_tokens}; use shorter prompts or fewer new tokens"
         )
     fp = fingerprint(model, tokenizer)
+    served = serving(model, tokenizer, cfg, fp.name) if cfg.endpoint else None
     gen_meta = {
         **asdict(params),
         "seed": cfg.seed,
         "target": fp.name,
         "tokenizer_hash": fp.tokenizer_hash[:16],
+        **(served.meta() if served else {}),
     }
     out = Path(cfg.out_dir)
     write_manifest(
@@ -281,15 +292,24 @@ def distill(
     ids = [p.id for p in kept]
     order = sorted(kept, key=sort_key)
     batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    todo = [(b, batch) for b, batch in enumerate(batches) if any(p.id not in done for p in batch)]
+    if served is None:  # whole batches: a batch's composition and seed fix its sampled answers
+        answers = (
+            (b, *answer_batch(tokenizer, batch, generate, params, cfg.seed + b, limit)) for b, batch in todo
+        )
+        running = runner(model)
+    else:  # row by row: each request is alone on the server, seeded by its row and turn
+        job = RowJob(served, tokenizer, params, cfg.seed, limit, stop_ids(model, tokenizer))
+        answers = answered(
+            job, [(b, [p for p in batch if p.id not in done]) for b, batch in todo], cfg.concurrency
+        )
+        running = nullcontext()
     initial = len(done & set(ids))
     bar = tqdm(total=len(kept), initial=initial, unit="row", disable=not show_progress, desc="distill")
     new_tokens = 0
     try:
-        with runner(model):
-            for b, batch in enumerate(batches):
-                if all(p.id in done for p in batch):
-                    continue
-                rows, n = answer_batch(tokenizer, batch, generate, params, cfg.seed + b, limit)
+        with closing(answers), running:
+            for b, rows, n in answers:
                 new_tokens += n
                 shard = out / f"shard-{b * cfg.batch_size // cfg.shard_rows:05d}.jsonl"
                 with open(shard, "a", encoding="utf-8") as f:
@@ -301,10 +321,27 @@ def distill(
                     os.fsync(f.fileno())
                 done |= {r["id"] for r in rows}
                 bar.set_postfix(new_tok_s=f"{new_tokens / max(bar.format_dict['elapsed'], 1e-9):.0f}")
+    except EndpointError as e:
+        raise UserError(
+            f"{e}; the {len(done & set(ids))} of {len(kept)} rows already in {out} are kept: restart the "
+            "server (or fix data.distill.endpoint) and rerun the same command to resume"
+        ) from None
     finally:
         bar.close()
+    if served is not None:
+        report_cut_short(shard_rows(out))
     write_roundtrip(out, tokenizer)
     return out
+
+
+def serving(model, tokenizer, cfg: DistillConfig, target: str) -> Served:
+    """The server of ``cfg.endpoint``, checked against the in-process target's greedy answer."""
+    local = hf_generate(model, tokenizer)
+
+    def greedy(prompt: list[int], new_tokens: int) -> list[int]:
+        return local([prompt], GenParams(new_tokens, 0.0, 1.0), 0)[0][0]
+
+    return connect(cfg, tokenizer, greedy, target, stop_ids(model, tokenizer))
 
 
 def answer_batch(
@@ -380,7 +417,8 @@ def roundtrip_changes(out: Path, tokenizer) -> dict:
     tokens whose generated ids (``answer_ids``) differ from ``encode(decode(ids))``, over every
     shard row. (On SmolLM2 about 0.4% of tokens: the target sometimes emits a non-canonical
     split such as ``Ġsm`` + ``ok`` for ``Ġsmok``.)"""
-    answers = [r.get("answer_ids") or [] for r in shard_rows(out)]
+    rows = shard_rows(out)
+    answers = [r.get("answer_ids") or [] for r in rows]
     again = [[tokenizer(tokenizer.decode(i, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
               for i in a] for a in answers]  # fmt: skip
     redo = [[x != y for x, y in zip(a, b)] for a, b in zip(answers, again)]
@@ -391,6 +429,8 @@ def roundtrip_changes(out: Path, tokenizer) -> dict:
         "answers_changed": sum(map(sum, redo)),
         "tokens": sum(len(i) for a in answers for i in a),
         "tokens_changed": sum(changed_tokens(x, y) for a, b in zip(answers, again) for x, y in zip(a, b)),
+        # served without token ids: their ids are the text re-tokenized, a round trip the count cannot see
+        "rows_retokenized": sum((r.get("gen") or {}).get("answer_ids") == "text" for r in rows),
     }
 
 
@@ -398,9 +438,15 @@ def write_roundtrip(out: Path, tokenizer) -> dict:
     """Write :func:`roundtrip_changes` to ``roundtrip.json`` and say it on stderr."""
     c = roundtrip_changes(out, tokenizer)
     (out / ROUNDTRIP).write_text(json.dumps(c, indent=1) + "\n")
+    retokenized = (
+        f"; {c['rows_retokenized']} rows hold the server's text re-tokenized (it returned no token ids), "
+        "a round trip this count cannot see"
+        if c["rows_retokenized"]
+        else ""
+    )
     print(
         f"distill: {c['rows_changed']} of {c['rows']} rows ({c['tokens_changed']} of {c['tokens']} tokens) "
-        "tokenize differently once decoded",
+        f"tokenize differently once decoded{retokenized}",
         file=sys.stderr,
     )
     return c

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.checks import at_least, fraction, one_of, positive, probability
@@ -29,6 +30,10 @@ class DistillConfig:
     ``source=data`` answers the prompts of ``data.path``; ``source=self`` lets the target write
     ``self_prompts`` user questions first (sampled with the ``prompt_*`` settings), then answers.
     ``temperature=0`` is greedy. Shards land in ``out_dir``; rerunning the command resumes.
+    ``endpoint`` (``http://HOST:PORT/v1``) has an OpenAI-compatible server (vLLM, SGLang, TGI,
+    ``transformers serve``) answer instead of the in-process target: ``model`` is its served
+    model name (default: the one it serves), at most ``concurrency`` requests in flight, each
+    given ``timeout_s`` seconds and ``retries`` more tries before the run stops.
     """
 
     out_dir: str = "outputs/distill"
@@ -49,6 +54,11 @@ class DistillConfig:
     # the decoding backend of the target's batched generation (``decode.backend`` names; ``auto``
     # packs float32 weights for oneDNN on a CPU): same tokens under greedy, faster
     backend: str = "auto"
+    endpoint: str | None = None
+    model: str | None = None
+    concurrency: int = 8
+    timeout_s: float = 600.0
+    retries: int = 3
 
     def __post_init__(self) -> None:
         """Refuse sizes that cannot generate, before the manifest of ``out_dir`` is written."""
@@ -65,6 +75,43 @@ class DistillConfig:
         at_least("data.distill.prompt_temperature", self.prompt_temperature, 0, 1.0)
         probability("data.distill.top_p", self.top_p, 1.0)
         probability("data.distill.prompt_top_p", self.prompt_top_p, 0.95)
+        self.check_endpoint()
+
+    def check_endpoint(self) -> None:
+        """An ``endpoint`` is an http(s) URL with a host; its settings are in range and only
+        given with it; a drafter (``heads``) cannot decode on someone else's server."""
+        at_least("data.distill.concurrency", self.concurrency, 1, 8)
+        positive("data.distill.timeout_s", self.timeout_s, 600)
+        at_least("data.distill.retries", self.retries, 0, 3)
+        if self.endpoint is None:
+            if self.model is not None:
+                raise UserError(
+                    f"data.distill.model={self.model} names a served model but data.distill.endpoint is "
+                    "not set; add data.distill.endpoint=http://HOST:PORT/v1 or drop data.distill.model"
+                )
+            return
+        if self.model is not None and not str(self.model).strip():
+            raise UserError("data.distill.model is empty; give the served model name or drop the key")
+        if not valid_url(str(self.endpoint).strip()):
+            raise UserError(
+                f"data.distill.endpoint={self.endpoint!r} is not a server URL; "
+                "use http://HOST:PORT/v1 (an OpenAI-compatible server), or drop the key to distill in-process"
+            )
+        if self.heads:
+            raise UserError(
+                f"data.distill.heads={self.heads} and data.distill.endpoint={self.endpoint} are both set; "
+                "the server decodes on its own: drop data.distill.heads (or the endpoint)"
+            )
+
+
+def valid_url(url: str) -> bool:
+    """An http(s) URL with a host and, when given, a numeric port."""
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018  (raises ValueError on a port that is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 @dataclass

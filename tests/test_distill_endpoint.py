@@ -1,0 +1,246 @@
+"""Distillation through a serving engine: a real ``transformers serve`` started on loopback.
+
+The server runs a tiny target saved to a temporary folder (SmolLM2 would make the test minutes
+long on two CPU cores); the in-process target is the same model, so greedy answers must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.data import DistillConfig
+from draftheads.conf.schema.heads import TargetConfig
+from draftheads.data.distill import MANIFEST, ROUNDTRIP, distill, shard_rows
+from draftheads.data.endpoint import report_cut_short, turn_end
+from draftheads.data.prompts import PromptRow
+from draftheads.heads.target import build_tiny, convert_smollm2
+from tests.conftest import get_target
+
+PROMPTS = [
+    PromptRow(f"q{i:02d}", "test", [f"Question {i}: how do I sort a list" + "?" * (i % 4)])
+    if i % 7
+    else PromptRow(f"q{i:02d}", "multi", [f"First turn {i}", "And the second turn?"])
+    for i in range(24)
+]
+START_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``transformers serve MODEL`` on a free loopback port, started and killed by the test."""
+
+    def __init__(self, model_dir: Path, log: Path) -> None:
+        self.model_dir, self.log, self.proc, self.url = model_dir, log, None, ""
+
+    def start(self) -> str:
+        port = free_port()
+        cmd = [str(Path(sys.executable).with_name("transformers")), "serve", str(self.model_dir)]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32"]
+        # one thread, as this test process runs the in-process target: the same kernels, the same sums
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        url = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"transformers serve exited: {self.log.read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(url + "/models", timeout=1).read()
+                return url
+            except OSError:
+                time.sleep(0.2)
+        self.kill()
+        pytest.fail(
+            f"transformers serve did not answer within {START_S:.0f} s: {self.log.read_text()[-2000:]}"
+        )
+
+    def running(self) -> str:
+        """The URL of the running server, started when it is not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.url = self.start()
+        return self.url
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module (each start costs seconds); a test that kills it restarts it."""
+    model, tok = get_target("llama")
+    folder = tmp_path_factory.mktemp("served")
+    model.save_pretrained(folder / "target")
+    tok.save_pretrained(folder / "target")
+    s = Server(folder / "target", folder / "serve.log")
+    yield s
+    s.kill()
+
+
+def cfg_for(path, **kw) -> DistillConfig:
+    base = dict(out_dir=str(path), max_new_tokens=8, batch_size=4, shard_rows=8, temperature=0.0)
+    return DistillConfig(**{**base, **kw})
+
+
+def rows_by_id(out) -> dict[str, dict]:
+    return {r["id"]: r for r in shard_rows(out)}
+
+
+def lines_in(out: Path) -> int:
+    return sum(len(p.read_bytes().splitlines()) for p in out.glob("shard-*.jsonl"))
+
+
+def kill_after(server: Server, out: Path, rows: int) -> threading.Thread:
+    """Kill the server once ``rows`` rows are in the shards: a server dying mid-run."""
+
+    def watch() -> None:
+        while server.proc.poll() is None and lines_in(out) < rows:
+            time.sleep(0.002)
+        server.kill()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_served_distillation_resumes_after_the_server_dies_and_equals_in_process(tmp_path, server, capsys):
+    model, tok = get_target("llama")
+    served_dir, local_dir = tmp_path / "served", tmp_path / "local"
+    url = server.running()
+    watcher = kill_after(server, served_dir, rows=4)
+    with pytest.raises(UserError) as e:
+        distill(
+            model,
+            tok,
+            PROMPTS,
+            cfg_for(served_dir, endpoint=url, concurrency=2, retries=1),
+            show_progress=False,
+        )
+    watcher.join()
+    msg = str(e.value)
+    assert "\n" not in msg and url in msg and "rerun the same command to resume" in msg
+    part = rows_by_id(served_dir)
+    assert 4 <= len(part) < len(PROMPTS)  # killed mid-run; the finished batches are kept
+    # The dead URL is now an unreachable endpoint: one line naming it and the fix, nothing touched.
+    before = {p.name: p.read_bytes() for p in served_dir.iterdir()}
+    with pytest.raises(UserError, match="start the server there or fix the URL") as e:
+        distill(model, tok, PROMPTS, cfg_for(served_dir, endpoint=url), show_progress=False)
+    assert url in str(e.value) and "\n" not in str(e.value)
+    assert {p.name: p.read_bytes() for p in served_dir.iterdir()} == before
+
+    url = server.running()  # another port: the manifest does not pin the URL
+    capsys.readouterr()
+    distill(model, tok, PROMPTS, cfg_for(served_dir, endpoint=url), show_progress=False)
+    served = rows_by_id(served_dir)
+    assert lines_in(served_dir) == len(PROMPTS) and sorted(served) == sorted(p.id for p in PROMPTS)
+    assert all(served[k] == v for k, v in part.items())  # the rows before the kill stay as written
+    gen = next(r["gen"] for k, r in served.items() if k not in part)  # a row of the rerun
+    assert gen["endpoint"] == url.rstrip("/") and gen["served_model"] == str(server.model_dir)
+    assert gen["answer_ids"] == "text"  # transformers serve returns no token ids
+    assert json.loads((served_dir / ROUNDTRIP).read_text())["rows_retokenized"] == len(PROMPTS)
+    assert "the server's text re-tokenized" in capsys.readouterr().err
+
+    # Greedy answers through the server are the in-process target's own.
+    distill(model, tok, PROMPTS, cfg_for(local_dir), show_progress=False)
+    local = rows_by_id(local_dir)
+    same, n = identical_answers(served, local)
+    print(f"served greedy answers identical to in-process: {same:.3f} of {n}")
+    assert same == 1.0
+    assert all(served[k]["finish"] == local[k]["finish"] for k in local)
+    assert json.loads((served_dir / MANIFEST).read_text()) == json.loads((local_dir / MANIFEST).read_text())
+
+
+def identical_answers(served: dict[str, dict], local: dict[str, dict]) -> tuple[float, int]:
+    """The share of assistant answers that are the same text in both runs, and how many there are."""
+    pairs = [(s, lo) for k in local for s, lo in zip(served[k]["messages"], local[k]["messages"])]
+    answers = [(s, lo) for s, lo in pairs if lo["role"] == "assistant"]
+    return sum(s == lo for s, lo in answers) / len(answers), len(answers)
+
+
+@pytest.mark.slow
+def test_the_embedded_smollm2_served_answers_as_in_process(tmp_path, smollm2):
+    """Real answers that end their turn: served greedy distillation equals in-process."""
+    model, tok = smollm2
+    server = Server(convert_smollm2(TargetConfig()), tmp_path / "serve.log")
+    prompts = [
+        PromptRow("a", "t", ["What is a list in Python?"]),
+        PromptRow("b", "t", ["Say hello.", "Now say goodbye."]),
+        PromptRow("c", "t", ["Name a colour."]),
+        PromptRow("d", "t", ["What is 2 + 2?"]),
+    ]
+    try:
+        url = server.running()
+        served = distill(
+            model, tok, prompts, cfg_for(tmp_path / "s", endpoint=url, max_new_tokens=40), show_progress=False
+        )
+    finally:
+        server.kill()
+    local = distill(model, tok, prompts, cfg_for(tmp_path / "l", max_new_tokens=40), show_progress=False)
+    same, n = identical_answers(rows_by_id(served), rows_by_id(local))
+    print(f"SmolLM2 served greedy answers identical to in-process: {same:.3f} of {n}")
+    assert same == 1.0
+    finishes = [f for r in rows_by_id(served).values() for f in r["finish"]]
+    assert "stop" in finishes and finishes == [f for r in rows_by_id(local).values() for f in r["finish"]]
+
+
+def test_a_server_that_is_not_the_target_is_refused_before_anything_is_written(tmp_path, server):
+    model, tok = get_target("llama")
+    url = server.running()
+    with pytest.raises(
+        UserError, match=r"data.distill.model=other is not served at .* \(it serves .*target\)"
+    ):
+        distill(
+            model, tok, PROMPTS, cfg_for(tmp_path / "a", endpoint=url, model="other"), show_progress=False
+        )
+    other = build_tiny("llama", tok, seed=1)  # same architecture and tokenizer, other weights
+    with pytest.raises(UserError, match="is not target tiny-llama: its greedy answer to a probe is") as e:
+        distill(other, tok, PROMPTS, cfg_for(tmp_path / "b", endpoint=url), show_progress=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_answers_cut_off_by_the_server_are_kept_unfinished_and_named(capsys):
+    assert turn_end("stop", 3, 8) == "stop"
+    assert turn_end("length", 8, 8) == "length"  # data.distill.max_new_tokens reached
+    assert turn_end("length", 5, 8) == "server-length"  # the server's own limit: not a finished turn
+    assert turn_end("abort", 2, 8) == "server-abort"
+    rows = [{"id": "a", "finish": ["stop", "server-length"]}, {"id": "b", "finish": ["length"]}]
+    assert report_cut_short(rows) == 1
+    err = capsys.readouterr().err
+    assert "1 answers were cut off by the server" in err and "a (server-length)" in err and "\n" == err[-1]
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(endpoint="localhost:8000"), "data.distill.endpoint='localhost:8000' is not a server URL"),
+        (dict(endpoint="http://h:port/v1"), "is not a server URL; use http://HOST:PORT/v1"),
+        (dict(model="m"), "data.distill.model=m names a served model but data.distill.endpoint is not set"),
+        (dict(endpoint="http://h:1/v1", heads="d"), "drop data.distill.heads"),
+        (dict(endpoint="http://h:1/v1", concurrency=0), "data.distill.concurrency=0 is out of range"),
+        (dict(endpoint="http://h:1/v1", timeout_s=0), "data.distill.timeout_s=0 is out of range"),
+        (dict(endpoint="http://h:1/v1", retries=-1), "data.distill.retries=-1 is out of range"),
+    ],
+)
+def test_endpoint_settings_are_checked_when_the_config_is_read(kw, words):
+    with pytest.raises(UserError, match=words.replace("(", r"\(").replace("?", r"\?")) as e:
+        DistillConfig(**kw)
+    assert "\n" not in str(e.value)
