@@ -6,11 +6,11 @@ huggingface_hub's ``ModelCard``/``ModelCardData``:
 
 * ``base_model`` (the target from the checkpoint's fingerprint) with ``base_model_relation``,
   so the heads appear in the target's model tree;
-* ``library_name: draftheads`` and tags (``speculative-decoding``, ``medusa`` or ``eagle``);
+* ``library_name: draftheads`` and tags (``speculative-decoding``, ``medusa``, ``eagle`` or ``dflash``);
 * the training data and config (the checkpoint's provenance);
 * τ and speedup from an eval report dict, and held-out training metrics, when given;
 * usage snippets for draftheads, vLLM and SGLang, with ``num_speculative_tokens`` equal to
-  the head count for Medusa.
+  the head count for Medusa and to ``block_size - 1`` for DFlash.
 """
 
 from __future__ import annotations
@@ -30,25 +30,31 @@ def num_speculative_tokens(conf: dict[str, Any]) -> int:
 
     Medusa: exactly the head count. vLLM copies the value into the number of heads it builds
     (``num_lookahead_tokens``) and drops unknown keys, so a smaller value serves fewer heads and
-    a larger one builds heads with no weights. EAGLE drafts autoregressively: any chain length.
+    a larger one builds heads with no weights. DFlash: the trained block minus its root,
+    ``block_size - 1`` (vLLM runs ``1 + num_speculative_tokens`` block positions per step).
+    EAGLE drafts autoregressively: any chain length.
     """
     if conf["kind"] == "medusa":
         return int(conf["spec"]["num_heads"])
+    if conf["kind"] == "dflash":
+        return int(conf["spec"]["block_size"]) - 1
     return EAGLE_SPECULATIVE_TOKENS
 
 
 def serve_command(engine: str, method: str, target: str, draft: str, k: int) -> str:
     """The command that serves ``target`` with the exported ``draft`` (also in docs/hub.md).
 
-    ``k`` is :func:`num_speculative_tokens`. SGLang's three tuning flags are left to its auto
-    choice (set all three or none).
+    ``k`` is :func:`num_speculative_tokens`. SGLang's three EAGLE tuning flags are left to its
+    auto choice (set all three or none); its DFLASH block is ``--speculative-num-draft-tokens``,
+    the root and the ``k`` drafted tokens.
     """
     if engine == "vllm":
         spec = json.dumps({"method": method, "model": draft, "num_speculative_tokens": k})
         return f"vllm serve {target} --speculative-config '{spec}'"
+    block = f" --speculative-num-draft-tokens {k + 1}" if method == "DFLASH" else ""
     return (
         f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {method} "
-        f"--speculative-draft-model-path {draft}"
+        f"--speculative-draft-model-path {draft}{block}"
     )
 
 
@@ -73,7 +79,9 @@ def dataset_ids(provenance: dict[str, Any]) -> list[str]:
 
 def drafter_tags(conf: dict[str, Any]) -> list[str]:
     tags = ["speculative-decoding", conf["kind"], "draftheads"]
-    if conf["kind"] == "eagle":
+    if conf["kind"] == "dflash":
+        tags.append("block-diffusion")
+    elif conf["kind"] == "eagle":
         tags.append(
             f"eagle{conf['spec'].get('version', 1)}" if conf["spec"].get("version") == 3 else "eagle1"
         )
@@ -99,6 +107,15 @@ def describe(conf: dict[str, Any]) -> str:
             else "Medusa-1"
         )
         return f"{variant} heads: {spec['num_heads']} heads × {spec['num_layers']} ResBlock(s), with {lm}"
+    if conf["kind"] == "dflash":
+        vocab = spec.get("draft_vocab_size")
+        full = vocab is None or vocab == conf.get("target", {}).get("vocab_size")
+        return (
+            f"a DFlash block drafter: blocks of {spec['block_size']} tokens (the last accepted token, then "
+            f"{spec['block_size'] - 1} drafted in one pass), {spec.get('num_decoder_layers', 1)} decoder layer(s), "
+            f"mask token {spec['mask_token_id']}, features from layers {spec.get('feature_layers')}, "
+            + ("the target's full vocabulary" if full else f"draft vocabulary {vocab}")
+        )
     version = spec.get("version", 1)
     layers = spec.get("feature_layers")
     extra = (
@@ -117,8 +134,9 @@ def metrics_section(metrics: dict[str, Any] | None) -> str:
     return (
         "## Held-out metrics (last training evaluation)\n\n"
         "Accuracies compare the drafter's top-1/top-k with the target's greedy token; `tau` is the\n"
-        "simulated acceptance length of a top-1 chain (tokens per target forward, teacher-forced on\n"
-        "the held-out rows; exact when those rows are the target's own greedy text).\n\n"
+        "simulated acceptance length of a top-1 chain (for DFlash, of a drafted block): tokens per\n"
+        "target forward, teacher-forced on the held-out rows; exact when those rows are the target's\n"
+        "own greedy text.\n\n"
         "| metric | value |\n|---|---|\n" + "\n".join(rows) + "\n\n"
     )
 
@@ -163,24 +181,42 @@ out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
 ```
 """
     parts = ["### draftheads\n", py]
-    if conf["kind"] == "medusa":
-        engines = [("vllm", "medusa")]
-    else:
-        v3 = conf["spec"].get("version") == 3
-        engines = [("vllm", "eagle3" if v3 else "eagle"), ("sglang", "EAGLE3" if v3 else "EAGLE")]
-    for engine, method in engines:
-        name = "vLLM" if engine == "vllm" else "SGLang"
-        name = repo_id.split("/")[-1] if repo_id != LOCAL else conf["kind"]
-        out = f"./{name}-{engine}"
+    stem = repo_id.split("/")[-1] if repo_id != LOCAL else conf["kind"]
+    for engine, method in engine_methods(conf):
+        title = "vLLM" if engine == "vllm" else "SGLang"
+        out = f"./{stem}-{engine}"
         cmd = serve_command(engine, method, target, out, num_speculative_tokens(conf))
         parts.append(
-            f"### {name}\n\n```bash\ndraftheads export heads={repo_id} format={engine} out={out}\n{cmd}\n```\n"
+            f"### {title}\n\n```bash\ndraftheads export heads={repo_id} format={engine} out_dir={out}\n{cmd}\n```\n"
         )
-    if conf["kind"] == "medusa":
-        parts.append(
-            "### SGLang\n\nSGLang does not support Medusa heads; use vLLM or the draftheads decoder.\n"
-        )
+    unserved = sglang_refusal(conf)
+    if unserved:
+        parts.append(f"### SGLang\n\n{unserved}\n")
     return "\n".join(parts)
+
+
+def engine_methods(conf: dict[str, Any]) -> list[tuple[str, str]]:
+    """(engine, method) pairs that serve the drafter with config ``conf``."""
+    kind, spec = conf["kind"], conf["spec"]
+    if kind == "medusa":
+        return [("vllm", "medusa")]
+    if kind == "dflash":
+        return [("vllm", "dflash")] + ([] if sglang_refusal(conf) else [("sglang", "DFLASH")])
+    v3 = spec.get("version") == 3
+    return [("vllm", "eagle3" if v3 else "eagle"), ("sglang", "EAGLE3" if v3 else "EAGLE")]
+
+
+def sglang_refusal(conf: dict[str, Any]) -> str | None:
+    """Why SGLang cannot serve the drafter with config ``conf``, or None when it can."""
+    if conf["kind"] == "medusa":
+        return "SGLang does not support Medusa heads; use vLLM or the draftheads decoder."
+    vocab = conf["spec"].get("draft_vocab_size")
+    if conf["kind"] == "dflash" and vocab is not None and vocab != conf["target"]["vocab_size"]:
+        return (
+            f"SGLang's DFlash drafts with the target's full lm_head and cannot read this drafter's reduced "
+            f"vocabulary ({vocab} tokens); serve it with vLLM, or retrain it with draft.draft_vocab_size=null."
+        )
+    return None
 
 
 def model_card(

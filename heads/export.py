@@ -10,6 +10,13 @@ layer i). vLLM's top-level ``eagle_aux_hidden_state_layer_ids`` uses the same co
 SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids`` names layer *outputs* (it captures
 ``id + 1``), so it is written as ``i - 1``.
 
+DFlash: z-lab's layout, which both engines load as ``DFlashDraftModel`` (a Qwen3 config with
+``dflash_config.mask_token_id``, ``dflash_config.target_layer_ids`` = our ``feature_layers - 1``,
+since both engines read them as layer outputs, ``block_size`` and ``num_target_layers``; our
+tensor names without a ``model.`` prefix, and neither the embedding nor the lm_head). A reduced
+draft vocabulary is written as vLLM reads it (``draft_vocab_size``, ``lm_head`` [Vd, H] from the
+target's rows, ``d2t``); SGLang cannot read one, so that export is refused.
+
 The output directory must be new, empty, or a previous export (it holds ``export.json``);
 a directory holding a drafter checkpoint, such as the drafter's own, is refused before anything
 is written.
@@ -41,6 +48,7 @@ from draftheads.heads.checkpoint import (
 )
 from draftheads.heads.convert import detect_layout
 from draftheads.heads.engines import ENGINES, FORMATS, RULES, validate_export
+from draftheads.heads.layouts import DFLASH_ARCHITECTURE
 from draftheads.heads.target import load_target
 
 __all__ = ["ENGINES", "FORMATS", "RULES", "export", "export_drafter", "validate_export"]
@@ -153,6 +161,80 @@ def export_eagle3(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[s
     return cfg, sd
 
 
+def dflash_config(drafter: Drafter) -> dict[str, Any]:
+    """The Qwen3 config both engines' ``DFlashDraftModel`` loaders read, for ``drafter``'s layers.
+
+    ``rope_theta`` is always written: both engines default a missing one to 1e6.
+    """
+    fp, shape, n = drafter.target_fingerprint, drafter.layer_shape, drafter.num_decoder_layers
+    rope = dict(shape["rope_parameters"])
+    tc = drafter.target_config
+    cfg = {
+        "architectures": [DFLASH_ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": fp.hidden_size,
+        "intermediate_size": shape["intermediate_size"],
+        "num_attention_heads": shape["num_attention_heads"],
+        "num_key_value_heads": shape["num_key_value_heads"],
+        "head_dim": shape["head_dim"],
+        "num_hidden_layers": n,
+        "vocab_size": fp.vocab_size,
+        "rms_norm_eps": shape["rms_norm_eps"],
+        "hidden_act": shape["hidden_act"],
+        "attention_bias": bool(shape["attention_bias"]),
+        "max_position_embeddings": shape["max_position_embeddings"],
+        "rope_theta": rope.get("rope_theta", 10000.0),
+        "rope_scaling": None
+        if rope.get("rope_type", "default") == "default"
+        else {k: v for k, v in rope.items() if k != "rope_theta"},
+        "rope_parameters": rope,
+        "layer_types": ["full_attention"] * n,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "block_size": drafter.block_size,
+        "num_target_layers": fp.num_layers,
+        "dflash_config": {
+            "mask_token_id": drafter.mask_token_id,
+            "target_layer_ids": [i - 1 for i in drafter.feature_layers()],
+        },
+        "bos_token_id": tc.get("bos_token_id"),
+        "eos_token_id": tc.get("eos_token_id"),
+        "pad_token_id": tc.get("pad_token_id"),
+        "torch_dtype": str(drafter.fc.weight.dtype).replace("torch.", ""),
+    }
+    if drafter.reduced_vocab:
+        cfg["draft_vocab_size"] = drafter.draft_vocab_size
+    return cfg
+
+
+def export_dflash(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """DFlash: our tensor names are z-lab's; ``d2t``/``t2d`` are dropped (full vocabulary) or, for
+    vLLM's reduced vocabulary, ``d2t`` is kept beside the target's lm_head rows of the draft ids."""
+    act = drafter.layer_shape["hidden_act"]
+    if act != "silu":
+        raise UserError(
+            f"this DFlash drafter's MLP uses hidden_act={act}; vLLM's and SGLang's DFlash layers are SiLU-gated "
+            "only, so it cannot be served by them (use the draftheads decoder)"
+        )
+    sd = {k: v for k, v in drafter.state_to_save().items() if k not in ("d2t", "t2d")}
+    if drafter.reduced_vocab:
+        if engine != "vllm":
+            raise UserError(
+                f"SGLang's DFlash drafts with the target's full lm_head and cannot read this drafter's reduced "
+                f"vocabulary ({drafter.draft_vocab_size} tokens, d2t); export it with format=vllm, or retrain it "
+                "with draft.draft_vocab_size=null"
+            )
+        if "lm_head" not in drafter._shared:
+            raise UserError(
+                "this DFlash drafter has a reduced vocabulary, whose lm_head rows vLLM needs in the file; load "
+                f"the target to export it (target=... for {drafter.target_fingerprint.name})"
+            )
+        sd["lm_head.weight"] = drafter.head().weight.detach().to("cpu")
+        sd["d2t"] = drafter.d2t.to(torch.int64)
+    return dflash_config(drafter), sd
+
+
 def export_medusa(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Medusa -> vLLM: ``blocks.{i}.{j}.linear`` -> ``blocks.{i}.layers.{j}``.
 
@@ -234,6 +316,8 @@ def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source
     check_out_dir(out, source if source is not None else drafter.source_dir)
     if drafter.kind == "medusa":
         cfg, sd = export_medusa(drafter, engine)
+    elif drafter.kind == "dflash":
+        cfg, sd = export_dflash(drafter, engine)
     elif drafter.version == 1:
         cfg, sd = export_eagle1(drafter, engine)
     else:
@@ -254,11 +338,34 @@ def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source
 
 
 def needs_target(directory: Path) -> bool:
-    """Official layouts (imported for a target) and shared-lm_head Medusa heads (their lm_head is written)."""
+    """Official layouts (imported for a target), shared-lm_head Medusa heads and reduced-vocabulary
+    DFlash drafters (the lm_head, or its draft-vocabulary rows, is written)."""
     if detect_layout(directory) is not None:
         return True
     conf = read_config(directory)
+    if conf["kind"] == "dflash":
+        return reduced_dflash_vocab(conf) is not None
     return conf["kind"] == "medusa" and conf["spec"].get("lm_head") == "shared"
+
+
+def reduced_dflash_vocab(conf: dict[str, Any]) -> int | None:
+    """A DFlash checkpoint's draft vocabulary size when it is smaller than the target's, else None."""
+    vocab = conf["spec"].get("draft_vocab_size")
+    return vocab if vocab is not None and vocab < conf["target"]["vocab_size"] else None
+
+
+def check_engine_fits(directory: Path, engine: str) -> None:
+    """Refuse, before the target is loaded, a draftheads checkpoint the engine cannot serve."""
+    if detect_layout(directory) is not None:
+        return
+    conf = read_config(directory)
+    vocab = reduced_dflash_vocab(conf) if conf["kind"] == "dflash" else None
+    if vocab is not None and engine == "sglang":
+        raise UserError(
+            f"SGLang's DFlash drafts with the target's full lm_head and cannot read this drafter's reduced "
+            f"vocabulary ({vocab} tokens, d2t); export it with format=vllm, or retrain it with "
+            "draft.draft_vocab_size=null"
+        )
 
 
 def export(cfg) -> Path:
@@ -270,6 +377,7 @@ def export(cfg) -> Path:
         raise UserError(f"format={cfg.format} is not supported; use one of {', '.join(ENGINES)}")
     directory = resolve_checkpoint_dir(cfg.heads, cfg.revision)
     check_out_dir(Path(cfg.out), directory)  # before loading anything
+    check_engine_fits(directory, engine)
     if needs_target(directory):
         target, tok = load_target(cfg.target)
         drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok)

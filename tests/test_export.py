@@ -315,6 +315,8 @@ def test_spec_table_covers_every_engine_method():
         ("vllm", "eagle3"),
         ("sglang", "eagle3"),
         ("vllm", "medusa"),
+        ("vllm", "dflash"),
+        ("sglang", "dflash"),
     }
 
 
