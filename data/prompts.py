@@ -23,12 +23,16 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import check_prompt_source
 from draftheads.data.embedded import embedded_items, humaneval_items
 from draftheads.data.formats import RowError, check_format, detect_format, to_example
 from draftheads.data.sources import SourceSpec, embedded_rows, raw_rows
+
+if TYPE_CHECKING:
+    from draftheads.data.prepare import SourceReport
 
 SHARED = {
     "spec_bench": "spec_bench/question.jsonl",
@@ -142,26 +146,45 @@ def load_prompts(
 
 
 def prompts_from_config(cfg, split: str = "train") -> list[PromptRow]:
-    """The user turns of every row of ``cfg``'s sources on one side of the split, ids prefixed by source."""
+    """The user turns of every row of ``cfg``'s sources on one side of the split, ids prefixed by source.
+
+    Rows left out are counted and named on stderr as ``draftheads data`` reports them
+    (:func:`left_out`): malformed rows (invalid JSON, a UTF-8 BOM, bad encoding, an empty turn or
+    answer...) and rows without a user turn.
+    """
     from draftheads.data.prepare import SourceReport, examples, source_specs
 
     rows, why = [], []
     for spec in source_specs(cfg):
-        report, skipped = SourceReport(spec.name, spec.path), Counter()
+        report = SourceReport(spec.name, spec.path)
         for ex in examples(spec, split, report, strict=cfg.strict, system=None):
             if isinstance(ex, tuple):
                 if cfg.strict:
                     raise UserError(
                         f"malformed row {ex[0]} in {spec.path}: {ex[1]}; fix it or set data.strict=false"
                     )
-                skipped[str(ex[1])] += 1
+                report.skip(ex[0], str(ex[1]), malformed=True)
             elif ex.user_turns():
                 rows.append(PromptRow(f"{spec.name}/{ex.id}", ex.category or spec.name, ex.user_turns()))
             else:
-                skipped["no user turn"] += 1
-        why.append(f"{spec.path}: {report.read} read" + (f", {reasons(skipped)}" if skipped else ""))
+                report.skip(ex.id, "no user turn", malformed=False)
+        if report.reasons:
+            print(left_out(report), file=sys.stderr)
+        why.append(
+            f"{spec.path}: {report.read} read" + (f", {reasons(report.reasons)}" if report.reasons else "")
+        )
     if not rows:
         raise UserError(
             f"no usable prompts in split {split} ({'; '.join(why)}); check data.path, data.format and data.fields"
         )
     return rows
+
+
+def left_out(report: SourceReport) -> str:
+    """The rows of one source that give no prompt, in ``draftheads data``'s words: how many of
+    those read, the reasons, and the first malformed rows by ``file:line``."""
+    head = (
+        f"prompts of {report.name}: {report.skipped} skipped, {report.dropped} dropped of {report.read} "
+        f"rows: {'; '.join(f'{n}x {r}' for r, n in report.reasons.most_common(5))}"
+    )
+    return "\n".join([head, *(f"  first skipped row {r}" for r in report.first_skips)])

@@ -225,3 +225,39 @@ def test_distilled_rows_keep_their_token_ids_and_the_decode_round_trip_is_counte
     assert counts["rows"] == 2 and counts["rows_changed"] == 1 and counts["answers_changed"] == 1
     # the five letters are replaced by the whole word's tokens; the unchanged row adds nothing
     assert counts["tokens"] == 5 + len(whole) and counts["tokens_changed"] == 5
+
+
+def test_rows_distill_cannot_use_are_counted_and_named_as_the_data_command_names_them(
+    tmp_path, tokenizer, capsys
+):
+    """A UTF-8 BOM, malformed JSON and an empty answer: each row left out is counted and named."""
+    from draftheads.data.prompts import prompts_from_config
+
+    def chat(rid: str, answer: str) -> bytes:
+        turns = [{"role": "user", "content": f"Question {rid}?"}, {"role": "assistant", "content": answer}]
+        return json.dumps({"id": rid, "messages": turns}).encode() + b"\n"
+
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(
+        b"\xef\xbb\xbf" + chat("bom", "A")  # saved with a byte-order mark
+        + chat("ok1", "B")
+        + b'{"id": "torn", "messages": [\n'  # malformed JSON
+        + chat("empty", "")  # an empty answer
+        + chat("ok2", "C")
+    )  # fmt: skip
+    prompts = prompts_from_config(DataConfig(path=str(path)))
+    err = capsys.readouterr().err
+    assert [p.id for p in prompts] == [f"{path}/ok1", f"{path}/ok2"]
+    _, report = prepare_dataset(DataConfig(path=str(path), min_loss_tokens=1), tokenizer)
+    data = report.sources[0]  # what `draftheads data` reports for the same file
+    assert data.skipped == 3 and f"3 skipped, 0 dropped of {data.read} rows" in err
+    assert [s.split(": ", 1)[0] for s in data.first_skips] == [
+        "mixed.jsonl:1",
+        "mixed.jsonl:3",
+        "mixed.jsonl:4",
+    ]
+    assert "UTF-8 BOM" in data.first_skips[0] and "empty messages[1].content" in data.first_skips[2]
+    for named in data.first_skips:
+        assert f"first skipped row {named}" in err
+    for reason, n in data.reasons.items():
+        assert f"{n}x {reason}" in err
