@@ -112,6 +112,7 @@ def measure_speed(
                 "verify_ms": 1e3 * verify_t / max(steps, 1),
                 # a step's cost in greedy steps of the same backend (the greedy time per forward)
                 "step_cost": (draft_t + verify_t) / max(steps, 1) / (base_t / max(greedy_steps, 1)),
+                "draft_cost": draft_t / max(steps, 1) / (base_t / max(greedy_steps, 1)),
             }
         )
     return rows
@@ -120,13 +121,14 @@ def measure_speed(
 def format_rows(rows: list[dict]) -> str:
     head = (
         "| batch | backend | stock generate tok/s | greedy tok/s (backend) | speculative tok/s | speedup vs stock "
-        "| speedup vs greedy | τ | draft ms/step | verify ms/step | step cost (greedy steps) | identical "
-        "| identical to stock |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| speedup vs greedy | τ | draft ms/step | verify ms/step | step cost (greedy steps) "
+        "| draft cost (greedy steps) | identical | identical to stock |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     body = [
         f"| {r['batch']} | {r['backend']} | {r['stock_tok_s']:.1f} | {r['baseline_tok_s']:.1f} | {r['spec_tok_s']:.1f} "
         f"| {r['speedup_vs_stock']:.2f}× | {r['speedup']:.2f}× | {r['tau']:.2f} | {r['draft_ms']:.1f} | {r['verify_ms']:.1f} "
-        f"| {r['step_cost']:.2f} | {r['identical']} | {r['identical_to_stock']} |"
+        f"| {r['step_cost']:.2f} | {r['draft_cost']:.2f} | {r['identical']} | {r['identical_to_stock']} |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -188,11 +190,7 @@ def format_curves(target, backend: str, cache_dir: str | None) -> str:
 
 
 def dynamic_setting(setting: list[int]) -> dict[str, int]:
-    """``[K, DEPTH, TOTAL]`` -> the DecodeConfig fields of an EAGLE-2 dynamic tree."""
-    if len(setting) != 3:
-        raise UserError(
-            f"speed.dynamic entry {list(setting)}: give [top_k_draft,depth,total_tokens], "
-            "e.g. speed.dynamic=[[4,4,8],[4,5,12]]"
-        )
+    """``[K, DEPTH, TOTAL]`` (checked when ``speed.dynamic`` is read) -> the DecodeConfig fields
+    of an EAGLE-2 dynamic tree."""
     k, depth, total = setting
     return {"top_k_draft": k, "depth": depth, "total_tokens": total}

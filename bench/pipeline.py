@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.bench import study
-from draftheads.bench.report import scaling_plot, summary_lines, write_docs
+from draftheads.bench.report import check_docs, scaling_plot, summary_lines, write_docs
 from draftheads.bench.stages import (
     answer_tokens,
     compose,
@@ -44,9 +44,11 @@ from draftheads.bench.stages import (
     target_group,
     train_overrides,
 )
-from draftheads.conf.commands.args import BenchArgs
+from draftheads.conf.commands.args import BenchArgs, DemoArgs
+from draftheads.conf.commands.checks import drafter_digest
 from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig
+from draftheads.data.outdir import guard_out_dir
 
 EAGLE_KINDS = {"eagle": "eagle", "eagle3": "eagle3"}
 # EAGLE-2's published tree (top-10 expansions, depth 6, 60 nodes, every one verified): the tree
@@ -236,7 +238,13 @@ def stage_eval(
     for k in todo:
         kept = made(k)["baselines"]  # the baselines' figures are reported with the first drafter
         report = summarize(runs[k], kept)
-        report.update(prompts=name, heads=str(heads[k]), drafter=drafters[k].kind, environment=env)
+        report.update(
+            prompts=name,
+            heads=str(heads[k]),
+            drafter=drafters[k].kind,
+            drafter_sha256=drafter_digest(heads[k]),
+            environment=env,
+        )
         out = heads[k] / folder
         write_report(report, runs[k], kept, out)
         mark_done(out, {"seconds": seconds, "decoded_with": todo}, made(k))
@@ -346,11 +354,13 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
 
 
 # ---- the pipeline -----------------------------------------------------------------------
-def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
-    """Run (or resume) every stage; returns what the docs page is written from."""
+def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
+    """Run (or resume) every stage; returns what the docs page is written from. An unknown
+    ablation row or an output folder the guard refuses stops it before the first stage."""
     from draftheads.heads.target import load_target
 
-    study.ablation_rows(list(b.ablations))  # an unknown row name fails before any stage runs
+    study.ablation_rows(list(b.ablations))
+    guard_out_dir(b.out_dir, "bench", "bench.out_dir")
     t0 = time.perf_counter()
     target, tok = load_target(cfg.target)
     H = target.config.hidden_size
@@ -411,8 +421,10 @@ def pipeline(cfg: BenchArgs, b: BenchConfig) -> dict[str, Any]:
 
 
 def bench(cfg: BenchArgs) -> None:
-    """``make bench``: the whole pipeline at benchmark size; writes ``bench.docs``."""
+    """``make bench``: the whole pipeline at benchmark size; writes ``bench.docs`` (checked first)."""
     b = cfg.bench
+    if b.docs:
+        check_docs(Path(b.docs))
     results = pipeline(cfg, b)
     results["command"] = command_line()
     out = Path(b.out_dir)
@@ -431,13 +443,13 @@ def command_line() -> str:
     return shlex.join(["draftheads", *args]) if args[:1] == ["bench"] else "draftheads bench"
 
 
-def demo(cfg: BenchArgs) -> None:
-    """``make demo``: a small drafter trained, evaluated and streaming, in minutes."""
+def demo(cfg: DemoArgs) -> None:
+    """``make demo``: a small drafter trained, evaluated and streaming, in minutes (fixed sizes)."""
     from draftheads.conf.commands.args import GenerateArgs
     from draftheads.conf.commands.decode import generate
 
     b = replace(
-        cfg.bench,
+        BenchConfig(),
         out_dir="outputs/demo",
         distill_prompts=128,
         self_prompts=0,

@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from draftheads.conf.commands.checks import writable_file
+from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
+from draftheads.data.outdir import read_json
 
 
 def scaling_plot(points: list[dict], path: Path) -> None:
@@ -229,6 +232,24 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         "stage_minutes": results.get("stage_minutes", {}),
         "seconds": results.get("seconds"),
     }
+
+
+def check_docs(path: Path) -> None:
+    """Refuse, before the pipeline runs, a ``bench.docs`` page that cannot be written, and a
+    figures file beside it (``.json``) that the bench did not write (it would be replaced)."""
+    if path.suffix == ".json":
+        raise UserError(
+            f"bench.docs={path} is a JSON file; give a Markdown page, e.g. bench.docs=docs/benchmarks.md"
+        )
+    writable_file(path, "bench.docs")
+    figures_file = path.with_suffix(".json")
+    if figures_file.exists():
+        record = read_json(figures_file)
+        if record is None or not {"command", "settings"} <= set(record):
+            raise UserError(
+                f"bench.docs={path}: {figures_file} beside it was not written by draftheads bench and would be "
+                "replaced by the figures; move it or choose another page (e.g. bench.docs=docs/benchmarks.md)"
+            )
 
 
 def write_figures(results: dict[str, Any], settings: dict[str, Any], path: Path) -> None:

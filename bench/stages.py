@@ -14,7 +14,7 @@ from typing import Any
 
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema import BenchConfig, Config
+from draftheads.conf.schema import BENCH_DRAFTERS, BenchConfig, Config
 
 
 def log(msg: str) -> None:
@@ -98,7 +98,7 @@ def train_overrides(kind: str, out: Path, steps: int) -> list[str]:
         return ["draft=eagle3", "train.lr=1e-3", *common]
     if kind == "eagle":
         return ["draft=eagle", "train.lr=5e-4", *common]
-    raise UserError(f"bench.drafters: unknown drafter {kind!r}; use medusa, eagle or eagle3")
+    raise UserError(f"bench.drafters: unknown drafter {kind!r}; use some of {', '.join(BENCH_DRAFTERS)}")
 
 
 def target_group(cfg: BenchArgs) -> str:

@@ -118,7 +118,7 @@ def refusal(name: str, c: Command, key: str, value: str) -> str:
     top = key.split(".")[0]
     for pattern in (key, top):
         if pattern in c.hints:
-            return c.hints[pattern].format(value=value or "X", command=name)
+            return c.hints[pattern].format(key=key, value=value or "X", command=name)
     leaf = key.split(".")[-1]
     for f in dataclasses.fields(c.args):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
@@ -170,12 +170,14 @@ def own_options(c: Command, options: list[str]) -> dict[str, Any]:
     for f in dataclasses.fields(c.args):
         if f.name not in own_keys(c.args):
             continue
+        mine = [o.split(".", 1)[1] for o in options if o.split(".")[0] == f.name]
         try:
             base = OmegaConf.structured(f.default_factory())
-            mine = [o.split(".", 1)[1] for o in options if o.split(".")[0] == f.name]
             result[f.name] = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(mine)))
-        except Exception as e:  # OmegaConf errors: one line naming the key
-            raise UserError(config_error_line(e).replace("key ", f"key {f.name}.", 1)) from None
+        except UserError:
+            raise
+        except Exception as e:  # OmegaConf errors: one line naming the key as typed (speed.curve)
+            raise UserError(config_error_line(e, prefix=f"{f.name}.")) from None
     return result
 
 

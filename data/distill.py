@@ -56,6 +56,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DistillConfig
 from draftheads.data.chat import generation_prompt
 from draftheads.data.endpoint import EndpointError, RowJob, Served, answered, connect, report_cut_short
+from draftheads.data.outdir import claim_out_dir
 from draftheads.data.prompts import PromptRow
 from draftheads.heads.target import fingerprint
 
@@ -274,6 +275,7 @@ def distill(
         **(served.meta() if served else {}),
     }
     out = Path(cfg.out_dir)
+    claim_out_dir(cfg.out_dir, "distill", "data.distill.out_dir")  # refuses a foreign or busy folder
     write_manifest(
         out,
         {

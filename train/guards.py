@@ -17,22 +17,45 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.train import TrainConfig
+from draftheads.data.outdir import claim_out_dir, guard_out_dir, writable_dir
 from draftheads.train.checkpoint import config_mismatch
 
 
+def is_rank_zero() -> bool:
+    """Whether this is the launcher's rank 0 (or no launcher): the one process that claims the folder."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def check_output_dir(out: Path) -> None:
-    """Refuse an output directory that is a file, or that cannot be created and written."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"train.out_dir={out} is an existing file; pick a directory path")
-    probe = out / f".write-test-{os.getpid()}"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
+    """Claim ``train.out_dir`` for this run, before the target is loaded (rank 0; the others check
+    that it can be written).
+
+    Refused in one line: a file, an unwritable path, a folder inside another run's
+    ``checkpoints/``, a non-empty folder that is not a draftheads training run, a ``README.md``
+    there that is not a draftheads model card (the run writes its card there), and a folder
+    another process is training into (its lock, released when the run's metrics close).
+    """
+    key = "train.out_dir"
+    if not is_rank_zero():
+        writable_dir(out, key)
+        return
+    guard_out_dir(out, "train", key)
+    card = out / "README.md"
+    if card.is_file() and not is_model_card(card):
         raise UserError(
-            f"train.out_dir={out} cannot be written ({e.strerror or e}); pick a writable directory"
-        ) from None
+            f"{key}={out} holds a README.md that is not a draftheads model card, and the run would replace "
+            f"it with its card; move that file away or choose another folder (e.g. {key}={out / 'train'})"
+        )
+    claim_out_dir(out, "train", key)
+
+
+def is_model_card(path: Path) -> bool:
+    """Whether ``path`` is a model card draftheads wrote (its metadata names the library)."""
+    try:
+        head = path.read_text(encoding="utf-8", errors="replace")[:4096]
+    except OSError:
+        return False
+    return head.startswith("---") and "library_name: draftheads" in head
 
 
 def check_finished_run(out: Path, current: dict[str, Any]) -> None:

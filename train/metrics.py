@@ -3,7 +3,8 @@
 Objectives return sums and counts (``head0/loss_sum``, ``head0/n``, ``head0/top1``...).
 :class:`Window` adds them up between two log points and all-reduces once, so every ratio
 is over all the tokens of the window. :class:`MetricSink` writes ``metrics.jsonl`` (always,
-rank 0) and wandb (``logger=wandb``; offline when no API key is configured).
+rank 0) and wandb (``logger=wandb``; offline when no API key is configured); one run at a time,
+under the output folder's lock (:mod:`draftheads.data.outdir`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.train import LoggerConfig
+from draftheads.data.outdir import release_out_dir
 
 
 class Window:
@@ -109,9 +111,13 @@ class MetricSink:
             self.run.log(metrics, step=step)
 
     def close(self) -> None:
+        """Finish wandb and release the output folder's lock (taken by ``check_output_dir``):
+        the metrics are the last thing a run writes there."""
         if self.run is not None:
             self.run.finish()
             self.run = None
+        if self.rank == 0:
+            release_out_dir(self.path.parent)
 
 
 def _run_id(output_dir: Path) -> str:

@@ -17,7 +17,7 @@ class Command:
     """One command: ``entry`` (``module:function``), its argument dataclass, help and an example.
 
     ``hints`` maps a key the command does not read (or its group) to the one-line advice given
-    when it is overridden; ``{value}`` is replaced by the value the user typed.
+    when it is overridden; ``{key}`` and ``{value}`` are replaced by what the user typed.
     """
 
     entry: str
@@ -98,10 +98,14 @@ COMMANDS: dict[str, Command] = {
     ),
     "demo": Command(
         "draftheads.conf.commands.bench:demo",
-        a.BenchArgs,
+        a.DemoArgs,
         "train, evaluate and stream on the embedded default (make demo)",
         "draftheads demo",
-        {"train": "demo sizes its training itself; use draftheads train for your own run"},
+        {
+            "train": "demo sizes its training itself; use draftheads train for your own run",
+            "bench": "demo runs fixed sizes into outputs/demo and reads no bench.* key; "
+            "use draftheads bench {key}={value} for a sized run",
+        },
     ),
     "bench": Command(
         "draftheads.conf.commands.bench:bench",

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig, Config
-from draftheads.conf.schema.checks import at_least
-from draftheads.conf.schema.data import DataConfig
+from draftheads.conf.schema.checks import at_least, backend_fits, one_of
+from draftheads.conf.schema.data import STORE_DTYPES, DataConfig
 from draftheads.conf.schema.decode import DecodeConfig, EvalConfig
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
-from draftheads.conf.schema.train import LoggerConfig, TrainConfig
+from draftheads.conf.schema.train import LoggerConfig, TrainConfig, validate
 
 
 @dataclass
@@ -35,6 +36,10 @@ class DistillArgs:
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
     revision: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
+        distill_backend_fits(self.target, self.data)
 
 
 @dataclass
@@ -56,6 +61,11 @@ class TrainArgs:
     train: TrainConfig = field(default_factory=TrainConfig)
     deepspeed: dict = field(default_factory=dict)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def __post_init__(self) -> None:
+        """Every value check of a training run, when the command line is read (the recipe repeats
+        them for Python callers)."""
+        validate(self)
 
 
 @dataclass
@@ -123,19 +133,41 @@ class InfoArgs:
 
 @dataclass
 class BenchArgs:
-    """``draftheads bench`` / ``demo``: the end-to-end pipeline (``bench.*`` sizes every stage)."""
+    """``draftheads bench``: the end-to-end pipeline (``bench.*`` sizes every stage)."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+
+    def __post_init__(self) -> None:
+        """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
+        distill_backend_fits(self.target, self.data)
+
+
+@dataclass
+class DemoArgs:
+    """``draftheads demo``: the pipeline at the demo's fixed sizes into ``outputs/demo``, then one
+    streamed answer to ``prompt``. It reads no ``bench.*`` key (``draftheads bench`` does)."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
+        distill_backend_fits(self.target, self.data)
 
 
 @dataclass
 class DecodeSpeedOptions:
-    """``speed.*`` of ``draftheads speed``: batch sizes, prompt count, EAGLE-2 settings to compare."""
+    """``speed.*`` of ``draftheads speed``: batch sizes, prompt count, EAGLE-2 settings to compare.
+
+    A batch holds at most ``prompts`` prompts, so every batch size is at most ``prompts``.
+    """
 
     batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8])
     prompts: int = 8
@@ -143,6 +175,24 @@ class DecodeSpeedOptions:
     dynamic: list[list[int]] = field(default_factory=list)
     # also print the verify-cost curve (1..64 new tokens) of eager and of decode.backend
     curve: bool = False
+
+    def __post_init__(self) -> None:
+        """Refuse batch sizes, prompt counts and tree settings no measurement can use, before the
+        target loads."""
+        at_least("speed.prompts", self.prompts, 1, 8)
+        sizes = list(self.batch_sizes)
+        if not sizes or min(sizes) < 1:
+            raise UserError(
+                f"speed.batch_sizes={sizes} needs batch sizes >= 1; use e.g. speed.batch_sizes=[1,4,8]"
+            )
+        if max(sizes) > self.prompts:
+            fit = [b for b in sizes if b <= self.prompts] or [self.prompts]
+            raise UserError(
+                f"speed.batch_sizes={sizes} has a batch of {max(sizes)}, more than the {self.prompts} prompts "
+                f"(speed.prompts); use speed.prompts={max(sizes)} or speed.batch_sizes=[{','.join(map(str, fit))}]"
+            )
+        for setting in self.dynamic:
+            check_dynamic(list(setting))
 
 
 @dataclass
@@ -166,6 +216,15 @@ class TrainSpeedOptions:
     # train.pack_micro_batches of the run (false: every micro-batch padded to its longest row)
     pack: bool = True
 
+    def __post_init__(self) -> None:
+        """Refuse a run that trains nothing, naming the ``speed.*`` key (not the recipe's)."""
+        if not str(self.cache or "").strip():
+            raise UserError(
+                "speed.cache is empty; give a feature cache, e.g. speed.cache=outputs/bench/teacher"
+            )
+        at_least("speed.tokens", self.tokens, 1, 8000)
+        at_least("speed.steps", self.steps, 1, 8)
+
 
 @dataclass
 class TrainSpeedArgs:
@@ -183,7 +242,8 @@ class DataSpeedOptions:
     teacher-forced cache; else the last layer alone); with ``distill_prompts > 0``, greedy
     distillation of that many training prompts (batches of ``distill_batch_size``,
     ``distill_new_tokens`` new tokens) by the decoder's batched loop and by transformers'
-    ``generate``, both on ``data.distill.backend``."""
+    ``generate``, both on ``data.distill.backend``. ``feature_tokens=0`` skips feature extraction
+    and ``distill_prompts=0`` (the default) distillation."""
 
     feature_tokens: int = 20000
     batch_tokens: int = 4096
@@ -194,8 +254,14 @@ class DataSpeedOptions:
     distill_new_tokens: int = 128
 
     def __post_init__(self) -> None:
-        """Refuse a negative top-k before the target loads (it would fail inside ``topk``)."""
+        """Refuse sizes no measurement can use before the target loads, naming the ``speed.*`` key."""
+        at_least("speed.feature_tokens", self.feature_tokens, 0, "20000 (0: no feature extraction)")
+        at_least("speed.batch_tokens", self.batch_tokens, 1, 4096)
+        one_of("speed.dtype", self.dtype, STORE_DTYPES)
         at_least("speed.topk", self.topk, 0, 64)
+        at_least("speed.distill_prompts", self.distill_prompts, 0, "96 (0: no distillation)")
+        at_least("speed.distill_batch_size", self.distill_batch_size, 1, 32)
+        at_least("speed.distill_new_tokens", self.distill_new_tokens, 1, 128)
 
 
 @dataclass
@@ -205,6 +271,27 @@ class DataSpeedArgs:
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=lambda: DataConfig(max_length=512))
     speed: DataSpeedOptions = field(default_factory=DataSpeedOptions)
+
+    def __post_init__(self) -> None:
+        """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
+        distill_backend_fits(self.target, self.data)
+
+
+def distill_backend_fits(target: TargetConfig, data: DataConfig) -> None:
+    """``data.distill.backend`` can run the target as configured (before anything loads)."""
+    backend_fits("data.distill.backend", data.distill.backend, target.device, target.dtype)
+
+
+def check_dynamic(setting: list[int]) -> None:
+    """One ``speed.dynamic`` entry: ``[top_k_draft, depth, total_tokens]``, each in range."""
+    example = "e.g. speed.dynamic=[[4,4,8],[4,5,12]]"
+    if len(setting) != 3:
+        raise UserError(f"speed.dynamic entry {setting}: give [top_k_draft,depth,total_tokens], {example}")
+    k, depth, total = setting
+    if k < 1 or depth < 1 or total < 2:
+        raise UserError(
+            f"speed.dynamic entry {setting}: top_k_draft and depth must be >= 1 and total_tokens >= 2, {example}"
+        )
 
 
 ROOT_FIELDS = frozenset(f.name for f in fields(Config))

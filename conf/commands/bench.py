@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftheads.conf.commands.args import BenchArgs, DataSpeedArgs, SpeedArgs, TrainSpeedArgs
+from draftheads.conf.commands.args import BenchArgs, DataSpeedArgs, DemoArgs, SpeedArgs, TrainSpeedArgs
 
 
 def bench(args: BenchArgs) -> None:
@@ -12,8 +12,8 @@ def bench(args: BenchArgs) -> None:
     run(args)
 
 
-def demo(args: BenchArgs) -> None:
-    """A small drafter trained, evaluated and streaming, in minutes (``make demo``)."""
+def demo(args: DemoArgs) -> None:
+    """A small drafter trained, evaluated and streaming, in minutes (``make demo``), at fixed sizes."""
     from draftheads.bench.pipeline import demo as run
 
     run(args)

@@ -49,17 +49,27 @@ def missing_option_line(msg: str) -> str | None:
     return f"{group}={name} is not a {group} option; use one of {'|'.join(group_options(group))}"
 
 
-def config_error_line(e: BaseException) -> str:
-    """One line from a Hydra/OmegaConf composition error, naming the key."""
+def config_error_line(e: BaseException, prefix: str = "") -> str:
+    """One line from a Hydra/OmegaConf composition error, naming the key as the user typed it
+    (``prefix`` is the options group of a command's own keys, e.g. ``speed.``)."""
     err = e
     while err.__cause__ is not None and not getattr(err, "full_key", None):
         err = err.__cause__
     msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    key = getattr(err, "full_key", None)
+    key = f"{prefix}{err.full_key}" if getattr(err, "full_key", None) else None
     if "not in" in msg or "Key '" in msg and "not" in msg:
         return f"unknown config key {key or msg}: {msg}; run `draftheads <command> --help` to see its keys"
     if "Could not find" in msg or "Could not load" in msg:
         return missing_option_line(msg) or f"{msg}; check the group option name"
     if key:
-        return f"bad value for {key}: {msg}"
+        return typed_value_line(key, getattr(err, "value", None), msg) or f"bad value for {key}: {msg}"
     return f"invalid config: {msg}"
+
+
+def typed_value_line(key: str, value: object, msg: str) -> str | None:
+    """The line for a value of the wrong shape: a word where a list goes, a non-boolean."""
+    if "is not a ListConfig" in msg:
+        return f"{key}={value} is not a list; write it in brackets: '{key}=[{value}]'"
+    if "is not a valid bool" in msg:
+        return f"{key}={value} is not a boolean; use {key}=true or {key}=false"
+    return None

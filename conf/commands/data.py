@@ -7,8 +7,8 @@ import sys
 from functools import partial
 
 from draftheads.conf.commands.args import DataArgs, DistillArgs, FeaturesArgs
-from draftheads.conf.commands.checks import not_a_checkpoint
 from draftheads.conf.errors import UserError
+from draftheads.data.outdir import claimed, guard_out_dir
 
 TRAINED_OPEN, TRAINED_CLOSE = "\u27e6", "\u27e7"
 
@@ -30,14 +30,15 @@ def mark_trained(tokenizer, input_ids: list[int], loss_mask: list[int]) -> str:
 def data(cfg: DataArgs) -> None:
     """Prepare the configured data set; print counts, skip reasons and ``data.show`` marked examples.
 
-    ``out_dir=DIR`` saves the rows (``datasets.save_to_disk``); a directory holding a drafter
-    checkpoint or a training run is refused before any work.
+    ``out_dir=DIR`` saves the rows (``datasets.save_to_disk``) into a new or empty folder, or
+    over a data set saved there before (:func:`draftheads.data.outdir.guard_out_dir`), refused
+    before any work.
     """
     from draftheads.data.prepare import prepare_dataset
     from draftheads.heads.target import load_tokenizer
 
-    if cfg.out:
-        not_a_checkpoint(cfg.out, "out_dir")
+    if cfg.out is not None:
+        guard_out_dir(cfg.out, "data", "out_dir")
 
     tok = load_tokenizer(cfg.target)
     ds, report = prepare_dataset(cfg.data, tok, "train")
@@ -50,8 +51,9 @@ def data(cfg: DataArgs) -> None:
             f"{sum(row['loss_mask'])} trained (inside {TRAINED_OPEN} {TRAINED_CLOSE}) ---"
         )
         print(mark_trained(tok, row["input_ids"], row["loss_mask"]))
-    if cfg.out:
-        ds.save_to_disk(cfg.out)
+    if cfg.out is not None:
+        with claimed(cfg.out, "data", "out_dir"):
+            ds.save_to_disk(cfg.out)
         print(f"saved {len(ds)} rows to {cfg.out}")
 
 
@@ -73,23 +75,24 @@ def features(cfg: FeaturesArgs) -> None:
             "the feature cache needs unpacked rows (packed documents would attend to each other); "
             "set data.packing=false"
         )
-    not_a_checkpoint(cfg.data.features.out_dir, "data.features.out_dir")
+    f = cfg.data.features
+    guard_out_dir(f.out_dir, "features", "data.features.out_dir")
     model, tok = load_target(cfg.target)
     ds, report = prepare_dataset(cfg.data, tok, "train")
     print(report.format(), file=sys.stderr)
-    f = cfg.data.features
-    manifest = build_feature_cache(
-        model,
-        tok,
-        ds,
-        f.out_dir,
-        drafter_layers(cfg, len(decoder_layers(model))),
-        dtype=f.dtype,
-        batch_tokens=f.batch_tokens,
-        target_next=f.target_next,
-        topk=f.topk,
-        shard_mb=f.shard_mb,
-    )
+    with claimed(f.out_dir, "features", "data.features.out_dir"):
+        manifest = build_feature_cache(
+            model,
+            tok,
+            ds,
+            f.out_dir,
+            drafter_layers(cfg, len(decoder_layers(model))),
+            dtype=f.dtype,
+            batch_tokens=f.batch_tokens,
+            target_next=f.target_next,
+            topk=f.topk,
+            shard_mb=f.shard_mb,
+        )
     print(
         f"feature cache: {manifest['num_rows']} rows, {manifest['num_tokens']} tokens, layers "
         f"{manifest['layers']} -> {f.out_dir}"
@@ -107,7 +110,7 @@ def distill(cfg: DistillArgs) -> None:
     d = cfg.data.distill
     if d.source not in ("data", "self"):
         raise UserError(f"data.distill.source={d.source} is unknown; use data (answer data.path) or self")
-    not_a_checkpoint(d.out_dir, "data.distill.out_dir")
+    guard_out_dir(d.out_dir, "distill", "data.distill.out_dir")
     model, tok = load_target(cfg.target)
     from draftheads.data.distill import decoder_generate
 
@@ -122,14 +125,15 @@ def distill(cfg: DistillArgs) -> None:
 
         generate = decoder_generate(model, tok, batched_generate(model))
     runner = partial(backend.running, d.backend)
-    if d.source == "self":
-        prompts, stats = self_prompts(model, tok, d, generate=generate, runner=runner)
-        print(f"target-written prompts: {json.dumps(stats)}")
-    else:
-        prompts = prompts_from_config(cfg.data, "train")
-        if cfg.data.max_rows is not None:
-            prompts = prompts[: cfg.data.max_rows]
-    out = run_distill(model, tok, prompts, d, generate=generate, source=d.source, runner=runner)
+    with claimed(d.out_dir, "distill", "data.distill.out_dir"):  # one distillation writes there at a time
+        if d.source == "self":
+            prompts, stats = self_prompts(model, tok, d, generate=generate, runner=runner)
+            print(f"target-written prompts: {json.dumps(stats)}")
+        else:
+            prompts = prompts_from_config(cfg.data, "train")
+            if cfg.data.max_rows is not None:
+                prompts = prompts[: cfg.data.max_rows]
+        out = run_distill(model, tok, prompts, d, generate=generate, source=d.source, runner=runner)
     print(
         f"distilled {len(prompts)} prompts -> {out}; train on them with "
         f"`draftheads train data.path={out}` (format messages)"

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import torch
 
 from draftheads.conf.commands.args import EvalArgs, GenerateArgs, TreeArgs
-from draftheads.conf.commands.checks import context_length, prompt_fits, writable_dir, writable_file
+from draftheads.conf.commands.checks import context_length, drafter_digest, prompt_fits
 from draftheads.conf.errors import UserError
+from draftheads.data.outdir import claimed, guard_out_dir, is_tree_record
 
 
 def load(heads: str | None, revision: str | None, target_cfg, command: str):
@@ -68,17 +70,27 @@ def generate(args: GenerateArgs) -> None:
 
 
 def tree_path(args: TreeArgs) -> Path:
-    """Where tree.json goes: ``out_dir`` (a file, or a directory to hold tree.json), else beside local heads."""
+    """Where tree.json goes: ``out_dir`` (a ``.json`` file, or a folder to hold tree.json), else
+    beside local heads (else ``./tree.json``). Refused before any work: a folder the guard refuses
+    (:func:`draftheads.data.outdir.guard_out_dir`) and a tree.json that ``draftheads tree`` did not
+    write (it would be replaced)."""
     from draftheads.decode.tree import TREE_FILE
 
-    if args.out:
-        out = Path(args.out).expanduser()
-        if out.suffix == ".json" and not out.is_dir():
-            return writable_file(out, "out_dir")
-        return writable_dir(out, "out_dir") / TREE_FILE
-    if args.heads and Path(args.heads).expanduser().is_dir():
-        return writable_file(Path(args.heads).expanduser() / TREE_FILE, "heads")
-    return writable_file(TREE_FILE, "out_dir")
+    out = Path(args.out).expanduser() if args.out else None
+    if out is not None and out.suffix == ".json" and not out.is_dir():
+        path = guard_out_dir(out.parent, "file", "out_dir") / out.name
+    elif args.out is not None:
+        path = guard_out_dir(args.out, "tree", "out_dir") / TREE_FILE
+    elif args.heads and Path(args.heads).expanduser().is_dir():
+        path = guard_out_dir(Path(args.heads).expanduser(), "tree", "out_dir") / TREE_FILE
+    else:
+        path = guard_out_dir(".", "file", "out_dir") / TREE_FILE
+    if path.exists() and not is_tree_record(path):
+        raise UserError(
+            f"{path} is not a tree draftheads tree wrote, and it would be replaced; move it away or "
+            f"pass out_dir=FILE.json elsewhere (e.g. out_dir=outputs/tree.json)"
+        )
+    return path
 
 
 def tree(args: TreeArgs) -> None:
@@ -92,12 +104,12 @@ def tree(args: TreeArgs) -> None:
             f"decode.tree_size={dc.tree_size}, tree_topk={dc.tree_topk}, tree_prompts={dc.tree_prompts}, "
             f"tree_new_tokens={dc.tree_new_tokens}: need size >= 0 and the others >= 1"
         )
-    out = tree_path(args) if args.out or args.heads else None
+    out = tree_path(args) if args.out is not None or args.heads else None
     target, tok, drafter, _ = load(args.heads, args.revision, args.target, "tree")
     rows = load_prompts("heldout", max_prompts=dc.tree_prompts, tokenizer=tok)
-    record = select_tree(target, drafter, tok, [r.turns[0] for r in rows], dc)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    with claimed(out.parent, "file", "out_dir"):  # one writer at a time (checked above)
+        record = select_tree(target, drafter, tok, [r.turns[0] for r in rows], dc)
+        out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"tree of {record['size']} tokens (expected tau {record['expected_tau']:.2f}) saved to {out}")
     if not Path(str(args.heads)).expanduser().is_dir() and not args.out:
         print(f"(heads= is a hub id; pass decode.tree={out} to use it)")
@@ -111,25 +123,66 @@ def first_per_category(prompts: list, n: int) -> list:
     return [p for cat in sorted(per) for p in per[cat][:n]]
 
 
-def evaluate(args: EvalArgs) -> dict:
-    """τ and speedup on ``eval.prompts``; writes report.json, report.md and plots to ``eval.out_dir``."""
+def slug(text: str) -> str:
+    """A folder-name form of a prompt set or drafter name (a file path: its stem)."""
+    name = Path(text).expanduser().stem if Path(text).expanduser().exists() else text
+    return re.sub(r"[^\w.-]+", "-", name).strip("-.") or "prompts"
+
+
+def default_eval_dir(heads: str | None, prompts: str) -> Path:
+    """Where a report goes without ``eval.out_dir``: a folder of this drafter's own,
+    ``<heads>/eval-<prompts>`` beside a local drafter (as ``draftheads bench`` lays them out),
+    else ``outputs/eval/<hub id or lookup>-<prompts>``."""
+    if heads and heads != "none" and Path(heads).expanduser().is_dir():
+        return Path(heads).expanduser() / f"eval-{slug(prompts)}"
+    who = "lookup" if heads in (None, "none") else slug(heads)
+    return Path("outputs") / "eval" / f"{who}-{slug(prompts)}"
+
+
+def read_prompts(e, tokenizer=None) -> list:
+    """The prompts of ``eval.prompts``, read with ``eval.format`` and ``eval.fields`` (the first
+    ``per_category`` of each category, then ``max_prompts``); none is refused in one line."""
     from draftheads.data.prompts import load_prompts
-    from draftheads.decode.evaluate import check_baselines, run_eval
-    from draftheads.decode.report import environment, summarize, summary_line, write_report
+
+    try:
+        prompts = load_prompts(e.prompts, tokenizer=tokenizer, fmt=e.format, fields=e.fields)
+    except UserError as err:  # the data layer names the data.* keys; eval reads its own
+        fix = "eval.format and eval.fields (e.g. eval.fields.prompt=COLUMN)"
+        raise UserError(str(err).replace("data.format and data.fields", fix)) from None
+    if e.per_category:
+        prompts = first_per_category(prompts, e.per_category)
+    prompts = prompts[: e.max_prompts] if e.max_prompts else prompts
+    if not prompts:
+        raise UserError(f"eval.prompts={e.prompts} gave no prompts; check the path or name")
+    return prompts
+
+
+def evaluate(args: EvalArgs) -> dict:
+    """τ and speedup on ``eval.prompts``; writes report.json, report.md and plots to ``eval.out_dir``
+    (by default a folder of the drafter's own, :func:`default_eval_dir`). The report records the
+    drafter's weights digest, so ``push`` quotes it only on that drafter."""
+    from draftheads.decode.evaluate import check_baselines
 
     e = args.eval
     baselines = list(e.baselines or [])
     if e.assistant_model and "assisted" not in baselines:
         baselines.append("assisted")
     check_baselines(baselines, bool(e.assistant_model))
-    out = writable_dir(e.output_dir, "eval.out_dir")
-    target, tok, drafter, _ = load(args.heads, args.revision, args.target, "eval")
-    prompts = load_prompts(e.prompts, tokenizer=tok)
-    if e.per_category:
-        prompts = first_per_category(prompts, e.per_category)
-    prompts = prompts[: e.max_prompts] if e.max_prompts else prompts
-    if not prompts:
-        raise UserError(f"eval.prompts={e.prompts} gave no prompts; check the path or name")
+    out = e.output_dir if e.output_dir is not None else default_eval_dir(args.heads, e.prompts)
+    guard_out_dir(out, "eval", "eval.out_dir")
+    read_prompts(e)  # a prompt file that yields nothing stops here, before the target loads
+    with claimed(out, "eval", "eval.out_dir") as folder:
+        return measure(args, baselines, folder)
+
+
+def measure(args: EvalArgs, baselines: list[str], out: Path) -> dict:
+    """Decode ``eval.prompts`` with the drafter and the baselines; write the report into ``out``."""
+    from draftheads.decode.evaluate import run_eval
+    from draftheads.decode.report import environment, summarize, summary_line, write_report
+
+    e = args.eval
+    target, tok, drafter, directory = load(args.heads, args.revision, args.target, "eval")
+    prompts = read_prompts(e, tok)
     assistant = None
     if e.assistant_model:
         from transformers import AutoModelForCausalLM
@@ -143,6 +196,7 @@ def evaluate(args: EvalArgs) -> dict:
         prompts=e.prompts,
         heads=str(args.heads),
         drafter=drafter.kind if drafter else "lookup",
+        drafter_sha256=drafter_digest(directory) if directory else None,
         environment=env,
     )
     write_report(report, results, baselines, out)

@@ -10,10 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.checks import at_least, one_of, positive
 from draftheads.conf.schema.data import DataConfig
-from draftheads.conf.schema.decode import DecodeConfig, EvalConfig
+from draftheads.conf.schema.decode import DecodeConfig, EvalConfig, check_prompt_source
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.conf.schema.train import LoggerConfig, TrainConfig
+
+# The drafters the bench knows how to train (bench/stages.py), and the baselines it can run.
+BENCH_DRAFTERS = ("medusa", "eagle", "eagle3")
+BENCH_BASELINES = ("pld",)
 
 
 @dataclass
@@ -106,6 +112,70 @@ class BenchConfig:
     published_tree: bool = False
     docs: str = "docs/benchmarks.md"
 
+    def __post_init__(self) -> None:
+        """Refuse, when the config is read, values no stage can run (sizes, names, an empty
+        ``out_dir``); the folders themselves are checked by the command before the first stage.
+        ``distill_prompts``, ``self_prompts`` and ``teacher_tokens`` take 0 for "none"."""
+        self.check_sizes()
+        self.check_names()
+
+    def check_sizes(self) -> None:
+        """Counts and sizes: each at least what its stage needs, and something to train on."""
+        if not str(self.out_dir or "").strip():
+            raise UserError(
+                "bench.out_dir is empty; give the bench's folder, e.g. bench.out_dir=outputs/bench"
+            )
+        for key, low, example in (
+            ("distill_prompts", 0, "960 (0: no distillation)"),
+            ("self_prompts", 0, "0 (none)"),
+            ("distill_repeats", 1, 1),
+            ("distill_new_tokens", 1, 160),
+            ("distill_batch_size", 1, 32),
+            ("teacher_tokens", 0, "500000 (0: none)"),
+            ("topk", 0, 64),
+            ("save_every", 0, "200 (0: never)"),
+            ("medusa_steps", 1, 150),
+            ("medusa_tokens", 1, 68000),
+            ("eagle_steps", 1, 1500),
+            ("scaling_compute", 1, 500000),
+            ("scaling_steps_per_10k_tokens", 1, 40),
+            ("ablation_tokens", 1, 68000),
+            ("eval_prompts", 1, 20),
+            ("spec_bench_per_category", 1, 1),
+            ("eval_new_tokens", 1, 128),
+        ):
+            at_least(f"bench.{key}", getattr(self, key), low, example)
+        positive("bench.shard_mb", self.shard_mb, 64)
+        positive("bench.ablation_epochs", self.ablation_epochs, 1.0)
+        if not self.distill_prompts and not self.teacher_tokens:
+            raise UserError(
+                "bench.distill_prompts=0 and bench.teacher_tokens=0 leave nothing to train on; "
+                "use bench.distill_prompts=960 or bench.teacher_tokens=500000"
+            )
+        if any(n < 1 for n in self.scaling_tokens):
+            raise UserError(
+                f"bench.scaling_tokens={list(self.scaling_tokens)} has a point below 1 token; "
+                "use e.g. bench.scaling_tokens=[68000,150000]"
+            )
+
+    def check_names(self) -> None:
+        """Drafters, prompt sets and baselines the stages know (none empty, no drafter twice)."""
+        if not self.drafters:
+            raise UserError(
+                f"bench.drafters=[] trains nothing; use some of {','.join(BENCH_DRAFTERS)}, e.g. "
+                "bench.drafters=[medusa,eagle3]"
+            )
+        for kind in self.drafters:
+            one_of("bench.drafters", kind, BENCH_DRAFTERS)
+        if len(set(self.drafters)) != len(self.drafters):
+            raise UserError(f"bench.drafters={list(self.drafters)} names a drafter twice; list each once")
+        if not self.eval_sets:
+            raise UserError("bench.eval_sets=[] evaluates nothing; use e.g. bench.eval_sets=[heldout]")
+        for name in self.eval_sets:
+            check_prompt_source("bench.eval_sets", name)
+        for name in self.baselines:
+            one_of("bench.baselines", name, BENCH_BASELINES)
+
 
 @dataclass
 class Config:
@@ -131,12 +201,14 @@ class Config:
 def register() -> None:
     """Make the schema known to Hydra as ``base_config`` (idempotent).
 
-    ``data.fields`` maps field names to columns, so its node stays open to new keys:
-    ``data.fields.text=body`` works without Hydra's ``+`` (DataConfig checks the names).
+    ``data.fields`` and ``eval.fields`` map field names to columns, so their nodes stay open to
+    new keys: ``data.fields.text=body`` works without Hydra's ``+`` (the dataclasses check the
+    names).
     """
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     node = OmegaConf.structured(Config)
     OmegaConf.set_struct(node.data.fields, False)
+    OmegaConf.set_struct(node.eval.fields, False)
     ConfigStore.instance().store(name="base_config", node=node)

@@ -54,3 +54,20 @@ def one_of(key: str, value: object, choices: Iterable[object]) -> None:
     choices = list(choices)
     if value not in choices:
         raise UserError(f"{key}={value} is unknown; use one of {', '.join(str(c) for c in choices)}")
+
+
+def backend_fits(key: str, backend: str, device: str, dtype: str) -> None:
+    """Refuse a decoding backend that cannot run the target where and as it loads
+    (``target.device``, ``target.dtype``), naming the key that chose it (``key``)."""
+    if backend == "cuda-graphs" and not device.startswith("cuda"):
+        raise UserError(
+            f"{key}=cuda-graphs needs a CUDA device, but target.device={device}; "
+            f"use {key}=auto (or target.device=cuda)"
+        )
+    if backend == "onednn" and device != "cpu":
+        raise UserError(f"{key}=onednn runs on a CPU, but target.device={device}; use {key}=auto")
+    if backend == "onednn" and dtype not in ("float32", "fp32"):
+        raise UserError(
+            f"{key}=onednn packs float32 weights, but target.dtype={dtype}; "
+            f"use {key}=eager (or target.dtype=float32)"
+        )

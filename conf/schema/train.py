@@ -101,6 +101,11 @@ def _at_least(key: str, value: float | int | None, low: float, hint: str = "") -
 
 
 def validate_train(t: TrainConfig) -> None:
+    if not str(t.output_dir or "").strip():
+        raise UserError(
+            "train.out_dir is empty (it would train into the working directory); "
+            "give the run's folder, e.g. train.out_dir=outputs/train"
+        )
     if not t.lr > 0:
         raise UserError(f"train.lr={t.lr} must be > 0 (e.g. train.lr=1e-3)")
     _at_least("train.weight_decay", t.weight_decay, 0)
