@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.checks import at_least, is_hub_id, one_of, probability
+from draftheads.conf.schema.data import check_fields, check_format
 
 BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 BASELINES = ("pld", "assisted")
@@ -124,14 +125,20 @@ class EvalConfig:
     """``draftheads eval``: which prompts, which baselines, where the report goes.
 
     ``prompts``: ``heldout`` (embedded held-out prompts), ``humaneval``, ``spec_bench``,
-    ``gsm8k_test``, or any path / dataset id the data pipeline reads. ``per_category``: keep
-    only the first N prompts of every category (e.g. one Spec-Bench question per category),
-    before ``max_prompts``. ``baselines``: ``pld`` (transformers' prompt lookup decoding);
-    ``assisted`` is added when ``assistant_model`` is set.
+    ``gsm8k_test``, or any path / dataset id the data pipeline reads; ``format`` and ``fields``
+    read a file whose columns have other names (as ``data.format`` / ``data.fields`` do, e.g.
+    ``eval.fields.prompt=question``). ``per_category``: keep only the first N prompts of every
+    category (e.g. one Spec-Bench question per category), before ``max_prompts``.
+    ``baselines``: ``pld`` (transformers' prompt lookup decoding); ``assisted`` is added when
+    ``assistant_model`` is set. ``output_dir`` (``eval.out_dir``) unset: a folder of the
+    drafter's own, ``<heads>/eval-<prompts>`` (``outputs/eval/<name>-<prompts>`` for a hub id
+    or ``heads=none``), so one drafter's report never replaces another's.
     """
 
     prompts: str = "heldout"
-    output_dir: str = "outputs/eval"
+    output_dir: str | None = None
+    format: str = "auto"
+    fields: dict[str, str] = field(default_factory=dict)
     max_prompts: int | None = None
     per_category: int | None = None
     baselines: list[str] | None = None
@@ -141,6 +148,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         """Refuse prompt counts and baselines the evaluation cannot run, before it starts."""
         check_prompt_source("eval.prompts", self.prompts)
+        check_format("eval.format", self.format)
+        check_fields("eval.fields", self.fields)
         at_least("eval.max_prompts", self.max_prompts, 1, 20)
         at_least("eval.per_category", self.per_category, 1, 1)
         at_least("eval.warmup", self.warmup, 0, 1)
