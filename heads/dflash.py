@@ -267,9 +267,14 @@ class DFlashDrafter(Drafter):
         head = self._shared.get("draft_head")
         w = lm_head.weight
         if head is None or head.weight.device != w.device or head.weight.dtype != w.dtype:
-            ids = torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
-            head = nn.Linear(w.shape[1], self.draft_vocab_size, bias=False, device=w.device, dtype=w.dtype)
-            head.weight.data.copy_(w.detach()[ids.to(w.device)])
+            # a normal tensor even when first built under inference mode (eval): the backend
+            # reads its version to know when to pack it again
+            with torch.inference_mode(False), torch.no_grad():
+                ids = torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
+                head = nn.Linear(
+                    w.shape[1], self.draft_vocab_size, bias=False, device=w.device, dtype=w.dtype
+                )
+                head.weight.copy_(w.detach()[ids.to(w.device)])
             head.requires_grad_(False)
             self._shared["draft_head"] = head
         return head
