@@ -326,7 +326,7 @@ def check_dflash_target(config: dict[str, Any], fp: TargetFingerprint, where: st
             )
 
 
-def dflash_feature_layers_of(
+def dflash_layers_from_config(
     config: dict[str, Any], num_draft_layers: int, fp: TargetFingerprint, where: str
 ) -> list[int]:
     """Our ``feature_layers`` from ``dflash_config.target_layer_ids`` (layer outputs: ours are
@@ -341,8 +341,9 @@ def dflash_feature_layers_of(
     last = fp.num_layers - 2
     if min(ids) < 0 or max(ids) > last:
         raise UserError(
-            f"{where}: dflash_config.target_layer_ids={ids} name layer outputs outside 0..{last}, the ones "
-            f"{fp.short()} can feed the drafter ({fp.num_layers} layers); it was trained for another target"
+            f"{where}: dflash_config.target_layer_ids={ids} reach outside 0..{last}, the layer outputs that "
+            f"draftheads and the engines feed from {fp.short()}; it was trained for another target (or reads "
+            "the final normed state, which no engine captures)"
         )
     layers = [i + 1 for i in ids]
     problem = dflash_layers_problem(layers, fp.num_layers)
@@ -385,6 +386,7 @@ def dflash_layer_config(config: dict[str, Any], where: str) -> tuple[int, dict[s
     Sliding-window layers (causal in the engines) and ``dflash_config.causal`` are refused: this
     drafter attends to the whole context and the whole block in every layer.
     """
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import Qwen3Config
 
     if (config.get("dflash_config") or {}).get("causal"):
@@ -393,7 +395,13 @@ def dflash_layer_config(config: dict[str, Any], where: str) -> tuple[int, dict[s
             "drafts each block non-causally"
         )
     keys = {k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type")}
-    qc = Qwen3Config.from_dict(keys)
+    try:
+        qc = Qwen3Config.from_dict(keys)
+    except (ValueError, TypeError, StrictDataclassError) as e:
+        detail = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        raise UserError(
+            f"{where}: config.json is not a valid Qwen3 config ({detail[-1]}); it is damaged"
+        ) from None
     if "sliding_attention" in (qc.layer_types or []):
         raise UserError(
             f"{where}: layer_types has sliding_attention layers; draftheads' DFlash drafter attends to the "
@@ -462,7 +470,7 @@ def build_dflash(
     block = dflash_block_size(config, where)
     mask = dflash_mask_token(config, fp, where)
     num_layers, layer_cfg = dflash_layer_config(config, where)
-    layers = dflash_feature_layers_of(config, num_layers, fp, where)
+    layers = dflash_layers_from_config(config, num_layers, fp, where)
     tensors, draft_vocab = dflash_tensors(read_tensors(ckpt.files), target, fp, where)
     spec = {
         "target_config": target.config.to_dict(),

@@ -189,6 +189,7 @@ BAD_CHECKPOINTS = [
     ("block-bool", mutate_config(block_size=True), "block_size=True must be an integer"),
     ("sliding", mutate_config(layer_types=["sliding_attention", "full_attention"]), "sliding_attention"),
     ("causal", mutate_dflash(causal=True), "causal=true"),
+    ("damaged", mutate_config(layer_types=["full_attention"]), "not a valid Qwen3 config"),
     ("missing-tensor", mutate_tensors(lambda sd: sd.pop("hidden_norm.weight")), "missing"),
     (
         "extra-tensor",
