@@ -10,6 +10,12 @@ Trees are EAGLE-2 dynamic trees (expand the ``top_k_draft`` most confident nodes
 then keep the ``total_tokens`` most confident overall) or a static tree. A node's score is
 the drafter's probability of its path, Π q; with a plan from the decoder, drafting stops at
 the first level that is not expected to pay for its draft pass.
+
+On ``decode.backend=cuda-graphs`` (or with ``graphs`` given) dynamic trees are drafted at a
+fixed depth and top-k (no plan), as SGLang's EAGLE draft runner does: after the accepted pairs
+are fed, the drafter's cache moves into fixed-capacity buffers (``StaticKV``) and the whole
+expansion, :func:`fixed_tree`, runs as one captured graph per (batch, capacity, lease) through
+:class:`draftheads.decode.static.Graphs`; without capture the same function runs eagerly.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import dynamic, kv
 from draftheads.decode.kv import append_valid
 from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree
+from draftheads.decode.static import Graphs, StaticKV, drafter_graphs
 from draftheads.decode.tree import StaticTree, ancestor_mask, levels
 from draftheads.heads.masks import additive_mask, padded_causal
 
@@ -27,11 +34,16 @@ from draftheads.heads.masks import additive_mask, padded_causal
 class EagleProposer:
     needs_hidden_states = True
 
-    def __init__(self, drafter, static: StaticTree | None, cfg: DecodeConfig) -> None:
+    def __init__(
+        self, drafter, static: StaticTree | None, cfg: DecodeConfig, graphs: Graphs | None = None
+    ) -> None:
         from transformers import DynamicCache
 
         self.drafter, self.static, self.cfg = drafter, static, cfg
-        self.cache = DynamicCache()
+        if graphs is None and static is None and cfg.backend == "cuda-graphs":
+            graphs = drafter_graphs(drafter, capture=True)
+        self.graphs = graphs if static is None else None  # fixed-shape drafting of dynamic trees
+        self.cache = DynamicCache()  # a StaticKV once the prompt is read, when drafting is fixed-shape
         self.valid: torch.Tensor | None = None  # [B, S] stable slots that hold a real pair
         self.lengths: torch.Tensor | None = None
         self.lengths_cpu: list[int] = []
@@ -77,17 +89,29 @@ class EagleProposer:
         feats, tokens, valid, positions, n_keep, n_cpu = self.pending
         S = self.cache.get_seq_length()
         n = tokens.shape[1]
+        if isinstance(self.cache, StaticKV):  # write at [S, S + n), attend over those slots only
+            self.cache.ensure(S + n + self.tree_slots())
+            self.cache.write_index = torch.arange(S, S + n, device=tokens.device)
+            self.cache.span = S + n
         allowed = padded_causal(valid)
         mask = additive_mask(torch.cat([self.valid[:, None, :].expand(-1, n, -1), allowed], -1), feats.dtype)
         out = self.drafter(tokens, self.drafter.fuse(feats), positions, mask, self.cache)
+        if isinstance(self.cache, StaticKV):
+            self.cache.set_length(S + n)  # as a DynamicCache would have grown
         new_len = max(a + b for a, b in zip(self.lengths_cpu, n_cpu))
         src = S + torch.arange(n, device=tokens.device).expand(len(n_cpu), n)
         kv.compact(self.cache, src, self.lengths[:, None] + src - S, new_len)
         self.valid = append_valid(self.valid, self.lengths, valid, new_len)
         self.lengths = self.lengths + n_keep
         self.lengths_cpu = [a + b for a, b in zip(self.lengths_cpu, n_cpu)]
+        if self.graphs is not None and not isinstance(self.cache, StaticKV):
+            self.cache = StaticKV.adopt(self.cache, self.graphs.pool, self.tree_slots())
         rows = torch.arange(out.shape[0], device=out.device)
         return out[rows, n_keep - 1]
+
+    def tree_slots(self) -> int:
+        """Drafter cache slots a fixed-shape expansion writes after the committed ones."""
+        return (self.cfg.depth - 1) * self.cfg.top_k_draft
 
     def _feed_tree(self, tokens, hidden, positions, anc_fed) -> torch.Tensor:
         """Run the drafter on new tree nodes; ``anc_fed [B, n, F]`` = their ancestors among the
@@ -107,7 +131,28 @@ class EagleProposer:
         h_root = self._feed_pending()
         if self.static is not None:
             return self._propose_static(root, pos, h_root)
+        if self.graphs is not None:
+            return self._propose_fixed(root, pos, h_root)
         return self._propose_dynamic(root, pos, h_root, plan)
+
+    def _propose_fixed(self, root: torch.Tensor, pos: torch.Tensor, h_root: torch.Tensor) -> Tree:
+        """EAGLE-2 at the caps (``depth`` levels of ``top_k_draft``), as one fixed-shape call."""
+        cache, (k, depth, n) = self.cache, (self.cfg.top_k_draft, self.cfg.depth, self.cfg.total_tokens - 1)
+        S, C = cache.get_seq_length(), cache.capacity
+        cache.ensure(S + self.tree_slots())
+        cache.span = None
+        B = root.shape[0]
+        valid = torch.zeros(B, C, dtype=torch.bool, device=root.device)
+        valid[:, :S] = self.valid
+        base = torch.full((), S, dtype=torch.long, device=root.device)
+        self.passes = depth
+
+        def expand(valid, base, root, pos, h_root):
+            return fixed_tree(self.drafter, cache, valid, base, root, pos, h_root, k, depth, n)
+
+        key = ("eagle", B, C, cache.lease, k, depth, n)
+        tokens, parents, depths, scores = self.graphs.run(key, expand, valid, base, root, pos, h_root)
+        return Tree(tokens, parents, depths, scores, torch.ones_like(tokens, dtype=torch.bool))
 
     def _propose_dynamic(
         self, root: torch.Tensor, pos: torch.Tensor, h_root: torch.Tensor, plan: Plan | None
@@ -127,8 +172,10 @@ class EagleProposer:
         for d in range(1, depth):
             all_scores, all_ids = torch.cat(scores, 1), torch.cat(ids, 1)
             front_scores = all_scores.gather(1, front)
-            if plan is not None and not plan(all_scores.exp(), front_scores.exp(), self.passes):
-                break
+            if plan is not None:  # the plan reads scores on the host: one transfer per level
+                host = torch.cat([all_scores, front_scores], 1).exp().cpu()
+                if not plan(host[:, : all_scores.shape[1]], host[:, all_scores.shape[1] :], self.passes):
+                    break
             front_ids = self.drafter.draft_to_target(all_ids.gather(1, front))
             new_anc = torch.cat([front_anc, eye], -1)  # [B, k, fed so far]: ancestors and self
             out = self._feed_tree(front_ids, front_hidden, (pos + d - 1)[:, None].expand(B, k), new_anc)
@@ -190,3 +237,66 @@ class EagleProposer:
             n_keep.index_select(0, rows),
             [n_cpu[i] for i in keep],
         )
+
+
+def fixed_tree(
+    drafter,
+    cache: StaticKV,
+    valid: torch.Tensor,
+    base: torch.Tensor,
+    root: torch.Tensor,
+    pos: torch.Tensor,
+    h_root: torch.Tensor,
+    k: int,
+    depth: int,
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An EAGLE-2 dynamic tree of exactly ``depth`` levels of ``k`` children, reranked to the ``n``
+    best nodes plus the root: ``(tokens, parents, depths, path probabilities)`` ``[B, n + 1]``.
+
+    Every shape is fixed by (B, k, depth, n, capacity) and nothing is read on the host, so it
+    compiles with ``fullgraph=True`` and replays as one CUDA graph. ``valid [B, C]``: the
+    committed drafter slots; ``base``: the first free slot (a 0-d tensor, so the graph does not
+    depend on it). Level d's k nodes are written at slots ``base + (d-1)k + [0, k)`` and see the
+    committed slots and their ancestors among the levels written before them.
+    """
+    B, C = valid.shape
+    dev = root.device
+    top = drafter.logits(h_root).float().log_softmax(-1).topk(k, dim=-1)
+    scores, ids = [top.values], [top.indices]
+    parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
+    depths = [torch.ones(B, k, dtype=torch.long, device=dev)]
+    front = torch.arange(k, device=dev).expand(B, k)
+    front_hidden = h_root[:, None].expand(B, k, -1)
+    front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)
+    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+    offset = k
+    for d in range(1, depth):
+        all_scores, all_ids = torch.cat(scores, 1), torch.cat(ids, 1)
+        front_scores = all_scores.gather(1, front)
+        front_ids = drafter.draft_to_target(all_ids.gather(1, front))
+        new_anc = torch.cat([front_anc, eye], -1)  # [B, k, d*k]: ancestors and self
+        slots = base + torch.arange(d * k, device=dev)
+        tree_cols = torch.zeros(B, k, C, dtype=torch.bool, device=dev).scatter(
+            2, slots.expand(B, k, d * k), new_anc
+        )
+        cache.write_index = slots[-k:]
+        mask = additive_mask(valid[:, None, :] | tree_cols, h_root.dtype)
+        out = drafter(front_ids, front_hidden, (pos + d - 1)[:, None].expand(B, k), mask, cache)
+        logp = drafter.logits(out).float().log_softmax(-1)
+        c_scores, c_ids, slot = dynamic.children(logp, front_scores, k)
+        scores.append(c_scores)
+        ids.append(c_ids)
+        parents.append(front.gather(1, slot))
+        depths.append(torch.full_like(c_ids, d + 1))
+        pick = dynamic.frontier(c_scores, k)
+        pslot = slot.gather(1, pick)
+        front = offset + pick
+        offset += c_scores.shape[1]
+        front_hidden = out.gather(1, pslot[..., None].expand(-1, -1, out.shape[-1]))
+        front_anc = new_anc.gather(1, pslot[..., None].expand(-1, -1, new_anc.shape[-1]))
+    all_ids = drafter.draft_to_target(torch.cat(ids, 1))
+    tokens, tparents, tdepths, tscores = dynamic.rerank(
+        root, torch.cat(scores, 1), all_ids, torch.cat(parents, 1), torch.cat(depths, 1), n
+    )
+    return tokens, tparents, tdepths, tscores.exp()
