@@ -46,7 +46,6 @@ from draftheads.decode.select import prune
 from draftheads.decode.stats import DecodeStats
 from draftheads.decode.stop import Stopper, as_set
 from draftheads.decode.tree import (
-    ancestor_mask,
     drafter_tree,
     path_nodes,
 )
@@ -321,7 +320,10 @@ class SpeculativeGenerator:
         draft_s = self._now() - t0
         if state.planner is not None:
             state.planner.draft_s = draft_s
-            n, _, _ = state.planner.best(tree.scores[:, 1:], tree.valid[:, 1:])
+            scores, valid = torch.stack([tree.scores.float(), tree.valid.float()]).cpu()  # one transfer
+            n, _, _ = state.planner.best(scores[:, 1:], valid[:, 1:].bool())
+            kept = torch.where(valid.bool(), scores, 0.0)[:, 1:].sort(dim=-1, descending=True).values[:, :n]
+            predicted = float(kept.sum())  # Σ p of the nodes prune keeps: each row's n best valid ones
             tree = prune(tree, n)
         t1 = self._now()
         stats.draft_time_s += t1 - t0
@@ -333,8 +335,7 @@ class SpeculativeGenerator:
         if state.planner is not None:
             passes = getattr(state.proposer, "passes", 0)
             state.planner.observe(draft_s, passes, verify_s, len(state.active) * tree.size)
-            predicted = float(torch.where(tree.valid, tree.scores, 0.0)[:, 1:].sum())
-            state.planner.calibrate(predicted, float((n_keep - 1).sum()))
+            state.planner.calibrate(predicted, float(sum(h[0] - 1 for h in host)))
         stats.target_forwards += 1
         stats.tree_tokens.append(tree.size)
         new: list[list[int]] = [[] for _ in range(len(state.generated))]
@@ -352,7 +353,7 @@ class SpeculativeGenerator:
 
     def _verify(self, state: State, tree: Tree, how: Sampling):
         """The target's forward over the tree, and the accepted node and bonus token per row."""
-        anc = ancestor_mask(tree.parents, tree.max_depth)
+        anc = static.ancestors(tree.parents)  # no host read of the tree's depth
         # static shapes / CUDA graphs (decode/static.py): on for decode.backend=cuda-graphs
         verifier = static.verifier(self)
         if verifier is not None:
@@ -391,13 +392,14 @@ class SpeculativeGenerator:
         """Keep the accepted path in the target's cache, tell the proposer, advance the state."""
         out, anc = out
         S = state.kv_valid.shape[1]
-        A = tree.max_depth + 1
-        path = path_nodes(anc, best, A)  # [b, A]: root, accepted drafts, then padding
+        path = path_nodes(anc, best, tree.size)  # [b, T]: root, accepted drafts, then padding
         n_keep = tree.depths.gather(1, best[:, None])[:, 0] + 1  # KV entries kept = tokens emitted
         emitted = tree.tokens.gather(1, path).roll(-1, dims=1)
         emitted.scatter_(1, (n_keep - 1)[:, None], bonus[:, None])
         host = torch.cat([n_keep[:, None], emitted], 1).tolist()  # the one sync of the step
         n_cpu = [h[0] for h in host]
+        A = max(n_cpu)  # the longest accepted path, known on the host now
+        path, emitted = path[:, :A], emitted[:, :A]
         new_len = max(a + n for a, n in zip(state.lengths_cpu, n_cpu))
         j = torch.arange(A, device=self.device)[None]
         kv.compact(state.cache, S + path, state.lengths[:, None] + j, new_len)

@@ -30,6 +30,7 @@ for the new batch size.
 from __future__ import annotations
 
 import heapq
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -86,6 +87,20 @@ def pad_ancestors(anc: torch.Tensor, size: int) -> torch.Tensor:
     out[:, i, 0] = True
     out[:, i, i] = True
     return out
+
+
+def ancestors(parents: torch.Tensor) -> torch.Tensor:
+    """``anc[.., i, j]``: node j is node i or one of its ancestors (as ``tree.ancestor_mask``),
+    without reading the tree's depth on the host. With P the parent relation (the root has
+    none), R = I | P squared ceil(log2(T - 1)) times reaches along every path of up to T - 1
+    edges, the deepest a T-node tree has."""
+    T = parents.shape[-1]
+    idx = torch.arange(T, device=parents.device)
+    reach = ((parents[..., :, None] == idx) & (idx[:, None] > 0)) | (idx[:, None] == idx)
+    for _ in range(max(T - 1, 1).bit_length()):
+        r = reach.float()
+        reach = (r @ r) > 0
+    return reach
 
 
 def static_mask(kv_valid: torch.Tensor, anc: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
@@ -220,6 +235,21 @@ class StaticKV:
         for layer in self.layers:
             layer.resize(capacity)
 
+    def ensure(self, needed: int) -> None:
+        """Grow every layer (and the pool's default) to a capacity that holds ``needed`` slots."""
+        if needed > self.capacity:
+            self.layers[0].pool.capacity = max(self.layers[0].pool.capacity, capacity_for(needed))
+            self.resize(capacity_for(needed))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """``DynamicCache.crop``: drop the last ``-tokens_to_remove`` filled slots (0: nothing)."""
+        self.set_length(self.get_seq_length() - abs(tokens_to_remove))
+
+    def batch_select_indices(self, rows: torch.Tensor) -> None:
+        """``DynamicCache.batch_select_indices``: keep only ``rows`` (copied into the lease's buffers)."""
+        for layer in self.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the new entries at ``write_index``; return the full buffers."""
         layer = self.layers[layer_idx]
@@ -305,7 +335,7 @@ class StaticVerifier:
         if self.capture:
             out = self._replay(entry, cache, hidden)
         else:
-            out = self._forward(entry, cache, hidden)
+            out = self.forward(entry, cache, hidden)
         entry.runs += 1
         cache.set_length(S + size)
         states = tuple(h[:, :T] for h in out.hidden_states) if hidden else None
@@ -323,7 +353,8 @@ class StaticVerifier:
             )
         return self.entries[key]
 
-    def _forward(self, entry: Entry, cache: StaticKV, hidden: bool):
+    def forward(self, entry: Entry, cache: StaticKV, hidden: bool):
+        """The target's forward on this entry's static inputs: what a graph captures."""
         return self.target(
             input_ids=entry.ids,
             attention_mask=entry.mask,
@@ -340,11 +371,11 @@ class StaticVerifier:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(WARMUP):
-                    self._forward(entry, cache, hidden)
+                    self.forward(entry, cache, hidden)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.mempool):
-                entry.out = self._forward(entry, cache, hidden)
+                entry.out = self.forward(entry, cache, hidden)
             entry.graph = graph
         entry.graph.replay()
         return entry.out
@@ -352,6 +383,65 @@ class StaticVerifier:
     def graphs(self) -> int:
         """CUDA graphs captured so far."""
         return sum(e.graph is not None for e in self.entries.values())
+
+
+class Graphs:
+    """Fixed-shape callables replayed as CUDA graphs, one per shape key: the hook a drafter's
+    fixed-shape pass plugs into (the EAGLE tree expansion, a block drafter's single pass).
+
+    ``run(key, fn, *inputs)`` calls ``fn(*inputs)``. With ``capture``, the first call for a key
+    copies the tensor ``inputs`` into static buffers, warms ``fn`` up on a side stream and
+    captures it; later calls copy the inputs in and replay. So ``fn`` must read and write only
+    its inputs and state whose addresses the key fixes (a lease's cache buffers: put the lease,
+    batch and capacity in the key), never read a value on the host, and its outputs are only
+    valid until the next call for that key. Without ``capture`` (any device) ``fn`` just runs.
+    """
+
+    def __init__(self, device: torch.device, capture: bool | None = None) -> None:
+        self.device = device
+        self.capture = (device.type == "cuda") if capture is None else capture
+        if self.capture and device.type != "cuda":
+            raise UserError(f"CUDA graphs need a CUDA device, not {device.type}; use decode.backend=auto")
+        self.pool = KVPool()  # a drafter's own cache buffers, leased per stream
+        self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.entries: dict[tuple, tuple] = {}  # key -> (static inputs, graph, outputs)
+        self.capture_s = 0.0
+
+    def run(self, key: tuple, fn, *inputs: torch.Tensor):
+        if not self.capture:
+            return fn(*inputs)
+        if key not in self.entries:
+            t0 = time.perf_counter()
+            held = [x.clone() for x in inputs]
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP):
+                    fn(*held)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.mempool):
+                out = fn(*held)
+            self.entries[key] = (held, graph, out)
+            self.capture_s += time.perf_counter() - t0
+        held, graph, out = self.entries[key]
+        for mine, x in zip(held, inputs):
+            mine.copy_(x)
+        graph.replay()
+        return out
+
+
+_DRAFT_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def drafter_graphs(drafter: nn.Module, capture: bool | None = None) -> Graphs:
+    """The :class:`Graphs` every proposer of ``drafter`` uses (made on first use, dropped with it)."""
+    mine = _DRAFT_GRAPHS.setdefault(drafter, {})
+    device = next(drafter.parameters()).device
+    key = (device.type == "cuda") if capture is None else capture
+    if key not in mine:
+        mine[key] = Graphs(device, capture=key)
+    return mine[key]
 
 
 # one verifier per (model, capture): generators of a model share its buffers and graphs

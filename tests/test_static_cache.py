@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator, kv, static
+from draftheads.decode.proposers import WithLookup
 from draftheads.decode.static import KVPool, StaticKV, StaticVerifier
 from draftheads.decode.tree import Tree, ancestor_mask
 from draftheads.decode.verify import greedy_accept
@@ -213,3 +214,35 @@ def test_the_shared_verifier_does_not_keep_its_model_alive():
     del model
     gc.collect()
     assert alive() is None
+
+
+class FixedDrafting(OracleGenerator):
+    """EAGLE drafting at fixed depth and top-k on the drafter's static buffers, as
+    ``decode.backend=cuda-graphs`` captures it, here without capture."""
+
+    def make_proposer(self):
+        oracle = super().make_proposer()
+        inner = oracle.inner.proposer if isinstance(oracle.inner, WithLookup) else oracle.inner
+        inner.graphs = static.Graphs(self.device, capture=False)
+        return oracle
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(version=1), dict(version=3, draft_vocab_size=2000)], ids=["eagle1", "eagle3"]
+)
+def test_fixed_shape_drafting_gives_the_targets_output_with_rows_leaving(kw):
+    model, tok = get_target("llama")
+    prompts = PROMPTS[:2]
+    cont = [reference("llama", p, 30) for p in prompts]
+    plen = [len(tok(p).input_ids) for p in prompts]
+    d = drafter("eagle", model, fingerprint(model, tok), **kw)
+    cfg = DecodeConfig(tree="auto", cost_aware=False, lookup=False, depth=4, top_k_draft=3, total_tokens=10)
+    enc = batch(tok, prompts)
+    eos = cont[0][6]
+    gen = FixedDrafting(model, d, tok, cfg, continuations=cont, prompt_lens=plen)
+    gen.static_verifier = StaticVerifier(model, capture=False)
+    out = gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=30, eos_token_id=eos)
+    P = enc.input_ids.shape[1]
+    assert out[0, P : P + 7].tolist() == cont[0][:7]  # stopped at its eos, and left the batch
+    assert out[1, P:].tolist() == cont[1]
+    assert gen.last_stats.tau > 1.5 and set(gen.last_stats.tree_tokens) == {10}  # fixed shape every step
