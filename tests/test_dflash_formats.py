@@ -145,6 +145,28 @@ def test_zlab_default_layer_ids_when_the_config_lists_none(tmp_path, tiny_llama)
     assert back.feature_layers() == [fp.num_layers // 2 + 1]  # output of layer L // 2 = input of the next
 
 
+def test_zlab_repo_on_the_hub_imports_without_running_its_code(monkeypatch, tmp_path, tiny_llama):
+    """A z-lab repo (config.json, model.safetensors and its dflash.py) loads by hub id; the remote
+    code in dflash.py is never imported."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    model, tok, fp = tiny_llama
+    d = dflash(model, fp)
+    src = write_zlab(d, tmp_path / "zlab")
+    hub = serve_hub(monkeypatch, tmp_path)
+    try:
+        api = HfApi(token="hf_fake")
+        api.create_repo("z-lab/tiny-DFlash-b4")
+        files = {"config.json": src / "config.json", "model.safetensors": src / "model.safetensors"}
+        ops = [CommitOperationAdd(name, str(path)) for name, path in files.items()]
+        ops.append(CommitOperationAdd("dflash.py", b"raise SystemExit('remote code must never run')\n"))
+        api.create_commit("z-lab/tiny-DFlash-b4", ops, commit_message="drafter")
+        back = Drafter.from_pretrained("z-lab/tiny-DFlash-b4", target=model, tokenizer=tok)
+    finally:
+        hub.__exit__(None, None, None)
+    assert same(back, d, model) and back.provenance["imported_from"]["source"] == "z-lab/tiny-DFlash-b4"
+
+
 def test_an_embedding_or_lm_head_copy_must_be_the_targets(tmp_path, tiny_llama):
     """Copies of the shared embedding and lm_head are checked against the target and dropped."""
     model, tok, fp = tiny_llama
