@@ -18,6 +18,9 @@ prompt's ids (vLLM's ``return_token_ids``) has them compared with the target's a
 them (cut before the first end-of-sequence id, as in-process); elsewhere the answer text is
 re-tokenized, and the row's ``gen.answer_ids`` says which (``server`` or ``text``).
 
+**Sampling.** ``temperature`` and ``top_p`` go in the request, with a seed per row and turn;
+no top-k cut, as in-process, where the server takes a field for it (:func:`dialects`).
+
 **The served model** is checked before anything is written: ``data.distill.model`` must be
 among ``/models`` (left unset, the server's only model, or the one named like the target), and a
 short greedy answer to :data:`PROBE` must equal the in-process target's token for token.
@@ -49,6 +52,7 @@ from draftheads.data.prompts import PromptRow
 
 PROBE = "Name three colours of the rainbow."
 PROBE_TOKENS = 8
+GREEDY = {"temperature": 0.0}
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
@@ -163,13 +167,9 @@ class Endpoint:
             )
         return [str(m["id"]) for m in data]
 
-    def chat(
-        self, model: str, messages: list[dict], max_tokens: int, sampling: dict, token_ids: bool
-    ) -> Reply:
-        """One chat completion of ``messages`` (``token_ids``: ask for vLLM's ``return_token_ids``)."""
-        body = {"model": model, "messages": messages, "max_tokens": max_tokens, **sampling}
-        if token_ids:
-            body["return_token_ids"] = True
+    def chat(self, model: str, messages: list[dict], max_tokens: int, sampling: dict, extras: dict) -> Reply:
+        """One chat completion of ``messages``; ``extras`` are the server's own fields (:func:`dialects`)."""
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, **sampling, **extras}
         return parse_reply(self.url, self.call("/chat/completions", body))
 
 
@@ -230,12 +230,23 @@ def pick_model(url: str, asked: str | None, served: list[str], target: str) -> s
     )
 
 
+def dialects(sampling: bool) -> list[dict]:
+    """Request fields beyond the OpenAI API, tried in this order at the probe (the first a
+    server accepts is used): vLLM's and SGLang's (the answer's token ids; no top-k cut when
+    sampling, as in-process), ``transformers serve``'s (which refuses unknown fields, and samples
+    only when a generation config says so, whatever the temperature), then none."""
+    served = {"return_token_ids": True, **({"top_k": -1} if sampling else {})}
+    hf = [{"generation_config": json.dumps({"do_sample": True, "top_k": 0})}] if sampling else []
+    return [served, *hf, {}]
+
+
 @dataclass(frozen=True)
 class Served:
-    """A checked server: the model to ask, and whether replies carry token ids."""
+    """A checked server: the model to ask, the extra fields it takes, whether it returns ids."""
 
     endpoint: Endpoint
     model: str
+    extras: dict
     token_ids: bool
 
     def meta(self) -> dict:
@@ -247,17 +258,17 @@ class Served:
         }
 
 
-def probe(endpoint: Endpoint, model: str, messages: list[dict]) -> tuple[Reply, bool]:
-    """A greedy :data:`PROBE_TOKENS`-token answer, asking for token ids first; a server that
-    refuses the ``return_token_ids`` field (``transformers serve`` answers 422) is asked without."""
-    greedy = {"temperature": 0.0}
-    try:
-        reply = endpoint.chat(model, messages, PROBE_TOKENS, greedy, token_ids=True)
-        return reply, reply.ids is not None
-    except EndpointError as e:
-        if e.code is None or not 400 <= e.code < 500:
-            raise
-    return endpoint.chat(model, messages, PROBE_TOKENS, greedy, token_ids=False), False
+def probe(endpoint: Endpoint, model: str, messages: list[dict], sampling: bool) -> tuple[Reply, dict]:
+    """A greedy :data:`PROBE_TOKENS`-token answer, and the first of :func:`dialects` the server
+    takes: one it refuses with a 4xx (``transformers serve`` answers 422) is dropped for the next."""
+    *fancy, plain = dialects(sampling)
+    for extras in fancy:
+        try:
+            return endpoint.chat(model, messages, PROBE_TOKENS, GREEDY, extras), extras
+        except EndpointError as e:
+            if e.code is None or not 400 <= e.code < 500:
+                raise
+    return endpoint.chat(model, messages, PROBE_TOKENS, GREEDY, plain), plain
 
 
 def connect(cfg: DistillConfig, tokenizer, greedy: GreedyFn, target: str, stops: list[int]) -> Served:
@@ -268,10 +279,16 @@ def connect(cfg: DistillConfig, tokenizer, greedy: GreedyFn, target: str, stops:
     try:
         model = pick_model(url, cfg.model, endpoint.models(), target)
         messages = [{"role": "user", "content": PROBE}]
-        reply, with_ids = probe(endpoint, model, messages)
+        reply, extras = probe(endpoint, model, messages, cfg.temperature > 0)
     except EndpointError as e:
-        fix = "start the server there or fix the URL" if e.code is None else "give its OpenAI-compatible URL"
-        raise UserError(f"data.distill.endpoint={url}: {e}; {fix} (http://HOST:PORT/v1)") from None
+        if e.code is None:
+            raise UserError(
+                f"cannot reach data.distill.endpoint={url} ({e.reason}); start the server there or fix the "
+                "URL (http://HOST:PORT/v1)"
+            ) from None
+        raise UserError(
+            f"{e}; give data.distill.endpoint the server's OpenAI-compatible URL, ending in /v1"
+        ) from None
     prompt = tokenizer(generation_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"]
     if reply.prompt_ids is not None and reply.prompt_ids != prompt:
         raise UserError(
@@ -279,14 +296,14 @@ def connect(cfg: DistillConfig, tokenizer, greedy: GreedyFn, target: str, stops:
             f"-token prompt against {len(prompt)}); serve the model with its own chat template"
         )
     mine = until_stop(greedy(prompt, PROBE_TOKENS), stops)
-    theirs = until_stop(reply.ids, stops) if with_ids else None
+    theirs = until_stop(reply.ids, stops) if reply.ids is not None else None
     if not same_answer(tokenizer, mine, theirs, reply.text):
         raise UserError(
             f"the model served at {url} as {model!r} is not target {target}: its greedy answer to a probe is "
             f"{reply.text[:60]!r}, the target's {tokenizer.decode(mine, skip_special_tokens=True)[:60]!r}; "
             "serve the target there, or set target= to the served model"
         )
-    return Served(endpoint, model, with_ids)
+    return Served(endpoint, model, extras, reply.ids is not None)
 
 
 def same_answer(tokenizer, mine: list[int], ids: list[int] | None, text: str) -> bool:
@@ -300,7 +317,7 @@ def request_sampling(temperature: float, top_p: float, seed: int, row_id: str, t
     """The request's sampling fields: ``temperature 0`` (greedy), or the temperature, top-p and
     a seed of the row and turn (the same on a rerun, whatever else was answered before)."""
     if temperature <= 0:
-        return {"temperature": 0.0}
+        return GREEDY
     return {
         "temperature": temperature,
         "top_p": top_p,
@@ -348,7 +365,7 @@ class RowJob:
                 break
             sampling = request_sampling(self.params.temperature, self.params.top_p, self.seed, row.id, t)
             reply = self.served.endpoint.chat(
-                self.served.model, turn, self.params.max_new_tokens, sampling, self.served.token_ids
+                self.served.model, turn, self.params.max_new_tokens, sampling, self.served.extras
             )
             ids = until_stop(reply.ids, self.stops) if reply.ids is not None else self.encode(reply.text)
             text = self.decode(ids) if reply.ids is not None else reply.text

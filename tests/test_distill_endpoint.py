@@ -217,6 +217,22 @@ def test_a_server_that_is_not_the_target_is_refused_before_anything_is_written(t
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_sampling_settings_reach_the_server_with_a_seed_per_row_and_turn(tmp_path, server):
+    """Temperature, top-p and each request's seed pass through: the same seeds give the same
+    samples again (one request at a time on a server that seeds per request), unlike greedy."""
+    model, tok = get_target("llama")
+    url, prompts = server.running(), PROMPTS[:6]
+    sampled = dict(endpoint=url, temperature=1.0, top_p=0.9, concurrency=1)
+    a = rows_by_id(distill(model, tok, prompts, cfg_for(tmp_path / "a", **sampled), show_progress=False))
+    b = rows_by_id(distill(model, tok, prompts, cfg_for(tmp_path / "b", **sampled), show_progress=False))
+    greedy = rows_by_id(
+        distill(model, tok, prompts, cfg_for(tmp_path / "g", endpoint=url), show_progress=False)
+    )
+    assert {k: r["messages"] for k, r in a.items()} == {k: r["messages"] for k, r in b.items()}
+    assert identical_answers(a, greedy)[0] < 1.0
+    assert a["q01"]["gen"]["temperature"] == 1.0 and a["q01"]["gen"]["top_p"] == 0.9
+
+
 def test_answers_cut_off_by_the_server_are_kept_unfinished_and_named(capsys):
     assert turn_end("stop", 3, 8) == "stop"
     assert turn_end("length", 8, 8) == "length"  # data.distill.max_new_tokens reached
