@@ -49,12 +49,6 @@ def rope_switch(config) -> tuple[str, int] | None:
 def check_request(config, n_prompt: int, max_new_tokens: int) -> None:
     """Refuse a request whose prompt and new tokens do not fit the target's positions."""
     total = n_prompt + max_new_tokens
-    limit = position_limit(config)
-    if limit is not None and total > limit:
-        raise UserError(
-            f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
-            f"target's {limit} positions; use max_new_tokens <= {max(limit - n_prompt, 0)} or a shorter prompt"
-        )
     switch = rope_switch(config)
     if switch is not None and total > switch[1]:
         kind, length = switch
@@ -63,6 +57,30 @@ def check_request(config, n_prompt: int, max_new_tokens: int) -> None:
             f"tree verify reaches early; keep prompt + max_new_tokens <= {length} (now {total}) or use "
             "target.generate"
         )
+    limit = position_limit(config)
+    if limit is not None and total > limit:
+        raise UserError(
+            f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
+            f"target's {limit} positions; use max_new_tokens <= {max(limit - n_prompt, 0)} or a shorter prompt"
+        )
+
+
+def fit_new_tokens(
+    n_prompt: int, max_new_tokens: int, limit: int | None, key: str = "max_new_tokens"
+) -> tuple[int, str | None]:
+    """``max_new_tokens`` cut to the room the prompt leaves in the target's ``limit`` positions,
+    and a one-line note when it was cut; a prompt that leaves no room is refused."""
+    if limit is None or n_prompt + max_new_tokens <= limit:
+        return max_new_tokens, None
+    if n_prompt >= limit:
+        raise UserError(
+            f"the prompt is {n_prompt} tokens and the target's context is {limit}; shorten the prompt"
+        )
+    room = limit - n_prompt
+    return room, (
+        f"note: prompt ({n_prompt} tokens) + {key} ({max_new_tokens}) exceed the target's context of "
+        f"{limit} tokens; the answer stops at {room} new tokens"
+    )
 
 
 def depth_caps(left: list[int], positions: list[int], limit: int | None) -> list[int]:

@@ -20,6 +20,7 @@ Markdown, :mod:`draftheads.decode.plots` into figures.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import backend as backends
+from draftheads.decode.context import fit_new_tokens, position_limit
 from draftheads.decode.prompting import encode_prompt
 
 
@@ -93,10 +95,15 @@ def evaluate_prompts(
 
     Per turn: stock greedy once, greedy on each distinct backend once, then every generator,
     then the baselines once (their figures are attached to every generator's result). The
-    conversation continues with the reference answer of the first generator's backend."""
+    conversation continues with the reference answer of the first generator's backend. Every
+    method answers a turn with the same number of new tokens: ``max_new_tokens``, or the room
+    the turn leaves in the target's context; a later turn that leaves none ends its
+    conversation. Both are counted in one note at the end."""
     from tqdm import tqdm
 
     device = next(target.parameters()).device
+    limit = position_limit(target.config)
+    capped = ended = 0
     eos = tokenizer.eos_token_id
     gen_kw = dict(
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
@@ -113,24 +120,30 @@ def evaluate_prompts(
             messages.append({"role": "user", "content": turn})
             ids = encode_prompt(tokenizer, messages).to(device)
             n_prompt = ids.shape[1]
+            if limit is not None and n_prompt >= limit:  # only a later turn: the first ones were checked
+                ended += 1
+                break
+            new, note = fit_new_tokens(n_prompt, max_new_tokens, limit)
+            capped += note is not None
+            turn_kw = {**gen_kw, "max_new_tokens": new}
             mask = torch.ones_like(ids)
-            stock, stock_s = timed(target.generate, ids, attention_mask=mask, **gen_kw)
+            stock, stock_s = timed(target.generate, ids, attention_mask=mask, **turn_kw)
             stock_new = _trim(stock[0, n_prompt:], tokenizer.pad_token_id, eos)
             refs: dict[str, tuple[torch.Tensor, float]] = {}  # backend -> (reference answer, seconds)
             for gen in generators.values():
                 if gen.backend not in refs:
                     with backends.applied(gen.backend, target):
-                        ref, base_s = timed(target.generate, ids, attention_mask=mask, **gen_kw)
+                        ref, base_s = timed(target.generate, ids, attention_mask=mask, **turn_kw)
                     refs[gen.backend] = (_trim(ref[0, n_prompt:], tokenizer.pad_token_id, eos), base_s)
             decoded = {}
             for name, gen in generators.items():
-                out, spec_s = timed(gen.generate, ids, max_new_tokens=max_new_tokens, eos_token_id=eos)
+                out, spec_s = timed(gen.generate, ids, max_new_tokens=new, do_sample=False, eos_token_id=eos)
                 decoded[name] = (
                     _trim(out[0, n_prompt:], tokenizer.pad_token_id, eos),
                     spec_s,
                     gen.last_stats,
                 )
-            extra = {name: _run_baseline(name, target, ids, gen_kw, assistant) for name in baselines}
+            extra = {name: _run_baseline(name, target, ids, turn_kw, assistant) for name in baselines}
             for name, gen in generators.items():
                 out_new, spec_s, stats = decoded[name]
                 ref_new, base_s = refs[gen.backend]
@@ -160,7 +173,27 @@ def evaluate_prompts(
             answer = tokenizer.decode(refs[first_backend][0], skip_special_tokens=True)
             messages.append({"role": "assistant", "content": answer})
     bar.close()
+    if capped or ended:
+        print(
+            f"eval: {capped} answers stopped at the target's context of {limit} tokens and {ended} "
+            "conversations ended there (every method got the same room)",
+            file=sys.stderr,
+        )
     return results
+
+
+def check_prompts_fit(tokenizer, prompts: list, limit: int | None) -> None:
+    """Refuse, before any decoding, a prompt whose first turn leaves no room for an answer in the
+    target's ``limit`` positions."""
+    if limit is None:
+        return
+    for p in prompts:
+        n = encode_prompt(tokenizer, p.turns[0]).shape[1]
+        if n >= limit:
+            raise UserError(
+                f"eval prompt {p.id} is {n} tokens and the target's context is {limit}; shorten it or "
+                "drop it from eval.prompts"
+            )
 
 
 def _trim(tokens: torch.Tensor, pad: int | None, eos: int | None) -> torch.Tensor:
@@ -225,6 +258,7 @@ def run_eval(
 
     if not drafters:
         raise UserError("nothing to evaluate: give at least one drafter (heads=PATH)")
+    check_prompts_fit(tokenizer, prompts, position_limit(target.config))
     device = next(target.parameters()).device
     generators = {
         name: SpeculativeGenerator(target, d, tokenizer=tokenizer, config=decode)

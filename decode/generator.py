@@ -33,13 +33,16 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers import GenerationConfig
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import backend as backends
 from draftheads.decode import kv, static
+from draftheads.decode.context import cap_depth, check_request, depth_caps, position_limit
 from draftheads.decode.cost import Planner, cached_curve
 from draftheads.decode.kv import tree_mask
+from draftheads.decode.processing import Processing, check_lossless, resolve
 from draftheads.decode.proposers import build_proposer
 from draftheads.decode.proposers.base import Accepted, Prefill, Proposer, Tree
 from draftheads.decode.select import prune
@@ -49,7 +52,7 @@ from draftheads.decode.tree import (
     drafter_tree,
     path_nodes,
 )
-from draftheads.decode.verify import greedy_accept, sample_accept, typical_accept, warp
+from draftheads.decode.verify import draw, greedy_accept, sample_accept, typical_accept
 from draftheads.heads.masks import additive_mask, padded_causal
 
 MASKABLE_ATTENTION = ("sdpa", "eager")
@@ -57,14 +60,17 @@ MASKABLE_ATTENTION = ("sdpa", "eager")
 
 @dataclass
 class Sampling:
-    """How the target's tokens are chosen in one call."""
+    """How the target's tokens are chosen in one call.
+
+    ``uniforms [B, max_new]`` (sampling only): input row b's n-th new token is drawn with
+    ``uniforms[b, n]``, whatever tree verifies it, so a seed fixes the text.
+    """
 
     sample: bool
-    temperature: float
-    top_k: int
-    top_p: float
     typical: bool
-    generator: torch.Generator | None
+    processing: Processing
+    uniforms: torch.Tensor | None
+    max_new: int
 
 
 @dataclass
@@ -79,6 +85,7 @@ class State:
     root: torch.Tensor  # [b] the last emitted token, not yet in the cache
     active: list[int]  # input row of each active row
     generated: list[list[int]]  # per input row
+    prompts: list[list[int]]  # per input row: its real prompt tokens
     finished: list[int] = field(default_factory=list)  # input rows done at the last step
     proposer: Proposer | None = None
     planner: Planner | None = None
@@ -127,6 +134,7 @@ class SpeculativeGenerator:
             drafter_tree(drafter, self.config, tree_dir, self.device) if drafter is not None else None
         )
         self.curve = None
+        self.limit = position_limit(target.config)
         self.last_stats = DecodeStats()
 
     # -- configuration ----------------------------------------------------------------------
@@ -185,40 +193,41 @@ class SpeculativeGenerator:
         stop_strings: list[str] | None = None,
         typical: bool | None = None,
         generator: torch.Generator | None = None,
+        generation_config: GenerationConfig | None = None,
+        **settings,
     ) -> Iterator[list[list[int]]]:
         """Yield, per target forward, the new tokens of every input row (``[]`` for finished rows).
 
-        Unset arguments default to the :class:`DecodeConfig`. ``eos_token_id`` defaults to the
-        target's generation config. Stats of the call land in ``self.last_stats``.
+        Settings are resolved as ``target.generate`` resolves them (decode/processing.py): the
+        arguments, then any other ``GenerationConfig`` field given as a keyword (e.g.
+        ``repetition_penalty=1.3``), over ``generation_config``, over the set values of the
+        :class:`DecodeConfig`, over the target's generation config (its eos, sampling defaults,
+        penalties). With sampling, ``generator`` (else torch's default CPU generator) draws one
+        uniform per output position up front. Stats of the call land in ``self.last_stats``.
         """
         cfg = self.config
-        max_new = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
-        sample = cfg.do_sample if do_sample is None else do_sample
-        how = Sampling(
-            sample,
-            cfg.temperature if temperature is None else temperature,
-            cfg.top_k if top_k is None else top_k,
-            cfg.top_p if top_p is None else top_p,
-            (cfg.typical if typical is None else typical) and sample,
-            generator,
-        )
-        if eos_token_id is None:
-            eos_token_id = getattr(getattr(self.target, "generation_config", None), "eos_token_id", None)
-        stopper = Stopper(
-            as_set(eos_token_id),
-            stop_strings if stop_strings is not None else cfg.stop,
-            self.tokenizer,
-            max_new,
-        )
+        asked = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature)
+        asked.update(top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, stop_strings=stop_strings)
+        gc = resolve(self.target, cfg, generation_config, {**asked, **settings})
+        check_lossless(gc)
+        max_new = gc.max_new_tokens
         if max_new < 1:
             raise UserError(f"max_new_tokens={max_new}: must be at least 1")
-        if sample and how.temperature <= 0:
-            raise UserError(
-                f"temperature={how.temperature}: must be > 0 when sampling (use do_sample=False for greedy)"
-            )
+        stopper = Stopper(as_set(gc.eos_token_id), gc.stop_strings, self.tokenizer, max_new)
         mask = attention_mask.to(self.device).bool() if attention_mask is not None else None
         check_left_padded(mask)
         self._check_length(input_ids.shape[1] + max_new)
+        B, P = input_ids.shape
+        prompt_lens = mask.sum(-1).tolist() if mask is not None else [P] * B  # real tokens per row
+        check_request(self.target.config, max(prompt_lens), max_new)
+        sample = bool(gc.do_sample)
+        how = Sampling(
+            sample,
+            (cfg.typical if typical is None else typical) and sample,
+            Processing(self.target, gc, prompt_lens, max_new, self.device),
+            output_uniforms(B, max_new, generator, self.device) if sample else None,
+            max_new,
+        )
         planner_curve = self.cost_curve() if cfg.cost_aware else None
         stats = self.last_stats = DecodeStats(backend=self.backend)
         t_start = time.perf_counter()
@@ -263,13 +272,11 @@ class SpeculativeGenerator:
             logits_to_keep=1,
         )
         stats.target_forwards += 1
-        last = out.logits[:, -1]
-        if how.sample:
-            root = torch.multinomial(
-                warp(last, how.temperature, how.top_k, how.top_p), 1, generator=how.generator
-            )[:, 0]
-        else:
-            root = last.argmax(-1)
+        prompts = [[t for t, v in zip(r, m) if v] for r, m in zip(ids.tolist(), valid.tolist())]
+        # the prompt's last token is the "root" whose logits give the first new token
+        last = ids[:, -1:]
+        scores = how.processing(out.logits[:, -1:], list(range(B)), prompts, last, torch.zeros_like(last))
+        root = draw(scores[:, 0].softmax(-1), how.uniforms[:, 0]) if how.sample else scores[:, 0].argmax(-1)
         proposer.prefill(Prefill(out.hidden_states, ids, valid, positions, root))
         state = State(
             cache=cache,
@@ -280,6 +287,7 @@ class SpeculativeGenerator:
             root=root,
             active=list(range(B)),
             generated=[[] for _ in range(B)],
+            prompts=prompts,
             proposer=proposer,
         )
         first: list[list[int]] = [[] for _ in range(B)]
@@ -317,6 +325,7 @@ class SpeculativeGenerator:
         t0 = self._now()
         plan = state.planner.expand if state.planner is not None else None
         tree = state.proposer.propose(state.root, state.pos, plan)
+        tree = cap_depth(tree, self._depth_caps(state, how))  # no node past max_new_tokens or the positions
         draft_s = self._now() - t0
         if state.planner is not None:
             state.planner.draft_s = draft_s
@@ -367,25 +376,24 @@ class SpeculativeGenerator:
                 use_cache=True,
                 output_hidden_states=state.proposer.needs_hidden_states,
             )
-        args = (out.logits, tree.tokens, tree.parents, tree.depths)
+        rows = state.active
+        histories = [state.prompts[b] + state.generated[b] for b in rows]
+        scores = how.processing(out.logits, rows, histories, tree.tokens, tree.parents)
+        args = (tree.tokens, tree.parents, tree.depths, anc)
         if not how.sample:
-            best, bonus = greedy_accept(*args, anc, tree.valid)
-        elif how.typical:
-            c = self.config
-            best, bonus = typical_accept(
-                *args,
-                anc,
-                how.temperature,
-                how.top_k,
-                how.top_p,
-                c.typical_epsilon,
-                c.typical_delta,
-                tree.valid,
-            )
+            best, bonus = greedy_accept(scores, *args, tree.valid)
         else:
-            best, bonus = sample_accept(
-                *args, how.temperature, how.top_k, how.top_p, how.generator, tree.valid
-            )
+            # column d: the uniform of the token after a node at depth d, by output position
+            at = [[min(len(state.generated[b]) + d, how.max_new - 1) for d in range(tree.size)] for b in rows]
+            uniforms = how.uniforms[rows].gather(1, torch.tensor(at, device=self.device))
+            probs = scores.float().softmax(-1)
+            if how.typical:
+                c = self.config
+                best, bonus = typical_accept(
+                    probs, *args, uniforms, c.typical_epsilon, c.typical_delta, tree.valid
+                )
+            else:
+                best, bonus = sample_accept(probs, *args, uniforms, tree.valid)
         return best, bonus, (out, anc)
 
     def _accept(self, state: State, tree: Tree, best, bonus, out) -> tuple[torch.Tensor, list[list[int]]]:
@@ -418,6 +426,12 @@ class SpeculativeGenerator:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
+    def _depth_caps(self, state: State, how: Sampling) -> torch.Tensor:
+        """Per active row, the deepest tree node worth verifying (decode/context.py)."""
+        left = [how.max_new - len(state.generated[b]) for b in state.active]
+        positions = [len(state.prompts[b]) + len(state.generated[b]) - 1 for b in state.active]
+        return torch.tensor(depth_caps(left, positions, self.limit), device=self.device)
+
     def _check_length(self, total: int) -> None:
         c = self.target.config
         window = getattr(c, "sliding_window", None)
@@ -439,3 +453,11 @@ def check_left_padded(mask: torch.Tensor | None) -> None:
             f"attention_mask row {row} has padding after its tokens (right padding); pad prompts on the "
             "left (tokenizer.padding_side='left') so every row ends with a real token"
         )
+
+
+def output_uniforms(rows: int, max_new: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """``[rows, max_new]`` uniforms, one per input row and output position, drawn before decoding
+    from ``generator`` (torch's default CPU generator when None) so that they do not depend on
+    the trees the call verifies."""
+    where = generator.device if generator is not None else "cpu"
+    return torch.rand(rows, max_new, generator=generator, device=where).to(device)

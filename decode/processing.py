@@ -84,7 +84,7 @@ def resolve(
         gc.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
         unknown = gc.update(**{k: v for k, v in overrides.items() if v is not None})
     except ValueError as e:
-        raise UserError(f"generation settings: {str(e).splitlines()[0]}") from None
+        raise UserError(f"generation settings: {str(e).splitlines()[0]} (change that setting)") from None
     if unknown:
         raise UserError(
             f"unknown generation setting(s) {', '.join(sorted(unknown))}; use GenerationConfig fields "
@@ -123,7 +123,7 @@ def build(
     try:
         processors = target._get_logits_processor(gc, input_ids_seq_length=n_prompt, device=device)
     except ValueError as e:
-        raise UserError(f"generation settings: {str(e).splitlines()[0]}") from None
+        raise UserError(f"generation settings: {str(e).splitlines()[0]} (change that setting)") from None
     for p in processors:
         if not isinstance(p, SCORES_ONLY + HISTORY):
             raise UserError(

@@ -1,15 +1,18 @@
 """Verification: which path of a drafted tree the target accepts, and the bonus token after it.
 
-Every function takes the target's logits at the tree nodes ``logits [B, T, V]`` (node i's
-logits give the distribution of the token *after* node i), the tree ``tokens``/``parents``/
-``depths`` ``[B, T]`` and its ancestor mask ``anc [B, T, T]``, and returns
-``(best [B], bonus [B])``: the deepest accepted node (0 = only the root) and the next token.
+Every function takes the target's processed scores (greedy) or sampling probabilities at the
+tree nodes ``[B, T, V]`` (node i's give the distribution of the token *after* node i;
+:mod:`draftheads.decode.processing` makes them), the tree ``tokens``/``parents``/``depths``
+``[B, T]`` and its ancestor mask ``anc [B, T, T]``, and returns ``(best [B], bonus [B])``: the
+deepest accepted node (0 = only the root) and the next token.
 
 * :func:`greedy_accept`: lossless for greedy decoding.
-* :func:`sample_accept`: tree rejection sampling, lossless for sampling (see its proof).
+* :func:`sample_accept`: lossless for sampling, drawing with one uniform per output position
+  (see its proof), so a seed fixes the text whatever the tree.
 * :func:`typical_accept`: Medusa's typical acceptance. NOT lossless: an explicit opt-in.
 
-``valid [B, T]`` (optional) marks padding nodes False: they are never accepted.
+``valid [B, T]`` (optional) marks padding nodes False: they are never accepted. :func:`warp` is
+the plain batched loop's sampling distribution (temperature, top-k, top-p).
 """
 
 from __future__ import annotations
@@ -46,16 +49,16 @@ def _path_ok(match: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
     return ~(anc & ~match[:, None, :]).any(-1)
 
 
-def greedy_accept(
-    logits: torch.Tensor,
+def follow(
+    pred: torch.Tensor,
     tokens: torch.Tensor,
     parents: torch.Tensor,
     depths: torch.Tensor,
     anc: torch.Tensor,
     valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Longest path whose every token is the target's argmax after its parent."""
-    pred = logits.argmax(-1)  # [B, T]
+    """Given the token the target emits after each node, ``pred [B, T]``: the deepest node whose
+    every token is its parent's ``pred``, and the ``pred`` after it (the bonus)."""
     match = tokens == pred.gather(1, parents)
     if valid is not None:
         match &= valid
@@ -64,22 +67,40 @@ def greedy_accept(
     return best, pred.gather(1, best[:, None])[:, 0]
 
 
-def typical_accept(
-    logits: torch.Tensor,
+def greedy_accept(
+    scores: torch.Tensor,
     tokens: torch.Tensor,
     parents: torch.Tensor,
     depths: torch.Tensor,
     anc: torch.Tensor,
-    temperature: float,
-    top_k: int,
-    top_p: float,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Longest path whose every token is the target's argmax after its parent."""
+    return follow(scores.argmax(-1), tokens, parents, depths, anc, valid)
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws: per row of ``probs [..., V]``, the first token whose cumulative mass
+    exceeds ``u · total`` (``u [...]`` uniform in [0, 1)), so token x comes with probability p(x)."""
+    cdf = probs.double().cumsum(-1)
+    x = torch.searchsorted(cdf, (u.double() * cdf[..., -1])[..., None], right=True)[..., 0]
+    return x.clamp(max=probs.shape[-1] - 1)
+
+
+def typical_accept(
+    probs: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    anc: torch.Tensor,
+    uniforms: torch.Tensor,
     epsilon: float = 0.09,
     delta: float = 0.3,
     valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Medusa's typical acceptance (NOT lossless): accept x after parent distribution p when
-    p(x) > min(epsilon, delta * exp(-H(p))); keep the longest such path; sample the bonus."""
-    probs = warp(logits, temperature, top_k, top_p)  # [B, T, V]
+    p(x) > min(epsilon, delta * exp(-H(p))); keep the longest such path; sample the bonus with
+    the uniform of its depth (``uniforms [B, D + 1]``, as :func:`sample_accept`)."""
     entropy = -(probs * probs.clamp_min(1e-20).log()).sum(-1)  # [B, T]
     threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * (-entropy).exp())
     p_parent = probs.gather(1, parents[..., None].expand_as(probs))
@@ -89,65 +110,37 @@ def typical_accept(
         match &= valid
     match[:, 0] = True
     best = _deepest(_path_ok(match, anc), depths)
-    p_best = probs[torch.arange(len(best), device=best.device), best]
-    return best, torch.multinomial(p_best, 1)[:, 0]
+    rows = torch.arange(len(best), device=best.device)
+    return best, draw(probs[rows, best], uniforms[rows, depths[rows, best]])
 
 
 def sample_accept(
-    logits: torch.Tensor,
+    probs: torch.Tensor,
     tokens: torch.Tensor,
     parents: torch.Tensor,
     depths: torch.Tensor,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    generator: torch.Generator | None = None,
+    anc: torch.Tensor,
+    uniforms: torch.Tensor,
     valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tree rejection sampling for deterministic (top-k) drafts: lossless.
+    """Tree verification for sampling with deterministic (top-k) drafts: lossless, and the text
+    depends on the uniforms alone, not on the tree's shape.
 
-    At the current node with target distribution p, try its children x_1, x_2, ... in order:
-    accept x_j with probability p(x_j) / Σp; on rejection set p(x_j) = 0 and go on. If a child
-    is accepted, descend and start again with that child's distribution; when every child is
-    rejected (or there is none) sample the bonus from what is left of p.
+    ``probs [B, T, V]``: the target's sampling distribution after each node; ``uniforms
+    [B, D + 1]``: column d is the row's uniform for the token after a node at depth d (the
+    caller indexes them by output position). Every node draws the token the target emits after
+    it, y_i = :func:`draw`(p_i, u[depth_i]); the row descends into the child whose token is y
+    and stops at the first node whose draw is none of its children's tokens: that draw is the
+    bonus (:func:`follow`, as greedy does with the argmax).
 
-    Why it preserves p: the draft is deterministic (q = δ), so for a token y the chance to emit
-    it here is p(y) exactly. If y = x_1: p(x_1). If y = x_j: Π_{i<j}(1 - p'(x_i)) · p'(x_j) where
-    p' is p renormalised without x_1..x_{j-1}; the product telescopes to p(x_j). Otherwise y
-    comes from the residual with mass 1 - Σ_j p(x_j), again p(y). Descending repeats the
-    argument with the child's (correct, target) conditional distribution.
+    Why it preserves p: this is tree rejection sampling for q = δ drafts (accept child x_j with
+    probability p'(x_j), p' being p renormalised without the children rejected before it, else
+    sample the residual). There the chance to descend into x_j is Π_{i<j}(1 - p'(x_i)) · p'(x_j),
+    which telescopes to p(x_j), and the residual gives any other y with probability p(y): the
+    token emitted after a node is distributed as p, which is what one draw y ~ p does directly.
+    Descending repeats the argument with the child's (target) conditional distribution. Since
+    the token at each output position is F_p^{-1}(u) for that position's uniform, a seed fixes
+    the text whatever tree the planner chooses (up to float rounding of the logits).
     """
-    B, T = tokens.shape
-    dev = tokens.device
-    rows = torch.arange(B, device=dev)
-    probs = warp(logits, temperature, top_k, top_p)  # [B, T, V]
-    idx = torch.arange(T, device=dev)
-    is_child = (parents[:, None, :] == idx[None, :, None]) & (idx[None, None, :] > 0)  # [B, parent, child]
-    if valid is not None:
-        is_child &= valid[:, None, :]
-    cur = torch.zeros(B, dtype=torch.long, device=dev)
-    residual = probs[:, 0].clone()
-    alive = torch.ones(B, dtype=torch.bool, device=dev)
-    max_depth, max_kids = (int(v) for v in torch.stack([depths.max(), is_child.sum(-1).max()]).tolist())
-    for _ in range(max_depth):
-        kids = is_child[rows, cur]  # [B, T]
-        order = torch.where(kids, idx, T).sort(dim=-1).values  # children of cur, by index
-        moved = torch.zeros(B, dtype=torch.bool, device=dev)
-        for j in range(max_kids):
-            child = order[:, j]
-            valid = (child < T) & alive & ~moved
-            x = tokens.gather(1, child.clamp(max=T - 1)[:, None])[:, 0]
-            px = residual.gather(1, x[:, None])[:, 0] / residual.sum(-1).clamp_min(1e-30)
-            u = torch.rand(B, device=dev, generator=generator)
-            accept = valid & (u < px)
-            reject = valid & ~accept
-            kept = residual.gather(1, x[:, None]) * (~reject[:, None])
-            residual = residual.scatter(1, x[:, None], kept)
-            cur = torch.where(accept, child, cur)
-            moved |= accept
-        residual = torch.where(moved[:, None], probs[rows, cur], residual)
-        alive &= moved
-    # the residual keeps mass unless rounding ate it; then the node's own distribution is exact enough
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs[rows, cur])
-    bonus = torch.multinomial(residual, 1, generator=generator)
-    return cur, bonus[:, 0]
+    pred = draw(probs, uniforms.gather(1, depths))
+    return follow(pred, tokens, parents, depths, anc, valid)

@@ -174,12 +174,17 @@ def test_tree_rejection_sampling_preserves_a_synthetic_distribution():
     c, (d, e) = int(cond[1].argmax()), cond[3].topk(2).indices.tolist()  # likely drafts at depth 2
     tokens = torch.tensor([0, 1, 3, c, d, e])  # the root's token is irrelevant here
     node_probs = torch.stack([p_root, cond[1], cond[3], cond[c], cond[d], cond[e]])
-    logits = node_probs.log()[None].expand(N, -1, -1)
+    anc = ancestor_mask(t.parents, 2).expand(N, -1, -1)
     best, bonus = sample_accept(
-        logits, tokens.expand(N, -1), t.parents.expand(N, -1), t.depths.expand(N, -1), 1.0, 0, 1.0
+        node_probs[None].expand(N, -1, -1),
+        tokens.expand(N, -1),
+        t.parents.expand(N, -1),
+        t.depths.expand(N, -1),
+        anc,
+        torch.rand(N, t.size),
     )
     depth = t.depths[best]
-    path = path_nodes(ancestor_mask(t.parents, 2).expand(N, -1, -1), best, 3)
+    path = path_nodes(anc, best, 3)
     emitted = torch.cat([tokens[path[:, 1:]], bonus[:, None]], 1)  # drafts on the path, then the bonus
     emitted.scatter_(1, depth[:, None], bonus[:, None])
     x1 = emitted[:, 0]

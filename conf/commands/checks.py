@@ -23,28 +23,6 @@ def writable_file(path: str | os.PathLike, key: str) -> Path:
     return out
 
 
-def prompt_fits(n_prompt: int, max_new_tokens: int, context: int | None) -> str | None:
-    """Refuse a prompt longer than the target's context; a warning if the answer would overflow it."""
-    if not context:
-        return None
-    if n_prompt >= context:
-        raise UserError(
-            f"the prompt is {n_prompt} tokens, the target's context is {context}; shorten the prompt"
-        )
-    if n_prompt + max_new_tokens > context:
-        return (
-            f"warning: prompt ({n_prompt} tokens) + decode.max_new_tokens ({max_new_tokens}) exceed the "
-            f"target's context of {context} tokens; the answer will stop early"
-        )
-    return None
-
-
-def context_length(target) -> int | None:
-    """The target's maximum positions, from its config (``None`` when it does not say)."""
-    c = target.config
-    return getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
-
-
 def drafter_digest(directory: str | os.PathLike) -> str | None:
     """SHA-256 of a drafter's ``model.safetensors``: the identity an eval report records, so that
     ``push`` quotes a report only on the drafter it measured (None: no weights file)."""

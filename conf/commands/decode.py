@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from draftheads.conf.commands.args import EvalArgs, GenerateArgs, TreeArgs
-from draftheads.conf.commands.checks import context_length, drafter_digest, prompt_fits
+from draftheads.conf.commands.checks import drafter_digest
 from draftheads.conf.errors import UserError
 from draftheads.data.outdir import claimed, guard_out_dir, is_tree_record
 
@@ -44,6 +44,7 @@ def generate(args: GenerateArgs) -> None:
     from transformers import TextStreamer
 
     from draftheads.decode import SpeculativeGenerator
+    from draftheads.decode.context import fit_new_tokens, position_limit
     from draftheads.decode.prompting import encode_prompt
 
     if not args.prompt:
@@ -52,13 +53,14 @@ def generate(args: GenerateArgs) -> None:
         )
     target, tok, drafter, directory = load(args.heads, args.revision, args.target, "generate")
     ids = encode_prompt(tok, args.prompt, args.decode.chat)
-    warning = prompt_fits(ids.shape[1], args.decode.max_new_tokens, context_length(target))
-    if warning:
-        print(warning, file=sys.stderr)
+    limit = position_limit(target.config)
+    max_new, note = fit_new_tokens(ids.shape[1], args.decode.max_new_tokens, limit, "decode.max_new_tokens")
+    if note:
+        print(note, file=sys.stderr)
     gen = SpeculativeGenerator(target, drafter, tok, args.decode, tree_dir=directory and str(directory))
     torch.manual_seed(args.decode.seed)
     streamer = TextStreamer(tok, skip_special_tokens=True)
-    for step in gen.stream(ids.to(target.device)):
+    for step in gen.stream(ids.to(target.device), max_new_tokens=max_new):
         streamer.put(torch.tensor(step[0], dtype=torch.long))
     streamer.end()
     s = gen.last_stats

@@ -39,6 +39,8 @@ def check_prompt_source(key: str, source: str) -> None:
 class DecodeConfig:
     """Speculative decoding (``draftheads generate``, ``draftheads tree``, the Python generator).
 
+    ``do_sample``, ``temperature``, ``top_p``, ``top_k`` left unset (None) follow the target's
+    generation config, as ``target.generate`` does (transformers' defaults: greedy, top-k 50).
     ``tree``: ``auto`` (``tree.json`` beside the heads if present; else EAGLE-2 dynamic trees for
     EAGLE when ``dynamic``, or a default tree of ``total_tokens`` for Medusa), ``chain``/``chainN``,
     a JSON choices list such as ``[[0],[1],[0,0]]``, or a path to a tree.json.
@@ -57,10 +59,11 @@ class DecodeConfig:
     """
 
     max_new_tokens: int = 128
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    # None: the target's generation config decides (transformers' defaults: greedy; top_k 50)
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     tree: str = "auto"
     dynamic: bool = True
     top_k_draft: int = 4
@@ -88,9 +91,10 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         """Refuse values no decoder can use, before a model is loaded or a file written."""
-        probability("decode.top_p", self.top_p, 0.95)
+        if self.top_p is not None:
+            probability("decode.top_p", self.top_p, 0.95)
         at_least("decode.top_k", self.top_k, 0, "0 (no top-k cut)")
-        if self.temperature <= 0:
+        if self.temperature is not None and self.temperature <= 0:
             raise UserError(
                 f"decode.temperature={self.temperature} is out of range; use a value > 0 "
                 "(e.g. decode.temperature=0.7); greedy decoding is decode.do_sample=false"
