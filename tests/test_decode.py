@@ -11,6 +11,7 @@ from draftheads.decode import SpeculativeGenerator
 from draftheads.decode.proposers import Tree
 from draftheads.decode.tree import ancestor_mask
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
+from draftheads.heads.dflash import DFlashDrafter
 from tests.conftest import get_target
 
 PROMPTS = [
@@ -37,6 +38,8 @@ def drafter(kind: str, model, fp, **kw):
             for p in d.blocks.parameters():
                 p.add_(torch.randn_like(p) * 0.05)
         return d
+    if kind == "dflash":
+        return DFlashDrafter(fp, model.config.to_dict(), **kw).attach(model)
     d = EagleDrafter(fp, target_config=model.config.to_dict(), **kw).attach(model)
     if kw.get("version") == 3:
         d.init_lm_head_from_target()
@@ -299,15 +302,26 @@ class TopTokensGenerator(SpeculativeGenerator):
         return TopTokens(super().make_proposer(), self.target, self.prompt)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+# drafters of the 2-layer 6-token target (a DFlash block of 3 holds the static tree's two levels)
+SMALL = {
+    "medusa": dict(num_heads=2),
+    "eagle": dict(version=1),
+    "dflash": dict(mask_token_id=5, block_size=3, feature_layers=[1]),
+}
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "dflash"])
 def test_sampling_matches_the_targets_exact_distribution(kind):
     """Joint distribution of the first three new tokens (1 from the prefill, 2 from the first
     tree step) over 4000 rows vs the exact product of the target's warped conditionals."""
     model = small_vocab_target()
     V, N = 6, 4000
     fp = fingerprint(model, None)
-    kw = dict(num_heads=2) if kind == "medusa" else dict(version=1)
-    d = drafter(kind, model, fp, **kw) if kind == "eagle" else MedusaHeads(fp, **kw).attach(model)
+    d = (
+        MedusaHeads(fp, **SMALL[kind]).attach(model)
+        if kind == "medusa"
+        else drafter(kind, model, fp, **SMALL[kind])
+    )
     warp_kw = dict(temperature=0.9, top_k=4, top_p=0.95)
     prompt = torch.tensor([[0, 3, 1, 4]])
     # exact: p(x1) p(x2|x1) p(x3|x1,x2), from every 2-token continuation at once
@@ -337,12 +351,14 @@ def test_sampling_matches_the_targets_exact_distribution(kind):
     assert gen.last_stats.tau > 1.3
 
 
-def test_sampling_distribution_with_dynamic_trees_lookup_and_cost_aware_pruning():
+@pytest.mark.parametrize("kind", ["eagle", "dflash"])
+def test_sampling_distribution_with_dynamic_trees_lookup_and_cost_aware_pruning(kind):
     """The same exact-distribution check through the default machinery: an EAGLE-2 dynamic
-    tree from a real drafter, a lookup branch merged into it, and cost-aware pruning."""
+    tree (DDTree for DFlash) from a real drafter, a lookup branch merged into it, and cost-aware
+    pruning."""
     model = small_vocab_target()
     V, N = 6, 4000
-    d = drafter("eagle", model, fingerprint(model, None), version=1)
+    d = drafter(kind, model, fingerprint(model, None), **SMALL[kind])
     warp_kw = dict(temperature=0.9, top_k=4, top_p=0.95)
     prompt = torch.tensor([[0, 3, 1, 4, 0, 3]])  # "0 3" repeats: lookup has something to propose
     from draftheads.decode.verify import warp
