@@ -214,7 +214,8 @@ def sglang_refusal(conf: dict[str, Any]) -> str | None:
     if conf["kind"] == "dflash" and vocab is not None and vocab != conf["target"]["vocab_size"]:
         return (
             f"SGLang's DFlash drafts with the target's full lm_head and cannot read this drafter's reduced "
-            f"vocabulary ({vocab} tokens); serve it with vLLM, or retrain it with draft.draft_vocab_size=null."
+            f"vocabulary ({vocab} tokens, d2t); export it with format=vllm, or retrain it with "
+            "draft.draft_vocab_size=null"
         )
     return None
 

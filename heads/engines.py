@@ -319,13 +319,12 @@ def _check_dflash_layer_ids(config: dict[str, Any], target_layers: int | None) -
     depth = config.get("num_target_layers")
     if target_layers is not None and depth != target_layers:
         return f"num_target_layers={depth} but the target has {target_layers} layers"
-    if min(ids) < 0:
-        return f"dflash_config.target_layer_ids={ids} must be at least 0 (layer outputs)"
-    problem = dflash_layers_problem([i + 1 for i in ids], depth if _int(depth) else target_layers)
-    return (
-        problem
-        and f"dflash_config.target_layer_ids={ids} (layer outputs, ours + 1): {problem.split(': ', 1)[1]}"
-    )
+    L = depth if _int(depth) else target_layers
+    if min(ids) < 0 or (L is not None and max(ids) > L - 2):
+        top = "L-2" if L is None else L - 2
+        return f"dflash_config.target_layer_ids={ids} must be layer outputs in 0..{top} (the engines capture id + 1)"
+    problem = dflash_layers_problem([i + 1 for i in ids])
+    return problem and f"dflash_config.target_layer_ids={ids}: {problem.split(': ', 1)[1]}"
 
 
 def _check_dflash_mask(config: dict[str, Any], _: int | None) -> str | None:
@@ -441,8 +440,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "dflash-mask-token",
         DFLASH_METHODS,
-        "dflash_config.mask_token_id is a token id of the target; without it SGLang looks up the "
-        "string <|MASK|> in the tokenizer and adds it, which fails when the vocabulary is full",
+        "dflash_config.mask_token_id is a token id of the target: vLLM fills the block's draft slots "
+        "with it; without it SGLang looks up the string <|MASK|> in the tokenizer and adds it, which "
+        "fails when the vocabulary is full",
         (
             "vllm/v1/worker/gpu/spec_decode/utils.py",
             "sglang/srt/speculative/dflash_worker.py",

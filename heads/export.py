@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import feature_layers_problem
 from draftheads.heads.base import Drafter
-from draftheads.heads.card import num_speculative_tokens, serve_command
+from draftheads.heads.card import num_speculative_tokens, serve_command, sglang_refusal
 from draftheads.heads.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -220,11 +220,7 @@ def export_dflash(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[s
     sd = {k: v for k, v in drafter.state_to_save().items() if k not in ("d2t", "t2d")}
     if drafter.reduced_vocab:
         if engine != "vllm":
-            raise UserError(
-                f"SGLang's DFlash drafts with the target's full lm_head and cannot read this drafter's reduced "
-                f"vocabulary ({drafter.draft_vocab_size} tokens, d2t); export it with format=vllm, or retrain it "
-                "with draft.draft_vocab_size=null"
-            )
+            raise UserError(sglang_refusal(drafter.config_dict()))
         if "lm_head" not in drafter._shared:
             raise UserError(
                 "this DFlash drafter has a reduced vocabulary, whose lm_head rows vLLM needs in the file; load "
@@ -359,13 +355,9 @@ def check_engine_fits(directory: Path, engine: str) -> None:
     if detect_layout(directory) is not None:
         return
     conf = read_config(directory)
-    vocab = reduced_dflash_vocab(conf) if conf["kind"] == "dflash" else None
-    if vocab is not None and engine == "sglang":
-        raise UserError(
-            f"SGLang's DFlash drafts with the target's full lm_head and cannot read this drafter's reduced "
-            f"vocabulary ({vocab} tokens, d2t); export it with format=vllm, or retrain it with "
-            "draft.draft_vocab_size=null"
-        )
+    refusal = sglang_refusal(conf) if conf["kind"] == "dflash" and engine == "sglang" else None
+    if refusal:
+        raise UserError(refusal)
 
 
 def export(cfg) -> Path:
