@@ -170,7 +170,12 @@ def own_options(c: Command, options: list[str]) -> dict[str, Any]:
     for f in dataclasses.fields(c.args):
         if f.name not in own_keys(c.args):
             continue
-        mine = [o.split(".", 1)[1] for o in options if o.split(".")[0] == f.name]
+        # ``key=`` is the empty string, as Hydra reads it for the root keys (OmegaConf's dotlist: None)
+        mine = [
+            o.split(".", 1)[1] + ("''" if o.endswith("=") else "")
+            for o in options
+            if o.split(".")[0] == f.name
+        ]
         try:
             base = OmegaConf.structured(f.default_factory())
             result[f.name] = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(mine)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,14 @@ def test_python_api_gets_the_same_checks():
         (["eval", "heads=h", "eval.prompts=spec-bench"], "eval.prompts=spec-bench"),
         (["eval", "heads=h", "eval.baselines=[pdl]"], "eval.baselines=pdl"),
         (["generate", "heads=h", "prompt=hi", "decode.top_p=1.5"], "decode.top_p=1.5"),
+        (["speed", "heads=h", "speed.batch_sizes=[0]"], "speed.batch_sizes=[0]"),
+        (["train-speed", "speed.steps=0"], "speed.steps=0"),
+        (["data-speed", "speed.dtype=int8"], "speed.dtype=int8"),
+        (["bench", "bench.distill_batch_size=0"], "bench.distill_batch_size=0"),
+        (
+            ["distill", "data.distill.backend=cuda-graphs", "data.distill.out_dir=d"],
+            "data.distill.backend=cuda-graphs",
+        ),
     ],
 )
 def test_commands_stop_before_writing_anything(tmp_path, monkeypatch, capsys, args, needle):
@@ -159,6 +168,152 @@ def test_commands_stop_before_writing_anything(tmp_path, monkeypatch, capsys, ar
     (tmp_path / "h" / "config.json").write_text("{}")
     before = snapshot(tmp_path)
     assert main([*args, "target=tiny-llama"]) == 1
+    assert needle in one_line_error(capsys)
+    assert snapshot(tmp_path) == before
+
+
+# Values of the benchmark commands' own keys (and the keys they share), each refused when the
+# command line is read, in one line naming the key as typed: (argv, what the line says).
+CHECKED_WHEN_READ = [
+    (["speed", "heads=h", "speed.batch_sizes=[0]"], "speed.batch_sizes=[0]"),
+    (["speed", "heads=h", "speed.batch_sizes=[-1]"], "speed.batch_sizes=[-1]"),
+    (["speed", "heads=h", "speed.batch_sizes=[]"], "speed.batch_sizes=[]"),
+    (["speed", "heads=h", "speed.batch_sizes=4"], "speed.batch_sizes=4 is not a list"),
+    (["speed", "heads=h", "speed.prompts=0"], "speed.prompts=0"),
+    (["speed", "heads=h", "speed.prompts=-3"], "speed.prompts=-3"),
+    (["speed", "heads=h", "speed.prompts=4"], "a batch of 8, more than the 4 prompts"),
+    (["speed", "heads=h", "speed.dynamic=[[0,4,8]]"], "speed.dynamic entry [0, 4, 8]"),
+    (["speed", "heads=h", "speed.curve=maybe"], "speed.curve=maybe is not a boolean"),
+    (["train-speed", "speed.steps=0"], "speed.steps=0"),
+    (["train-speed", "speed.tokens=-1"], "speed.tokens=-1"),
+    (["train-speed", "speed.cache="], "speed.cache is empty"),
+    (["data-speed", "speed.dtype=int8"], "speed.dtype=int8"),
+    (["data-speed", "speed.distill_prompts=-3"], "speed.distill_prompts=-3"),
+    (["data-speed", "speed.batch_tokens=0"], "speed.batch_tokens=0"),
+    (["data-speed", "speed.batch_tokens=-8"], "speed.batch_tokens=-8"),
+    (["data-speed", "speed.feature_tokens=-5"], "speed.feature_tokens=-5"),
+    (["data-speed", "speed.distill_batch_size=0"], "speed.distill_batch_size=0"),
+    (["data-speed", "data.distill.backend=cuda-graphs"], "data.distill.backend=cuda-graphs"),
+    (["distill", "data.distill.backend=cuda-graphs"], "data.distill.backend=cuda-graphs"),
+    (["distill", "data.distill.backend=onednn", "target.dtype=bfloat16"], "data.distill.backend=onednn"),
+    (["bench", "bench.drafters=[]"], "bench.drafters=[] trains nothing"),
+    (["bench", "bench.drafters=[eagle2]"], "bench.drafters=['eagle2'] names unknown"),
+    (["bench", "bench.drafters=[medusa,medusa]"], "names one twice"),
+    (["bench", "bench.topk=-1"], "bench.topk=-1"),
+    (["bench", "bench.distill_prompts=-3"], "bench.distill_prompts=-3"),
+    (["bench", "bench.distill_prompts=0", "bench.teacher_tokens=0"], "leave nothing to train on"),
+    (["bench", "bench.eval_prompts=0"], "bench.eval_prompts=0"),
+    (["bench", "bench.shard_mb=0"], "bench.shard_mb=0"),
+    (["bench", "bench.distill_batch_size=0"], "bench.distill_batch_size=0"),
+    (["bench", "bench.out_dir="], "bench.out_dir is empty"),
+    (["bench", "bench.eval_sets=[]"], "bench.eval_sets=[] evaluates nothing"),
+    (["bench", "bench.eval_sets=[gsm8k-test]"], "bench.eval_sets has 'gsm8k-test'"),
+    (["bench", "bench.baselines=[assisted]"], "bench.baselines has ['assisted']"),
+    (["bench", "data.distill.backend=cuda-graphs"], "data.distill.backend=cuda-graphs"),
+    (["demo", "bench.eval_prompts=3"], "demo runs fixed sizes into outputs/demo and reads no bench.* key"),
+    (["eval", "heads=h", "eval.baselines=pld"], "eval.baselines=pld is not a list"),
+    (["train", "train.out_dir="], "train.out_dir is empty"),
+]
+
+
+def suggested_runs(argv: list[str], line: str) -> list[list[str]]:
+    """Each fix ``line`` suggests, as the command line that applies it to ``argv``: a whole command
+    in backquotes, else every ``key=value`` after the first "; " (replacing the typed value of that
+    key), or the first value of "use one of A, B" for the key the line begins with."""
+    quoted = re.search(r"`draftheads ([\w-]+) ([^`]*)`", line)
+    if quoted:
+        return [[quoted.group(1), *quoted.group(2).split()]]
+    fix = line.partition("; ")[2]
+    tokens = [t.strip("'\"(),").split("|")[0] for t in re.findall(r"[\w.-]+=\S+", fix)]
+    first = re.search(r"use one of ([\w-]+)", fix)
+    if first:
+        tokens.append(f"{line.split('=')[0]}={first.group(1)}")
+    runs = []
+    for token in tokens:
+        key = token.split("=")[0]
+        runs.append([argv[0], *(a for a in argv[1:] if a.split("=")[0] != key), token])
+    return runs
+
+
+@pytest.mark.parametrize("argv,needle", CHECKED_WHEN_READ, ids=[" ".join(a) for a, _ in CHECKED_WHEN_READ])
+def test_bench_and_speed_values_are_refused_when_read_and_every_suggested_fix_is_accepted(
+    argv, needle, capsys
+):
+    assert main([*argv, "--cfg", "job"]) == 1
+    line = one_line_error(capsys).removeprefix("error: ")
+    assert needle in line, line
+    runs = suggested_runs(argv, line)
+    assert runs, f"no fix suggested: {line}"
+    for run in runs:
+        assert main([*run, "--cfg", "job"]) == 0, (run, capsys.readouterr().err)
+        capsys.readouterr()
+
+
+def test_demo_help_says_it_reads_no_bench_keys(capsys):
+    assert main(["demo", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "no bench.* keys" in out and "bench.eval_prompts" not in out
+
+
+def test_a_prompt_file_with_other_column_names_is_read_with_eval_keys(tmp_path, capsys):
+    from draftheads.conf.cli import parse
+    from draftheads.conf.commands.decode import read_prompts
+
+    path = write_jsonl(tmp_path / "q.jsonl", [{"question": "What is 2+2?"}, {"question": "Name a colour."}])
+    argv = [
+        "eval",
+        "heads=none",
+        "target=tiny-llama",
+        f"eval.prompts={path}",
+        f"eval.out_dir={tmp_path / 'e'}",
+    ]
+    assert main(argv) == 1
+    line = one_line_error(capsys).removeprefix("error: ")
+    assert "eval.format" in line and "eval.fields" in line and "data." not in line, line
+    for run in suggested_runs(argv, line):
+        assert main([*run, "--cfg", "job"]) == 0, (run, capsys.readouterr().err)
+    assert not (tmp_path / "e").exists()
+    args = parse([*argv, "eval.fields.prompt=question"]).args
+    assert [p.turns for p in read_prompts(args.eval)] == [["What is 2+2?"], ["Name a colour."]]
+
+
+TINY_BENCH = [
+    "target=tiny-llama",
+    "bench.distill_prompts=2",
+    "bench.distill_new_tokens=2",
+    "bench.teacher_tokens=0",
+    "bench.drafters=[medusa]",
+    "bench.medusa_steps=1",
+    "bench.eval_sets=[heldout]",
+    "bench.eval_prompts=1",
+    "bench.eval_new_tokens=2",
+    "bench.baselines=[]",
+    "bench.shared_data=",
+]
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("bench.out_dir=a-file", "bench.out_dir=a-file is an existing file"),
+        ("bench.out_dir=/proc/x", "bench.out_dir=/proc/x cannot be written"),
+        ("bench.out_dir=project", "bench.out_dir=project holds other files (README.md)"),
+        ("bench.docs=/proc/x/bench.md", "bench.docs=/proc/x cannot be written"),
+        ("bench.docs=project", "bench.docs=project is a directory"),
+        ("bench.docs=notes.md", "notes.json beside it was not written by draftheads bench"),
+    ],
+)
+def test_bench_output_paths_are_checked_before_the_first_stage(
+    tmp_path, monkeypatch, capsys, override, needle
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("keep me")
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "README.md").write_text("# mine")
+    (tmp_path / "notes.json").write_text('{"mine": true}')
+    before = snapshot(tmp_path)
+    defaults = [d for d in ("bench.out_dir=b", "bench.docs=") if d.split("=")[0] != override.split("=")[0]]
+    assert main(["bench", *TINY_BENCH, *defaults, override]) == 1
     assert needle in one_line_error(capsys)
     assert snapshot(tmp_path) == before
 

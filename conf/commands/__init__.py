@@ -99,12 +99,12 @@ COMMANDS: dict[str, Command] = {
     "demo": Command(
         "draftheads.conf.commands.bench:demo",
         a.DemoArgs,
-        "train, evaluate and stream on the embedded default (make demo)",
+        "train, evaluate and stream on the embedded default at fixed sizes, no bench.* keys (make demo)",
         "draftheads demo",
         {
             "train": "demo sizes its training itself; use draftheads train for your own run",
             "bench": "demo runs fixed sizes into outputs/demo and reads no bench.* key; "
-            "use draftheads bench {key}={value} for a sized run",
+            "use `draftheads bench {key}={value}` for a sized run",
         },
     ),
     "bench": Command(

@@ -286,11 +286,11 @@ def check_dynamic(setting: list[int]) -> None:
     """One ``speed.dynamic`` entry: ``[top_k_draft, depth, total_tokens]``, each in range."""
     example = "e.g. speed.dynamic=[[4,4,8],[4,5,12]]"
     if len(setting) != 3:
-        raise UserError(f"speed.dynamic entry {setting}: give [top_k_draft,depth,total_tokens], {example}")
+        raise UserError(f"speed.dynamic entry {setting}: give [top_k_draft,depth,total_tokens]; {example}")
     k, depth, total = setting
     if k < 1 or depth < 1 or total < 2:
         raise UserError(
-            f"speed.dynamic entry {setting}: top_k_draft and depth must be >= 1 and total_tokens >= 2, {example}"
+            f"speed.dynamic entry {setting}: top_k_draft and depth must be >= 1 and total_tokens >= 2; {example}"
         )
 
 

@@ -149,8 +149,9 @@ def read_prompts(e, tokenizer=None) -> list:
     try:
         prompts = load_prompts(e.prompts, tokenizer=tokenizer, fmt=e.format, fields=e.fields)
     except UserError as err:  # the data layer names the data.* keys; eval reads its own
-        fix = "eval.format and eval.fields (e.g. eval.fields.prompt=COLUMN)"
-        raise UserError(str(err).replace("data.format and data.fields", fix)) from None
+        raise UserError(
+            str(err).replace("data.format", "eval.format").replace("data.fields", "eval.fields")
+        ) from None
     if e.per_category:
         prompts = first_per_category(prompts, e.per_category)
     prompts = prompts[: e.max_prompts] if e.max_prompts else prompts

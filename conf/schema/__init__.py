@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.checks import at_least, one_of, positive
+from draftheads.conf.schema.checks import at_least, positive
 from draftheads.conf.schema.data import DataConfig
 from draftheads.conf.schema.decode import DecodeConfig, EvalConfig, check_prompt_source
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
@@ -160,21 +160,30 @@ class BenchConfig:
 
     def check_names(self) -> None:
         """Drafters, prompt sets and baselines the stages know (none empty, no drafter twice)."""
-        if not self.drafters:
+        drafters = list(self.drafters)
+        bad = [k for k in drafters if k not in BENCH_DRAFTERS]
+        if not drafters or bad or len(set(drafters)) != len(drafters):
+            why = "trains nothing" if not drafters else f"names unknown {bad}" if bad else "names one twice"
             raise UserError(
-                f"bench.drafters=[] trains nothing; use some of {','.join(BENCH_DRAFTERS)}, e.g. "
-                "bench.drafters=[medusa,eagle3]"
+                f"bench.drafters={drafters} {why}; list some of {', '.join(BENCH_DRAFTERS)} once each "
+                "(e.g. bench.drafters=[medusa,eagle3])"
             )
-        for kind in self.drafters:
-            one_of("bench.drafters", kind, BENCH_DRAFTERS)
-        if len(set(self.drafters)) != len(self.drafters):
-            raise UserError(f"bench.drafters={list(self.drafters)} names a drafter twice; list each once")
         if not self.eval_sets:
             raise UserError("bench.eval_sets=[] evaluates nothing; use e.g. bench.eval_sets=[heldout]")
         for name in self.eval_sets:
-            check_prompt_source("bench.eval_sets", name)
-        for name in self.baselines:
-            one_of("bench.baselines", name, BENCH_BASELINES)
+            try:
+                check_prompt_source("bench.eval_sets", name)
+            except UserError:
+                raise UserError(
+                    f"bench.eval_sets has {name!r}, not a prompt set, file or dataset id ORG/NAME; "
+                    "use e.g. bench.eval_sets=[heldout,spec_bench,gsm8k_test]"
+                ) from None
+        bad = [n for n in self.baselines if n not in BENCH_BASELINES]
+        if bad:
+            raise UserError(
+                f"bench.baselines has {bad}; the bench runs {', '.join(BENCH_BASELINES)} "
+                "(e.g. bench.baselines=[pld], or bench.baselines=[] for none)"
+            )
 
 
 @dataclass
