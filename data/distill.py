@@ -440,15 +440,13 @@ def write_roundtrip(out: Path, tokenizer) -> dict:
     """Write :func:`roundtrip_changes` to ``roundtrip.json`` and say it on stderr."""
     c = roundtrip_changes(out, tokenizer)
     (out / ROUNDTRIP).write_text(json.dumps(c, indent=1) + "\n")
-    retokenized = (
-        f"; {c['rows_retokenized']} rows hold the server's text re-tokenized (it returned no token ids), "
-        "a round trip this count cannot see"
-        if c["rows_retokenized"]
-        else ""
+    n = c["rows_retokenized"]
+    unseen = (
+        f"; {n} rows hold the server's text re-tokenized, not its generated ids (it sent none)" if n else ""
     )
     print(
         f"distill: {c['rows_changed']} of {c['rows']} rows ({c['tokens_changed']} of {c['tokens']} tokens) "
-        f"tokenize differently once decoded{retokenized}",
+        f"tokenize differently once decoded{unseen}",
         file=sys.stderr,
     )
     return c
