@@ -7,7 +7,8 @@ step for the root and the accepted drafts (positions ``pos .. pos + n_keep - 1``
 target just read). The block's own entries are never cached: a step's pass attends to the row's
 valid context slots and to the whole block (no causal mask). Rows are compacted as the target's
 cache is (each row owns slots ``[0, length)``; kv.py), and fed lazily at the next ``propose``
-so the decoder counts that work as drafting.
+so the decoder counts that work as drafting (or at the next ``update`` when the decoder
+verified a step without drafting).
 
 Block row d (1 .. B-1) gives q_d, the draft distribution of the token at ``pos + d``; it does
 not depend on the tokens drafted before it. From those, one step's tree is a static choices
