@@ -22,7 +22,14 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DistillConfig
 from draftheads.conf.schema.heads import TargetConfig
 from draftheads.data.distill import MANIFEST, ROUNDTRIP, distill, shard_rows
-from draftheads.data.endpoint import report_cut_short, turn_end
+from draftheads.data.endpoint import (
+    EndpointError,
+    parse_reply,
+    pick_model,
+    report_cut_short,
+    turn_end,
+    until_stop,
+)
 from draftheads.data.prompts import PromptRow
 from draftheads.heads.target import build_tiny, convert_smollm2
 from tests.conftest import get_target
@@ -242,6 +249,43 @@ def test_answers_cut_off_by_the_server_are_kept_unfinished_and_named(capsys):
     assert report_cut_short(rows) == 1
     err = capsys.readouterr().err
     assert "1 answers were cut off by the server" in err and "a (server-length)" in err and "\n" == err[-1]
+
+
+def test_token_ids_are_read_where_the_server_returns_them_and_the_model_is_picked_by_name():
+    """vLLM's ``return_token_ids`` answer shape: the answer's ids (its end-of-sequence id cut as
+    in-process), the prompt's ids and the usage count; several served models need a name."""
+    vllm = {
+        "model": "m",
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "Hi"},
+                "finish_reason": "stop",
+                "token_ids": [7, 8, 2],
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3},
+    }
+    reply = parse_reply("http://h/v1", vllm)
+    assert (reply.text, reply.finish, reply.ids, reply.prompt_ids, reply.tokens) == (
+        "Hi",
+        "stop",
+        [7, 8, 2],
+        [1, 2, 3],
+        3,
+    )
+    assert until_stop(reply.ids, [2]) == [7, 8]
+    plain = parse_reply(
+        "http://h/v1", {"choices": [{"message": {"content": "Hi"}, "finish_reason": "length"}]}
+    )
+    assert plain.ids is None and plain.prompt_ids is None and plain.tokens is None
+    with pytest.raises(EndpointError, match="without choices"):
+        parse_reply("http://h/v1", {"object": "error"})
+    assert pick_model("u", None, ["only"], "t") == "only" and pick_model("u", None, ["a", "t"], "t") == "t"
+    with pytest.raises(
+        UserError, match=r"u serves 2 models \(a, b\); name the target's with data.distill.model=NAME"
+    ):
+        pick_model("u", None, ["a", "b"], "t")
 
 
 @pytest.mark.parametrize(
