@@ -195,20 +195,17 @@ def test_oracle_drafts_are_accepted_through_chain_static_and_ddtree(tree):
         assert len(stats.per_position_acceptance) == (3 if tree.startswith("[") else BLOCK - 1)
 
 
-def test_one_pass_per_step_and_a_depth_cap_shortens_the_tree():
+def test_one_pass_per_step_and_the_tree_stops_at_the_tokens_left():
     model, tok = get_target("llama")
     d = dflash()
     gen = SpeculativeGenerator(model, d, tok, DecodeConfig(tree="chain", lookup=False, cost_aware=False))
-    p = gen.make_proposer()
     calls = []
     d.register_forward_hook(lambda *a: calls.append(1))
     ids = tok(PROMPTS[0], return_tensors="pt").input_ids
-    gen.make_proposer = lambda: p
-    gen.generate(ids, max_new_tokens=6)
-    assert p.passes == 1 and len(calls) == gen.last_stats.steps
-    tree = p.propose(torch.tensor([3]), torch.tensor([ids.shape[1] + 6]), max_depth=2)
-    assert tree.max_depth == 2 and tree.size == 3
-    assert p.propose(torch.tensor([3]), torch.tensor([ids.shape[1] + 6]), max_depth=0).size == 1
+    gen.generate(ids, max_new_tokens=4)  # 3 tokens after the prefill's: the chain of 5 is cut to 2
+    stats = gen.last_stats
+    assert len(calls) == stats.steps and stats.tree_tokens[0] == BLOCK  # one pass, the whole block
+    assert stats.new_tokens == 4 and max(stats.accepted_depths) <= 2
 
 
 # ---- bad input -------------------------------------------------------------------------------------

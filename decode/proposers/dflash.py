@@ -26,8 +26,8 @@ import torch
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import block_tree, kv
 from draftheads.decode.kv import append_valid
-from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree, single_node
-from draftheads.decode.tree import StaticTree, tree_from_choices
+from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree
+from draftheads.decode.tree import StaticTree
 
 
 class DFlashProposer:
@@ -43,7 +43,6 @@ class DFlashProposer:
         self.lengths: torch.Tensor | None = None  # [B] slots each row owns
         self.lengths_cpu: list[int] = []
         self.pending: tuple | None = None  # features not yet in the cache
-        self.shallower: dict[int, StaticTree] = {}  # the static tree cut to a depth cap
         self.drafts = drafter.block_size - 1 if static is None else static.depth
         self.topk = min(
             max(static.topk_per_depth()) if static is not None else cfg.top_k_draft,
@@ -101,34 +100,18 @@ class DFlashProposer:
         out = self.drafter(block, positions, context, mask[:, None])
         return self.drafter.logits(out[:, 1 : 1 + drafts]).float().log_softmax(-1)
 
-    def propose(
-        self, root: torch.Tensor, pos: torch.Tensor, plan: Plan | None = None, max_depth: int | None = None
-    ) -> Tree:
-        """One block pass, then this step's tree (static, or DDTree) of at most ``max_depth`` drafts."""
-        drafts = self.drafts if max_depth is None else min(self.drafts, max_depth)
-        if drafts < 1:
-            self.context()  # keep the cache current; nothing can be drafted
-            return single_node(root)
-        top = self.block_log_q(root, pos, drafts).topk(self.topk, dim=-1)
+    def propose(self, root: torch.Tensor, pos: torch.Tensor, plan: Plan | None = None) -> Tree:
+        """One block pass, then this step's tree: the static one, or DDTree."""
+        top = self.block_log_q(root, pos, self.drafts).topk(self.topk, dim=-1)
         ids = self.drafter.draft_to_target(top.indices)
         B = root.shape[0]
         if self.static is not None:
-            st = self.static_within(drafts)
-            tokens, log_scores = block_tree.static_tree(root, top.values, ids, st)
-            parents, depths = st.parents.expand(B, -1), st.depths.expand(B, -1)
+            tokens, log_scores = block_tree.static_tree(root, top.values, ids, self.static)
+            parents, depths = self.static.parents.expand(B, -1), self.static.depths.expand(B, -1)
         else:
             n = self.cfg.total_tokens - 1
-            tokens, parents, depths, log_scores = block_tree.best_first(root, top.values, ids, n, drafts)
+            tokens, parents, depths, log_scores = block_tree.best_first(root, top.values, ids, n, self.drafts)
         return Tree(tokens, parents, depths, log_scores.exp(), torch.ones_like(tokens, dtype=torch.bool))
-
-    def static_within(self, depth: int) -> StaticTree:
-        """The static tree without its nodes deeper than ``depth`` (the whole tree when none are)."""
-        if depth >= self.static.depth:
-            return self.static
-        if depth not in self.shallower:
-            choices = [list(c) for c in self.static.choices if len(c) <= depth]
-            self.shallower[depth] = tree_from_choices(choices).to(self.static.parents.device)
-        return self.shallower[depth]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         kv.select_rows(self.cache, rows)
