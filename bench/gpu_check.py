@@ -1,33 +1,48 @@
-"""A self-contained check of the decoder on a GPU machine: ``python bench/gpu_check.py``.
+"""The decoder's GPU check, decisive in one short run: ``python -u bench/gpu_check.py``.
 
 It needs only PyTorch and transformers (nothing is downloaded, no other dependency of this
 project is imported): the repository's ``conf/``, ``heads/`` and ``decode/`` folders are put on
 ``sys.path`` as the ``draftheads`` package through a temporary directory of symlinks. Targets
-are random-initialised Llama models of about 1B and 8B shape, built in bf16 on the device.
+are random-initialised Llama models of about 1B and 8B shape, built on the device.
 
-Sections printed, per target:
+Every section prints a timestamped header and flushes each line; a section that fails prints
+its traceback and the rest still run. Sections, per target shape:
 
-* verify-cost curve: one target forward over n = 1..64 new tokens after 128 cached ones;
-* drafting cost: one EAGLE-3 draft pass (top-k nodes through the drafter, with its cache) and
-  one Medusa step (4 heads, their top-k);
-* greedy identity: tree decoding (EAGLE-3 dynamic trees from a random drafter with lookup
-  branches, and lookup alone) against the target's own greedy ``generate`` on random prompts,
-  per backend: the fraction of prompts and of tokens that match (bf16 ties can flip a rare
-  argmax);
-* decoder overhead: a decoding step's time minus the target's bare forward over the same
-  number of tree tokens, eager and cuda-graphs.
+* identity fp32: TF32 off, token-identical to the target's own greedy ``generate``, per
+  backend, with an oracle drafter and with EAGLE-3 plus lookup branches (expected 1.00);
+* identity bf16: the same in bf16; a divergence counts as a tie when the reference's
+  top-1/top-2 margin at that token is within ``TIE_ULPS`` bf16 ulps, else as a failure;
+* oracle tau: an oracle drafts each row's reference continuation (a chain with a wrong sibling
+  at every depth) with right tokens at a set per-token rate, so tau = sum_j rate^j is known in
+  advance; measured against it on a batch of 4 rows (accept, compaction and bucket paths);
+* speed: tokens/s of stock ``generate``, the decoder's graph-replayed one-token loop, and
+  speculative decoding with the oracle at rate 0.8, eager and cuda-graphs (the oracle and the
+  speed runs use a target steered to a fixed greedy text, so bf16 rounding cannot flip it);
+* compiled generate: ``generate`` with ``cache_implementation="static"`` and
+  ``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``, as transformers
+  documents it (CUDA only); then the speedups against the fastest plain baseline;
+* verify cost: one forward over n new tokens on the path each backend runs (eager with a
+  DynamicCache; the captured graph replayed at bucket sizes), and the decoder's per-step
+  overhead against the bare forward of the same path and size;
+* drafting: the fixed-shape EAGLE-3 draft step, eager and captured.
 
-``--device cpu --small`` runs the same code on tiny float32 models in seconds (the tests do);
-there the ``cuda-graphs`` rows run the static-shape path without capture (``static``).
+The header names the torch and transformers versions (the ones the decoder needs are checked
+first), the device and the attention kernel a verify forward runs; CUDA sections add capture
+times and ``max_memory_allocated``. ``--shapes NAME`` reruns one shape; ``--device cpu --small``
+runs the same code on tiny models in seconds (the tests do), where ``static`` is the
+cuda-graphs path without capture and times are not measurements.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import statistics
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -35,7 +50,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("conf", "heads", "decode")
-BUDGET_S = 300
+NEEDS = {"torch": "2.13", "transformers": "5.24"}  # transformers 5.24: the forward's cache= argument
 
 # name: (hidden, layers, heads, kv heads, intermediate, vocab)
 SHAPES = {
@@ -47,6 +62,52 @@ SMALL_SHAPES = {
     "small-b": (96, 5, 4, 2, 192, 512),
 }
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+RATES = (0.6, 0.8)
+DEPTH = 6  # the oracle's chain: 1 + 2 * DEPTH = 13 nodes, bucket 16
+TIE_ULPS = 4  # a bf16 divergence within this margin of the reference's top-2 is a tie, not a bug
+TAU_TOLERANCE = 0.05
+MIN_STEPS = 200  # row-steps before the oracle's low-discrepancy plan is held to TAU_TOLERANCE
+ATTENTION = r"attention|fmha|flash|sdpa|efficient"  # profiler names of attention ops and kernels
+T0 = time.perf_counter()
+
+
+def say(*args) -> None:
+    print(*args, flush=True)
+
+
+def stamp() -> str:
+    return f"[{time.perf_counter() - T0:7.1f} s]"
+
+
+def section(title: str, fn, *args, **kwargs):
+    """Run one section: a timestamped header, its traceback on failure (the rest still run)."""
+    say(f"\n== {title} == {stamp()}")
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        say(traceback.format_exc().rstrip())
+        say(f"!! section failed: {title}")
+        return None
+    finally:
+        memory = ""
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            memory = f", max_memory_allocated {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+            torch.cuda.reset_peak_memory_stats()
+        say(f"   ({title} done {stamp()}{memory})")
+
+
+def version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+
+
+def check_versions() -> str | None:
+    """The first installed version older than the decoder needs, as a one-line fix."""
+    import transformers
+
+    for name, have in (("torch", torch.__version__), ("transformers", transformers.__version__)):
+        if version(have) < version(NEEDS[name]):
+            return f"{name} {have} is older than the {NEEDS[name]} the decoder needs; pip install '{name}>={NEEDS[name]}'"
+    return None
 
 
 def bootstrap() -> Path:
@@ -101,20 +162,30 @@ def build_target(shape: tuple[int, ...], device: torch.device, dtype: torch.dtyp
     return model
 
 
-def build_drafters(target, small: bool):
-    """A random EAGLE-3 drafter and 4 random Medusa heads for ``target``, on its device and dtype."""
-    from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
+@torch.no_grad()
+def steer(target) -> None:
+    """Make the target's greedy text a fixed successor map (token t -> t + 1) with a wide margin:
+    the embeddings dominate the residual stream and lm_head row t + 1 reads embedding t. Every
+    layer still runs, so speed is unchanged, but bf16 rounding can no longer flip a token."""
+    emb = target.get_input_embeddings().weight
+    emb.mul_(50.0)
+    unit = emb / emb.norm(dim=-1, keepdim=True)
+    target.lm_head.weight.copy_(unit.roll(1, dims=0) * target.lm_head.weight.norm(dim=-1, keepdim=True))
+
+
+def build_eagle(target, small: bool):
+    """A random EAGLE-3 drafter for ``target`` (draft vocabulary of the first ids), on its device."""
+    from draftheads.heads import EagleDrafter, fingerprint
 
     p = next(target.parameters())
-    fp = fingerprint(target)
     torch.manual_seed(1)
     with building(p.device, p.dtype):
         vocab = 256 if small else 32000
-        eagle = EagleDrafter(fp, target_config=target.config.to_dict(), version=3, draft_vocab_size=vocab)
-        medusa = MedusaHeads(fp, num_heads=4)
+        eagle = EagleDrafter(
+            fingerprint(target), target_config=target.config.to_dict(), version=3, draft_vocab_size=vocab
+        )
     eagle.attach(target).init_lm_head_from_target()
-    medusa.attach(target)
-    return eagle.eval().requires_grad_(False), medusa.eval().requires_grad_(False)
+    return eagle.eval().requires_grad_(False)
 
 
 def sync(device: torch.device) -> None:
@@ -135,197 +206,529 @@ def median_ms(fn, device: torch.device, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
-# ---- sections --------------------------------------------------------------------------------
-def verify_curve(target, repeats: int):
-    """The verify-cost curve (eager, DynamicCache, 4-D mask), printed; returned for the overhead."""
-    from draftheads.decode.cost import measure_curve
-
-    curve = measure_curve(target, "eager", sizes=CURVE_SIZES, context=128, repeats=repeats)
-    print("  new tokens   ms      x c(1)")
-    for n, s in zip(curve.sizes, curve.seconds):
-        print(f"  {n:>10}   {1000 * s:7.2f}  {s / curve.seconds[0]:6.2f}")
-    return curve
+def random_prompts(vocab: int, n: int, length: int, seed: int = 0) -> torch.Tensor:
+    """``[n, length]`` random prompts; every other one repeats its first half (lookup finds matches)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (n, length), generator=g)
+    ids[1::2, length // 2 :] = ids[1::2, : length - length // 2]
+    return ids
 
 
 @torch.no_grad()
-def drafting_cost(target, eagle, medusa, repeats: int, k: int = 4, context: int = 128) -> None:
-    """One EAGLE-3 draft pass over ``k`` nodes after ``context`` cached pairs; one Medusa step."""
-    from transformers import DynamicCache
-
-    from draftheads.decode import kv
-    from draftheads.heads.masks import additive_mask
-
-    p = next(target.parameters())
-    dev, dtype, H = p.device, p.dtype, target.config.hidden_size
-    gen = torch.Generator(device=dev).manual_seed(0)
-    vocab = target.config.vocab_size
-    cache = DynamicCache()
-    feats = torch.randn(1, context, 3 * H, device=dev, dtype=dtype, generator=gen)
-    tokens = torch.randint(0, vocab, (1, context), device=dev, generator=gen)
-    eagle(tokens, eagle.fuse(feats), torch.arange(context, device=dev)[None], None, cache)
-    nodes = torch.randint(0, vocab, (1, k), device=dev, generator=gen)
-    hidden = torch.randn(1, k, H, device=dev, dtype=dtype, generator=gen)
-    positions = torch.full((1, k), context, device=dev)
-    allowed = torch.cat(
-        [torch.ones(k, context, dtype=torch.bool, device=dev), torch.eye(k, dtype=torch.bool, device=dev)], 1
-    )
-    mask = additive_mask(allowed[None], dtype)
-
-    def eagle_pass() -> None:
-        out = eagle(nodes, hidden, positions, mask, cache)
-        eagle.logits(out).float().log_softmax(-1).topk(k, dim=-1)
-        kv.truncate(cache, context)
-
-    last = torch.randn(1, H, device=dev, dtype=dtype, generator=gen)
-
-    def medusa_step() -> None:
-        for logits in medusa.heads_logits(medusa.head_hidden(last, 4)):
-            logits.float().softmax(-1).topk(k, dim=-1)
-
-    bare = median_ms(lambda: target(input_ids=nodes[:, :1], logits_to_keep=1), dev, repeats)
-    print(
-        f"  EAGLE-3 draft pass ({k} nodes, {context} cached): {median_ms(eagle_pass, dev, repeats):7.2f} ms"
-    )
-    print(f"  Medusa step (4 heads, top-{k}):                 {median_ms(medusa_step, dev, repeats):7.2f} ms")
-    print(f"  (target forward, 1 token, no cache:             {bare:7.2f} ms)")
+def references(target, prompts: torch.Tensor, new: int, logits: bool = False):
+    """Each prompt's greedy continuation by ``target.generate`` (and its per-token logits)."""
+    dev = next(target.parameters()).device
+    refs, scores = [], []
+    for ids in prompts:
+        ids = ids[None].to(dev)
+        out = target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            do_sample=False,
+            output_logits=logits,
+            return_dict_in_generate=True,
+        )
+        refs.append(out.sequences[0, ids.shape[1] :].tolist())
+        if logits:
+            scores.append(torch.stack(out.logits, 1)[0].float().cpu())
+    return refs, scores
 
 
-def random_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[torch.Tensor]:
-    """Random prompts; every other one repeats its first half, so lookup branches find matches."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        ids = torch.randint(1, vocab, (length,), generator=g)
-        if i % 2:
-            ids[length // 2 :] = ids[: length - length // 2]
-        out.append(ids[None])
-    return out
+# ---- drafting: an oracle, EAGLE-3, and none ---------------------------------------------------
+class Oracle:
+    """Drafts each row's reference continuation: a chain of ``depth`` tokens and a wrong sibling at
+    every depth. The number of right drafts per row-step follows a low-discrepancy sequence of
+    the truncated geometric law P(k >= j) = rate^j, so tau = sum_{j=0..depth} rate^j.
+
+    Positions are tracked on the host from what each step kept, so drafting reads nothing from
+    the device. ``kept`` collects the tokens the decoder emitted per row-step (tau as verified),
+    over the steps that had room for the whole chain before ``new`` tokens.
+    """
+
+    needs_hidden_states = False
+
+    def __init__(self, refs: list[list[int]], rate: float, depth: int, vocab: int, new: int) -> None:
+        self.refs, self.rate, self.depth, self.vocab, self.new = refs, rate, depth, vocab, new
+        self.u, self.kept, self.planned, self.full = 0.0, [], [], []
+
+    def prefill(self, batch) -> None:
+        self.rows = list(range(batch.input_ids.shape[0]))
+        self.done = [1] * len(self.rows)  # tokens emitted so far per row (the root is ref[0])
+
+    def right_drafts(self) -> int:
+        self.u = (self.u + 0.6180339887498949) % 1.0
+        k = 0
+        while k < self.depth and self.u < self.rate ** (k + 1):
+            k += 1
+        return k
+
+    def propose(self, root: torch.Tensor, pos: torch.Tensor, plan=None):
+        from draftheads.decode.proposers.base import Tree
+
+        D, V = self.depth, self.vocab
+        tokens = []
+        # a step counts towards tau when the row has room for the whole chain and its bonus
+        # (nearer the end the decoder caps the tree's depth at the tokens left)
+        self.full = [g + D + 1 <= self.new for g in self.done]
+        for b, g, full in zip(self.rows, self.done, self.full):
+            ref, k = self.refs[b], self.right_drafts()
+            self.planned += [1 + k] * full
+            truth = [ref[g + j] if g + j < len(ref) else 0 for j in range(D)]
+            chain = [t if j < k else (t + V // 2) % V for j, t in enumerate(truth)]
+            tokens.append([0] + chain + [(t + V // 3) % V for t in truth])
+        parents = [0] + list(range(D)) + [0] + list(range(1, D))
+        depths = [0] + list(range(1, D + 1)) * 2
+        B, T, dev = len(tokens), 1 + 2 * D, root.device
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
+        tok = as_long(tokens)
+        tok[:, 0] = root
+        return Tree(
+            tok,
+            as_long(parents).expand(B, T),
+            as_long(depths).expand(B, T),
+            torch.ones(B, T, device=dev),
+            torch.ones(B, T, dtype=torch.bool, device=dev),
+        )
+
+    def update(self, step) -> None:
+        self.kept += [n for n, full in zip(step.n_cpu, self.full) if full]
+        self.done = [g + n for g, n in zip(self.done, step.n_cpu)]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        self.rows, self.done = [self.rows[i] for i in keep], [self.done[i] for i in keep]
+
+    def tau(self) -> float:
+        return statistics.mean(self.kept) if self.kept else float("nan")
 
 
-def decoder(target, eagle, backend: str, lookup: bool, total_tokens: int = 16):
-    """A SpeculativeGenerator for ``backend``: ``static`` is the static-shape path without capture."""
+class OneToken:
+    """No drafts: every step verifies the root alone (plain greedy decoding on the decoder's path)."""
+
+    needs_hidden_states = False
+
+    def prefill(self, batch) -> None:
+        pass
+
+    def propose(self, root: torch.Tensor, pos: torch.Tensor, plan=None):
+        from draftheads.decode.proposers.base import single_node
+
+        return single_node(root)
+
+    def update(self, step) -> None:
+        pass
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass
+
+
+def expected_tau(rate: float, depth: int) -> float:
+    return sum(rate**j for j in range(depth + 1))
+
+
+def decoder(target, backend: str, drafting, eagle=None):
+    """A SpeculativeGenerator on ``backend`` (``static``: the cuda-graphs path without capture)
+    whose proposer is ``drafting()`` (or EAGLE-3 with lookup branches when it is None)."""
     from draftheads.conf.schema.decode import DecodeConfig
-    from draftheads.decode import SpeculativeGenerator
-    from draftheads.decode.static import StaticVerifier
+    from draftheads.decode import SpeculativeGenerator, static
+    from draftheads.decode.proposers import WithLookup
 
     cfg = DecodeConfig(
         backend="eager" if backend == "static" else backend,
-        tree="auto",
         dynamic=True,
         top_k_draft=4,
         depth=4,
-        total_tokens=total_tokens,
-        lookup=lookup,
+        total_tokens=16,
+        lookup=True,
         cost_aware=False,
     )
-    gen = SpeculativeGenerator(target, eagle, None, cfg)
+    gen = SpeculativeGenerator(target, eagle if drafting is None else None, None, cfg)
     if backend == "static":
-        gen.static_verifier = StaticVerifier(target, capture=False)
+        gen.static_verifier = static.shared(target, capture=False)
+    make = gen.make_proposer
+
+    def proposer():
+        if drafting is not None:
+            return drafting()
+        out = make()
+        inner = out.proposer if isinstance(out, WithLookup) else out
+        if backend == "static":  # fixed-shape drafting, as cuda-graphs captures it
+            inner.graphs = static.drafter_graphs(eagle, capture=False)
+        return out
+
+    gen.make_proposer = proposer
     return gen
 
 
+def backends_for(device: torch.device) -> list[str]:
+    return ["eager", "cuda-graphs" if device.type == "cuda" else "static"]
+
+
+# ---- sections -----------------------------------------------------------------------------------
 @torch.no_grad()
-def greedy_identity(target, eagle, backends: list[str], prompts, new: int) -> None:
-    """Tree decoding against ``target.generate`` (greedy), per backend and drafting method."""
-    dev = next(target.parameters()).device
-    refs = []
-    for ids in prompts:
-        ids = ids.to(dev)
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
-        refs.append(out[0, ids.shape[1] :].tolist())
-    print("  backend       drafting          prompts identical   tokens matching   tau")
-    for backend in backends:
-        for name, drafter in (("eagle3+lookup", eagle), ("lookup", None)):
-            gen = decoder(target, drafter, backend, lookup=True)
-            same, match, total, taus = 0, 0, 0, []
-            for ids, ref in zip(prompts, refs):
-                ids = ids.to(dev)
+def environment(target, device: torch.device) -> None:
+    """Versions, device, TF32 flags, and the attention kernel one verify forward runs."""
+    import transformers
+
+    say(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}")
+    if device.type == "cuda":
+        say(f"  {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}")
+        say(
+            f"  tf32 matmul {torch.backends.cuda.matmul.allow_tf32}, sdpa flash "
+            f"{torch.backends.cuda.flash_sdp_enabled()}, mem-efficient "
+            f"{torch.backends.cuda.mem_efficient_sdp_enabled()}, cudnn {torch.backends.cuda.cudnn_sdp_enabled()}"
+        )
+    from torch.profiler import ProfilerActivity, profile
+
+    from draftheads.heads.masks import additive_mask
+
+    ids = torch.randint(1, target.config.vocab_size, (1, 16), device=device)
+    allowed = torch.ones(16, 16, dtype=torch.bool, device=device).tril()
+    mask = additive_mask(allowed[None], next(target.parameters()).dtype)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        target(input_ids=ids, attention_mask=mask, position_ids=torch.arange(16, device=device)[None])
+    names = sorted({e.key for e in prof.key_averages() if re.search(ATTENTION, e.key, re.IGNORECASE)})
+    say(f"  attention kernels of a 4-D-masked forward: {', '.join(names) or 'none found'}")
+
+
+@torch.no_grad()
+def identity(target, eagle, device, prompts, new: int, margins: bool) -> bool:
+    """Tree decoding against the target's greedy ``generate``, per backend and drafting method.
+
+    With ``margins`` (bf16), a prompt's first divergence is a tie when the reference's
+    top-1/top-2 margin there is within ``TIE_ULPS`` bf16 ulps of its top-1 logit.
+    """
+    refs, logits = references(target, prompts, new, logits=margins)
+    V = target.config.vocab_size
+    say(
+        "  backend       drafting         identical   tokens matching   tau"
+        + ("   ties  FAILS" if margins else "")
+    )
+    ok = True
+    for backend in backends_for(device):
+        for name in ("oracle-0.8", "eagle3+lookup"):
+            oracle = Oracle(refs, 0.8, DEPTH, V, new) if name.startswith("oracle") else None
+            gen = decoder(target, backend, (lambda o=oracle: o) if oracle else None, eagle)
+            same = match = ties = fails = 0
+            taus = []
+            for ids, ref, i in zip(prompts, refs, range(len(refs))):
+                if oracle is not None:  # drafts past the reference's end are wrong, and rejected
+                    oracle.refs = [ref]
+                ids = ids[None].to(device)
                 out = gen.generate(ids, max_new_tokens=new)[0, ids.shape[1] :].tolist()
-                same += out == ref
-                first_diff = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), len(ref))
-                match, total = match + first_diff, total + len(ref)
+                first = next((j for j, (a, b) in enumerate(zip(out, ref)) if a != b), len(ref))
+                same += first == len(ref)
+                match += first
                 taus.append(gen.last_stats.tau)
-            print(
-                f"  {backend:<12}  {name:<16}  {same}/{len(prompts)} = {same / len(prompts):4.2f}"
-                f"         {match / total:6.3f}         {statistics.mean(taus):4.2f}"
-            )
+                if margins and first < len(ref):
+                    top = logits[i][first].topk(2).values
+                    ulp = 2.0 ** (math.floor(math.log2(max(abs(float(top[0])), 1e-30))) - 7)
+                    tie = float(top[0] - top[1]) <= TIE_ULPS * ulp
+                    ties, fails = ties + tie, fails + (not tie)
+            total = len(refs) * new
+            row = f"  {backend:<12}  {name:<15}  {same}/{len(refs)} = {same / len(refs):4.2f}      {match / total:6.3f}       {statistics.mean(taus):5.2f}"
+            say(row + (f"   {ties:4d}  {fails:5d}" if margins else ""))
+            ok &= (fails == 0) if margins else same == len(refs)
+    say(
+        f"  verdict: {'PASS' if ok else 'FAIL'}"
+        + (f" (divergences above {TIE_ULPS} ulps fail)" if margins else " (expected 1.00)")
+    )
+    return ok
 
 
 @torch.no_grad()
-def overhead(target, eagle, backends: list[str], curve, prompt, new: int) -> None:
-    """Decoder step time minus the target's bare forward over the same tree size."""
-    dev = next(target.parameters()).device
-    ids = prompt.to(dev)
-    print("  backend       tree  step ms  draft ms  verify+accept ms  bare fwd ms  overhead ms  excl. draft")
-    for backend in backends:
-        gen = decoder(target, eagle, backend, lookup=False)
-        gen.generate(ids, max_new_tokens=new)  # warm-up: allocations, graph capture
-        gen.generate(ids, max_new_tokens=new)
+def oracle_tau(target, device, prompts, new: int) -> bool:
+    """tau with the oracle at each set rate, on a batch: the decoder must keep exactly the drafts
+    the oracle made right (measured = planned), and the plan must meet sum_j rate^j within
+    ``TAU_TOLERANCE`` once ``MIN_STEPS`` row-steps are counted (fewer: reported only)."""
+    refs, _ = references(target, prompts, new + DEPTH + 1)
+    V = target.config.vocab_size
+    ok = True
+    say(f"  {len(prompts)} rows, chain depth {DEPTH} + a wrong sibling per depth ({1 + 2 * DEPTH} nodes)")
+    say("  backend       rate   expected tau   measured tau   planned   row-steps   identical   trees")
+    for backend in backends_for(device):
+        for rate in RATES:
+            oracle = Oracle(refs, rate, DEPTH, V, new)
+            gen = decoder(target, backend, lambda o=oracle: o)
+            out = gen.generate(prompts.to(device), max_new_tokens=new)[:, prompts.shape[1] :].tolist()
+            same = sum(o[:new] == r[:new] for o, r in zip(out, refs))
+            want, got, planned = expected_tau(rate, DEPTH), oracle.tau(), statistics.mean(oracle.planned)
+            counted = len(oracle.kept) >= MIN_STEPS
+            good = oracle.kept == oracle.planned and same == len(refs)
+            good &= abs(got - want) <= TAU_TOLERANCE or not counted
+            ok &= good
+            say(
+                f"  {backend:<12}  {rate:4.2f}   {want:12.3f}   {got:12.3f}   {planned:7.3f}   {len(oracle.kept):9d}"
+                f"   {same}/{len(refs)}         {sorted(set(gen.last_stats.tree_tokens))}  {'ok' if good else 'OFF'}"
+            )
+    say(
+        f"  verdict: {'PASS' if ok else 'FAIL'} (measured = planned, output identical, and within "
+        f"{TAU_TOLERANCE} of the set rate over {MIN_STEPS}+ row-steps)"
+    )
+    return ok
+
+
+def timed_tokens_per_s(fn, device: torch.device, new: int) -> float:
+    """Tokens/s of ``fn()`` (one call generating ``new`` tokens), after one untimed call."""
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return new / (time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def speed(target, device, prompt: torch.Tensor, new: int) -> dict:
+    """Tokens/s (batch 1) of plain and speculative decoding; the oracle drafts at rate 0.8."""
+    ids = prompt[None].to(device)
+    refs, _ = references(target, prompt[None], new + DEPTH + 1)
+    V = target.config.vocab_size
+    graphs = backends_for(device)[1]
+    rates: dict[str, float] = {}
+    steps: dict[str, float] = {}
+
+    def gen_stock():
+        target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+
+    rates["generate (stock)"] = timed_tokens_per_s(gen_stock, device, new)
+    one = decoder(target, graphs, OneToken)
+    t0 = time.perf_counter()
+    one.generate(ids, max_new_tokens=new)
+    capture_s = time.perf_counter() - t0
+    rates[f"one-token loop ({graphs})"] = timed_tokens_per_s(
+        lambda: one.generate(ids, max_new_tokens=new), device, new
+    )
+    for backend in ("eager", graphs):
+        oracle = Oracle(refs, 0.8, DEPTH, V, new)
+        gen = decoder(target, backend, lambda o=oracle: o)
+        rates[f"speculative {backend}, oracle 0.8"] = timed_tokens_per_s(
+            lambda g=gen: g.generate(ids, max_new_tokens=new), device, new
+        )
         st = gen.last_stats
-        steps = max(st.steps, 1)
-        size = statistics.mean(st.tree_tokens) if st.tree_tokens else 1
-        step = 1000 * (st.total_time_s - st.prefill_time_s) / steps
-        draft, verify = 1000 * st.draft_time_s / steps, 1000 * st.verify_time_s / steps
-        bare = 1000 * curve(round(size))
-        print(
-            f"  {backend:<12}  {size:4.0f}  {step:7.2f}  {draft:8.2f}  {verify:16.2f}  {bare:11.2f}"
-            f"  {step - bare:11.2f}  {step - draft - bare:11.2f}"
+        steps[backend] = 1000 * (st.total_time_s - st.prefill_time_s) / max(len(st.tree_tokens), 1)
+        say(
+            f"  speculative {backend}: tau {st.tau:.2f}, {steps[backend]:.2f} ms per step (tree {1 + 2 * DEPTH})"
+        )
+    say(f"  first call of the one-token loop (captures on CUDA): {capture_s:.2f} s")
+    report_rates(rates)
+    return {"rates": rates, "step_ms": steps}
+
+
+def report_rates(rates: dict[str, float]) -> None:
+    """Tokens/s, and each speculative rate against stock generate and the fastest plain baseline."""
+    plain = {k: v for k, v in rates.items() if not k.startswith("speculative")}
+    fastest = max(plain, key=plain.get)
+    stock = rates["generate (stock)"]
+    say(f"  {'':<46} tokens/s   x generate   x fastest plain ({fastest})")
+    for name, r in rates.items():
+        say(f"  {name:<46} {r:8.1f}   {r / stock:9.2f}   {r / plain[fastest]:9.2f}")
+
+
+@torch.no_grad()
+def compiled_generate(target, device, prompt: torch.Tensor, new: int, found: dict) -> None:
+    """``generate`` on a static cache with the forward compiled, as transformers documents it."""
+    if device.type != "cuda":
+        say("  skipped off CUDA (inductor's CPU compile takes minutes on a small machine)")
+        return
+    ids = prompt[None].to(device)
+    target.generation_config.cache_implementation = "static"
+    target.forward = torch.compile(target.forward, mode="reduce-overhead", fullgraph=True)
+    try:
+        t0 = time.perf_counter()
+        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+        target.generate(ids, **kw)
+        say(f"  first call (compiles): {time.perf_counter() - t0:.1f} s")
+        rate = timed_tokens_per_s(lambda: target.generate(ids, **kw), device, new)
+    finally:
+        del target.forward
+        target.generation_config.cache_implementation = None
+        torch._dynamo.reset()
+    if found:
+        found["rates"]["generate (static cache, compiled)"] = rate
+        report_rates(found["rates"])
+
+
+@torch.no_grad()
+def verify_cost(target, device, repeats: int, found: dict, context: int = 128) -> None:
+    """A bare verify forward per size on each backend's own path, and the decoder's overhead."""
+    from transformers import DynamicCache
+
+    from draftheads.decode import static
+    from draftheads.decode.kv import tree_mask
+
+    verifier = static.StaticVerifier(target, capture=device.type == "cuda")
+    prompt = torch.randint(1, target.config.vocab_size, (1, context), device=device)
+    valid = torch.ones(1, context, dtype=torch.bool, device=device)
+    eager_ms, graph_ms = {}, {}
+    tree = 1 + 2 * DEPTH  # the oracle's tree: eager verifies it as is, graphs at its bucket
+    sizes = sorted({*CURVE_SIZES, tree})
+    for n in sizes:
+        cache = DynamicCache()
+        target(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+        chain = static.ancestors(torch.arange(n, device=device).clamp_min(1)[None] - 1)
+        ids = torch.randint(1, target.config.vocab_size, (1, n), device=device)
+        pos = torch.arange(context, context + n, device=device)[None]
+        mask = tree_mask(valid, chain, verifier.dtype)
+
+        def eager(ids=ids, pos=pos, mask=mask, cache=cache, n=n):
+            target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+            cache.crop(-n)
+
+        eager_ms[n] = median_ms(eager, device, repeats)
+        kv = static.StaticKV.adopt(cache, verifier.pool, static.BUCKETS[-1] + 1)
+        entry = verifier._entry(1, n, kv.capacity, True, kv.lease)
+        entry.ids.copy_(ids)
+        entry.pos.copy_(pos)
+        entry.mask.copy_(static.static_mask(valid, chain, kv.capacity, verifier.dtype))
+        entry.write.copy_(pos[0])
+        kv.write_index = entry.write
+        if verifier.capture:
+            verifier._replay(entry, kv, True)  # captures
+            graph_ms[n] = median_ms(entry.graph.replay, device, repeats)
+        else:
+            graph_ms[n] = median_ms(lambda e=entry, c=kv: verifier.forward(e, c, True), device, repeats)
+    graphs = backends_for(device)[1]
+    say(f"  new tokens   eager ms   {graphs} ms   eager x c(1)   {graphs} x c(1)")
+    for n in sizes:
+        say(
+            f"  {n:>10}   {eager_ms[n]:8.3f}   {graph_ms[n]:10.3f}   {eager_ms[n] / eager_ms[1]:12.2f}"
+            f"   {graph_ms[n] / graph_ms[1]:9.2f}"
+        )
+    if not found:
+        return
+    size = tree
+    bare = {"eager": eager_ms[size], graphs: graph_ms[static.bucket(size)]}
+    say(
+        f"  decoder step (oracle tree of {size}, bucket {static.bucket(size)}) against the bare forward of its path:"
+    )
+    for backend, ms in found["step_ms"].items():
+        over = ms - bare[backend]
+        say(
+            f"  {backend:<12} step {ms:8.3f} ms   bare {bare[backend]:8.3f} ms   overhead {over:8.3f} ms = {100 * over / bare[backend]:6.1f}%"
         )
 
 
-def run(args: argparse.Namespace) -> None:
-    from draftheads.conf.errors import UserError
+@torch.no_grad()
+def drafting(target, eagle, device, repeats: int, k: int = 4, depth: int = 4, context: int = 128) -> None:
+    """The fixed-shape EAGLE-3 draft step after ``context`` cached pairs, eager and captured."""
+    from transformers import DynamicCache
 
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("no CUDA device here; run with --device cpu --small for the CPU check")
-    dtype = torch.float32 if args.small else torch.bfloat16
-    shapes = SMALL_SHAPES if args.small else SHAPES
-    backends = ["eager", "cuda-graphs" if device.type == "cuda" else "static"]
-    repeats = 2 if args.small else 5
-    if args.small and device.type == "cpu":
-        torch.set_num_threads(1)  # tiny models: many small ops, where one thread is the fastest
-    n_prompts, new = (2, 12) if args.small else (4, 32)
-    t_start = time.perf_counter()
-    print(f"gpu_check: torch {torch.__version__}, device {device}, dtype {dtype}")
+    from draftheads.decode import static
+    from draftheads.decode.proposers.eagle import fixed_tree
+
+    p = next(target.parameters())
+    H, n = target.config.hidden_size, 15
+    g = torch.Generator(device=device).manual_seed(0)
+    feats = torch.randn(1, context, 3 * H, device=device, dtype=p.dtype, generator=g)
+    tokens = torch.randint(0, target.config.vocab_size, (1, context), device=device, generator=g)
+    cache = DynamicCache()
+    eagle(tokens, eagle.fuse(feats), torch.arange(context, device=device)[None], None, cache)
+    root = tokens[:, -1]
+    pos = torch.full((1,), context, device=device)
+    h_root = torch.randn(1, H, device=device, dtype=p.dtype, generator=g)
+    for capture in sorted({False, device.type == "cuda"}):
+        graphs = static.Graphs(device, capture=capture)
+        kv = static.StaticKV.adopt(cache, graphs.pool, (depth - 1) * k)
+        valid = torch.zeros(1, kv.capacity, dtype=torch.bool, device=device)
+        valid[:, :context] = True
+        base = torch.full((), context, device=device)
+
+        def step(valid, base, root, pos, h_root, kv=kv):
+            return fixed_tree(eagle, kv, valid, base, root, pos, h_root, k, depth, n)
+
+        args = (valid, base, root, pos, h_root)
+        ms = median_ms(lambda g=graphs, f=step, a=args: g.run(("eagle", 1), f, *a), device, repeats)
+        how = "captured" if capture else "eager"
+        extra = f" (capture {graphs.capture_s:.2f} s)" if capture else ""
+        say(
+            f"  EAGLE-3 draft step, top-{k}, depth {depth}, {n} nodes, {context} cached, {how}: {ms:8.3f} ms{extra}"
+        )
+
+
+# ---- driver ---------------------------------------------------------------------------------------
+def run_shape(name: str, shape, device: torch.device, small: bool, first: bool) -> None:
+    repeats = 2 if small else 10
+    n_prompts, new, plen = (2, 12, 24) if small else (4, 64, 64)
+    vocab = shape[-1]
+    prompts = random_prompts(vocab, n_prompts, plen)
+    say(f"\n### {name}: hidden {shape[0]}, {shape[1]} layers, vocab {vocab} {stamp()}")
+    if first or small:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        target = build_target(shape, device, torch.float32)
+        section(
+            f"{name}: identity fp32 (TF32 off)",
+            identity,
+            target,
+            build_eagle(target, small),
+            device,
+            prompts,
+            new,
+            False,
+        )
+        del target
+        free(device)
+    dtype = torch.bfloat16
+    target = build_target(shape, device, dtype)
+    say(f"  {sum(p.numel() for p in target.parameters()) / 1e6:,.1f}M parameters, {dtype}")
+    eagle = build_eagle(target, small)
+    section(f"{name}: environment", environment, target, device)
+    section(
+        f"{name}: identity bf16 (ties within {TIE_ULPS} ulps)",
+        identity,
+        target,
+        eagle,
+        device,
+        prompts,
+        new,
+        True,
+    )
+    section(f"{name}: drafting", drafting, target, eagle, device, repeats)
+    steer(target)
+    rows = random_prompts(vocab, 4, plen, seed=1)
+    section(f"{name}: oracle tau", oracle_tau, target, device, rows, 40 if small else 256)
+    found = section(f"{name}: speed", speed, target, device, rows[0], 2 * new) or {}
+    section(f"{name}: compiled generate", compiled_generate, target, device, rows[0], 2 * new, found)
+    section(f"{name}: verify cost and overhead", verify_cost, target, device, repeats, found)
+    del target, eagle
+    free(device)
+
+
+def free(device: torch.device) -> None:
     if device.type == "cuda":
-        print(f"  {torch.cuda.get_device_name(device)}")
-    for name, shape in shapes.items():
-        t0 = time.perf_counter()
-        target = build_target(shape, device, dtype)
-        params = sum(p.numel() for p in target.parameters()) / 1e6
-        print(f"\n### {name}: {params:,.1f}M parameters (built in {time.perf_counter() - t0:.1f} s)")
-        eagle, medusa = build_drafters(target, args.small)
-        print("== verify-cost curve ==")
-        curve = verify_curve(target, repeats)
-        print("== drafting cost ==")
-        drafting_cost(target, eagle, medusa, repeats)
-        prompts = random_prompts(shape[-1], n_prompts, 32 if args.small else 64)
-        print(f"== greedy identity ({n_prompts} random prompts, {new} new tokens) ==")
-        greedy_identity(target, eagle, backends, prompts, new)
-        print("== decoder overhead ==")
-        overhead(target, eagle, backends, curve, prompts[0], new)
-        del target, eagle, medusa
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    elapsed = time.perf_counter() - t_start
-    note = "" if elapsed <= BUDGET_S else f" (over the {BUDGET_S} s budget)"
-    print(f"\ngpu_check done in {elapsed:.0f} s{note}")
+        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--small", action="store_true", help="tiny float32 models (CPU check, tests)")
+    parser.add_argument("--small", action="store_true", help="tiny models (the CPU check, tests)")
+    parser.add_argument("--shapes", default="", help="comma-separated shape names to run (default: all)")
     args = parser.parse_args(argv)
-    bootstrap()
-    from draftheads.conf.errors import UserError
-
-    try:
-        run(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+    problem = check_versions()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 1
+    bootstrap()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device here; run with --device cpu --small for the CPU check", file=sys.stderr)
+        return 1
+    shapes = SMALL_SHAPES if args.small else SHAPES
+    chosen = [s for s in args.shapes.split(",") if s] or list(shapes)
+    unknown = [s for s in chosen if s not in shapes]
+    if unknown:
+        print(f"error: unknown shape {unknown[0]}; use one of {', '.join(shapes)}", file=sys.stderr)
+        return 1
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # tiny models: many small ops, where one thread is the fastest
+    say(f"gpu_check {stamp()}: shapes {', '.join(chosen)} on {device}")
+    for i, name in enumerate(chosen):
+        run_shape(name, shapes[name], device, args.small, first=i == 0)
+    say(f"\ngpu_check done {stamp()}")
     return 0
 
 
