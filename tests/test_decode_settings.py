@@ -292,3 +292,17 @@ def test_eval_refuses_a_prompt_longer_than_the_targets_context(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "eval prompt long is" in err[0] and "the target's context is 1024" in err[0]
     assert not (tmp_path / "eval" / "report.json").exists()
+
+
+def test_typical_acceptance_at_a_low_temperature_follows_greedy():
+    """Medusa's typical acceptance on a peaked model at temperature 0.05: every distribution is
+    nearly one-hot, so drafts of the argmax are accepted and the draws are the argmax."""
+    model = small_vocab_target()
+    prompt = torch.tensor([[0, 3, 1, 4, 0, 3]])
+    ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
+    d = drafter("eagle", model, fingerprint(model, None), version=1)
+    gen = SpeculativeGenerator(model, d, None, DecodeConfig(cost_aware=False, do_sample=True, typical=True))
+    torch.manual_seed(0)
+    out = gen.generate(prompt, max_new_tokens=12, temperature=0.05)
+    assert torch.equal(out, ref)
+    assert gen.last_stats.tau > 1
