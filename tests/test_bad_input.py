@@ -383,11 +383,11 @@ def test_a_typo_in_data_path_is_refused_without_a_hub_lookup(tmp_path, tokenizer
 
 def documented_command_lines(doc: Path) -> list[list[str]]:
     """``draftheads <command> key=value ...`` lines of a doc's code blocks and inline code, as argv."""
-    import re
     import shlex
 
-    lines = re.findall(r"^draftheads (\w+ [^#\n]*)", doc.read_text(), flags=re.M)
-    lines += re.findall(r"`draftheads (\w+ [^`]*)`", doc.read_text())
+    text = re.sub(r"\\\n\s*", " ", doc.read_text())  # a command continued with a backslash is one line
+    lines = re.findall(r"^draftheads (\w+ [^#\n]*)", text, flags=re.M)
+    lines += re.findall(r"`draftheads (\w+ [^`]*)`", text)
     return [
         shlex.split(line.replace("...", "").replace("=DIR", "=outputs/x").replace("OUT_DIR", "outputs/x"))
         for line in lines
