@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from draftheads.conf.errors import UserError
 
@@ -11,6 +13,11 @@ LM_HEAD_MODES = ("shared", "copy")
 EAGLE_VERSIONS = (1, 3)
 TINY_KINDS = ("llama", "mistral", "qwen2", "gpt2")  # the random-init tiny targets (heads/target.py)
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+# target.device_map as a word: accelerate places the modules itself (see heads/target.py)
+DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
+DEVICE = re.compile(r"(cpu|disk|mps|(cuda|xpu):\d+)")
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B)", re.IGNORECASE)
+SIZE_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
 
 
 @dataclass
@@ -31,10 +38,19 @@ class TargetConfig:
     attn_implementation: str = "sdpa"
     cache_dir: str | None = None
     seed: int = 0
+    # Sharding through accelerate (then ``device`` is not used): null (the whole target on
+    # ``device``), a mode (auto, balanced, balanced_low_0, sequential), or a mapping module name ->
+    # device (cpu, disk, cuda:N or a GPU index N, mps, xpu:N). Read as normalised device names.
+    device_map: Any = None
+    # what a mode may put on each device: {cpu: 20GiB, 0: 70GiB} (keys cpu, N or cuda:N, mps, xpu:N)
+    max_memory: dict[Any, str] | None = None
+    # where modules placed on "disk" are kept while the target runs
+    offload_folder: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse, when the config is read, a target with no model named (``target=hf`` leaves
-        ``name_or_path`` empty), an unknown tiny architecture or dtype."""
+        ``name_or_path`` empty), an unknown tiny architecture or dtype, and a placement that
+        cannot be read (see :func:`placement_problem`); normalise the placement's device names."""
         if not self.tiny and not str(self.name_or_path or "").strip():
             raise UserError(
                 "target.name_or_path is not set; target=hf needs target.name_or_path=ORG/NAME "
@@ -46,6 +62,84 @@ class TargetConfig:
             raise UserError(
                 f"target.dtype={self.dtype} is not supported; use one of float32, bfloat16, float16"
             )
+        if isinstance(self.device_map, dict):
+            self.device_map = {str(k): device_name(v) or str(v) for k, v in self.device_map.items()}
+        if self.max_memory is not None:
+            self.max_memory = {device_name(k) or str(k): str(v) for k, v in self.max_memory.items()}
+        problem = placement_problem(self)
+        if problem:
+            raise UserError(problem)
+
+
+def device_name(value: object) -> str | None:
+    """A device as ``cpu``, ``disk``, ``mps``, ``cuda:N`` or ``xpu:N`` (a bare GPU index N, or
+    ``cuda``/``xpu`` alone, names device N/0), or None when ``value`` names no device."""
+    if isinstance(value, bool):
+        return None
+    text = str(value).strip().lower()
+    if text.isdigit():
+        text = f"cuda:{int(text)}"
+    elif text in ("cuda", "xpu"):
+        text += ":0"
+    return text if DEVICE.fullmatch(text) else None
+
+
+def memory_bytes(size: str) -> int | None:
+    """``"20GiB"``/``"500MB"`` in bytes (KiB = 1024 B, KB = 1000 B, as accelerate reads them), or
+    None when ``size`` is not a number with a unit."""
+    m = SIZE.fullmatch(str(size).strip())
+    if not m:
+        return None
+    unit = m.group(2).lower()
+    base = 1024 if "i" in unit else 1000
+    return int(float(m.group(1)) * base ** SIZE_POWERS[unit[0]])
+
+
+def placement_problem(t: TargetConfig) -> str | None:
+    """Why ``target.device_map``/``max_memory``/``offload_folder`` cannot be read, or None.
+
+    What needs the target or the machine (every module placed, the devices present, a budget
+    that fits something) is checked by ``heads.target`` before any weight is loaded.
+    """
+    dm = t.device_map
+    modes = ", ".join(DEVICE_MAP_MODES)
+    if dm is not None and not isinstance(dm, (str, dict)):
+        return f"target.device_map={dm!r} is not a placement; use one of {modes}, or a mapping {{module: device}}"
+    if isinstance(dm, str) and dm not in DEVICE_MAP_MODES:
+        return f"target.device_map={dm} is unknown; use one of {modes}, or a mapping {{module: device}}"
+    if isinstance(dm, dict):
+        if not dm:
+            return (
+                f"target.device_map is an empty mapping; name a device for each module, or use one of {modes}"
+            )
+        bad = next((f"{k}: {v}" for k, v in dm.items() if not DEVICE.fullmatch(v)), None)
+        if bad:
+            return (
+                f"target.device_map has {{{bad}}}, which is not a device; "
+                "use cpu, disk, cuda:N (or a GPU index N), mps or xpu:N"
+            )
+        if t.max_memory is not None:
+            return (
+                "target.max_memory budgets a placement that accelerate computes; with a mapping for "
+                "target.device_map, drop target.max_memory or use target.device_map=auto"
+            )
+        disk = next((k for k, v in dm.items() if v == "disk"), None)
+        if disk is not None and not t.offload_folder:
+            return (
+                f"target.device_map puts {disk or 'the whole target'} on disk; "
+                "set target.offload_folder=DIR (a folder for the offloaded weights)"
+            )
+    if t.max_memory is not None:
+        if dm is None:
+            return f"target.max_memory is a budget for target.device_map; set target.device_map to one of {modes}"
+        for k, v in t.max_memory.items():
+            if not DEVICE.fullmatch(k) or k == "disk":
+                return f"target.max_memory names {k!r}, which is not a device; use cpu, N or cuda:N, mps or xpu:N"
+            if memory_bytes(v) is None:
+                return f"target.max_memory has {k}: {v!r}, which is not a size; write it like 20GiB or 500MB"
+    if t.offload_folder is not None and dm is None:
+        return "target.offload_folder holds weights that target.device_map puts on disk; set target.device_map too"
+    return None
 
 
 @dataclass
