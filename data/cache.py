@@ -111,7 +111,7 @@ def encode_shard(
     every other position holds zeros, as padding does. ``target_next`` is stored everywhere, so
     with it the whole sequence is projected.
     """
-    device = next(model.parameters()).device
+    device = model.get_input_embeddings().weight.device  # a sharded target's: where its embedding is
     lengths = [len(r) for r in rows]
     feats: list[torch.Tensor | None] = [None] * len(rows)
     nexts: list[torch.Tensor | None] = [None] * len(rows)
@@ -341,7 +341,8 @@ class FeatureCache(Dataset):
 
     Items: ``input_ids [T]`` and ``loss_mask [T]`` (int64), ``features [T, F]`` (stored dtype),
     and when stored ``target_next [T]`` (int64), ``topk_ids [T, k]`` (int64), ``topk_logits [T, k]``.
-    Shards are memory-mapped; only the rows read are loaded.
+    Shards are memory-mapped; only the rows read are loaded. ``layers`` must be the stored ones,
+    or with ``subset`` some of them (their feature columns are selected when a row is read).
     """
 
     def __init__(
@@ -349,6 +350,7 @@ class FeatureCache(Dataset):
         directory: str | os.PathLike,
         expected_fingerprint: TargetFingerprint | None = None,
         layers: list[int] | None = None,
+        subset: bool = False,
     ) -> None:
         self.dir = Path(directory)
         self.manifest = read_manifest(self.dir)
@@ -366,11 +368,23 @@ class FeatureCache(Dataset):
                     f"{expected_fingerprint.short()} (mismatch: {', '.join(bad)}); rebuild it with "
                     "`draftheads features` for this target, or train with the target it was built for"
                 )
+        # with ``subset``, a cache of more layers serves some of them: the stored layers' feature
+        # blocks to keep, in the order asked
+        self.select: list[int] | None = None
         if layers is not None and list(layers) != m["layers"]:
-            raise UserError(
-                f"feature cache {self.dir} holds layers {m['layers']} but the drafter reads {list(layers)}; "
-                "rebuild it with `draftheads features` for this drafter"
-            )
+            missing = [i for i in layers if i not in m["layers"]]
+            if subset and missing:
+                raise UserError(
+                    f"feature cache {self.dir} holds layers {m['layers']}, not {missing} that the drafter reads "
+                    f"({list(layers)}); rebuild it with `draftheads features` for this drafter, or set "
+                    "draft.feature_layers to layers it holds"
+                )
+            if not subset:
+                raise UserError(
+                    f"feature cache {self.dir} holds layers {m['layers']} but the drafter reads {list(layers)}; "
+                    "rebuild it with `draftheads features` for this drafter"
+                )
+            self.select = [m["layers"].index(i) for i in layers]
         self.starts = [s["rows"][0] for s in m["shards"]]
         self._handles: dict[int, object] = {}
         self._offsets: dict[int, torch.Tensor] = {}
@@ -413,6 +427,10 @@ class FeatureCache(Dataset):
         local = i - self.starts[k]
         a, b = int(offsets[local]), int(offsets[local + 1])
         item = {n: handle.get_slice(n)[a:b] for n in names}
+        if self.select is not None and "features" in item:
+            f = item["features"]
+            blocks = f.view(f.shape[0], len(self.manifest["layers"]), -1)
+            item["features"] = blocks[:, self.select].reshape(f.shape[0], -1)
         for n in ("input_ids", "loss_mask", "target_next", "topk_ids"):
             if n in item:
                 item[n] = item[n].long()

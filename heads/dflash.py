@@ -271,8 +271,10 @@ class DFlashDrafter(Drafter):
             # reads its version to know when to pack it again
             with torch.inference_mode(False), torch.no_grad():
                 ids = torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
-                head = nn.Linear(
-                    w.shape[1], self.draft_vocab_size, bias=False, device=w.device, dtype=w.dtype
+                # skip_init: no random initialisation, which would draw from the global RNG
+                # (training draws its anchors there) only to be overwritten
+                head = nn.utils.skip_init(
+                    nn.Linear, w.shape[1], self.draft_vocab_size, bias=False, device=w.device, dtype=w.dtype
                 )
                 head.weight.copy_(w.detach()[ids.to(w.device)])
             head.requires_grad_(False)

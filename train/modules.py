@@ -1,24 +1,34 @@
 """The module DeepSpeed trains: a drafter plus its objective, ``forward(batch, step) -> (loss, stats)``.
 
-One class per objective family. The frozen target is held in a plain dict, outside the module
+One class per objective family (Medusa, Medusa-2, EAGLE, DFlash). The frozen target is held in a plain dict, outside the module
 tree, so it never reaches the optimizer, a ZeRO partition or a checkpoint. Medusa-2 is the
 exception: its LoRA-adapted target *is* a submodule (the adapters train), and only the
 adapter parameters require gradients.
 
-Besides the training loss, each class gives ``chains(batch)``: per draft step, whether the
-drafter's top-1 equals the target's greedy token along a top-1 chain. The recipe turns that
-into held-out accuracies and a simulated acceptance length.
+Besides the training loss, each class gives ``chains(batch)``: per draft step (DFlash: per
+block position), whether the drafter's top-1 equals the target's greedy token along a top-1
+chain. The recipe turns that into held-out accuracies and a simulated acceptance length.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.heads.features import packed_inputs, target_features
 from draftheads.train.objectives import (
     Stats,
+    anchor_candidates,
+    block_acceptance,
+    block_decay,
+    block_inputs,
+    block_mask,
+    block_positions,
+    block_targets,
+    chunked_anchors,
+    documents,
     feature_regression,
     head_stats,
     head_warmup,
@@ -26,9 +36,11 @@ from draftheads.train.objectives import (
     label_mask,
     masked_mean,
     medusa_loss,
+    sample_anchors,
     shift_left,
     soft_cross_entropy,
     sparse_soft_cross_entropy,
+    token_uniforms,
     topk_teacher,
     uniform_noise,
 )
@@ -277,3 +289,136 @@ class EagleObjective(Objective):
             correct.append(pred == shift_left(greedy, s + 1, -1)[:, :R])
             valid.append(label_mask(batch["loss_mask"], s + 2, pos)[:, :R])
         return torch.stack(correct), torch.stack(valid)
+
+
+class DFlashObjective(Objective):
+    """DFlash: blocks anchored at random answer positions, every block of a micro-batch drafted
+    in one drafter pass (the context keys and values computed once per row):
+
+    L = sum w_k * CE(q_{a,k}, y_{a+k}) / sum w_k   over the counted positions k >= 1 of every block,
+    w_k = exp(-(k-1) / gamma)
+
+    y is the data's next token, or the target's top-k at a+k-1 when the feature cache holds it
+    (renormalised over the draft vocabulary). A position counts when its reference token (the
+    data token, or the target's top-1) is in the draft vocabulary, as EAGLE-3's do.
+    """
+
+    # evaluation drafts every answer position's block, this many per row and pass
+    EVAL_ANCHORS = 64
+
+    def geometry(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(document ids, real-token mask, position ids or None) of the micro-batch's rows."""
+        valid = batch["attention_mask"].bool()
+        pos = batch.get("position_ids")
+        return documents(valid, pos), valid, pos
+
+    def context(self, feats: torch.Tensor, pos: torch.Tensor | None) -> list:
+        """Every drafter layer's context keys and values over the whole rows (once per micro-batch)."""
+        B, T = feats.shape[:2]
+        positions = torch.arange(T, device=feats.device).expand(B, T) if pos is None else pos
+        return self.drafter.context_kv(feats, positions)
+
+    def draft(self, batch: dict, context: list, anchors: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The drafter's output states ``[B, N, block, H]`` of the blocks at ``anchors``, one pass."""
+        d, bs = self.drafter, self.drafter.block_size
+        docs, valid, pos = self.geometry(batch)
+        out = d(
+            block_inputs(batch["input_ids"], anchors, bs, d.mask_token_id),
+            block_positions(anchors, bs, pos),
+            context,
+            block_mask(anchors, keep, bs, docs, valid)[:, None],
+        )
+        return out.view(*anchors.shape, bs, -1)
+
+    def next_tokens(self, batch: dict) -> torch.Tensor:
+        """``[B, T]`` the reference next token at each position: the target's cached top-1 when
+        the batch carries top-k logits, else the data's own next token."""
+        if "topk_ids" in batch:
+            return batch["topk_ids"][..., 0].long()
+        return shift_left(batch["input_ids"], 1)
+
+    def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
+        d, bs = self.drafter, self.drafter.block_size
+        docs, valid, pos = self.geometry(batch)
+        candidates = anchor_candidates(batch["loss_mask"], pos)
+        anchors, keep = sample_anchors(candidates, docs, self.cfg.anchors_per_row, token_uniforms(valid))
+        h = self.draft(batch, self.context(self.features(batch), pos), anchors, keep)
+        source, counted = block_targets(anchors, keep, bs, batch["loss_mask"], pos)
+        b, n, k = counted.nonzero(as_tuple=True)
+        src = source[b, n, k]
+        reference = self.next_tokens(batch)[b, src]
+        logits = d.logits(h[b, n, k]).float()
+        in_vocab = d.t2d[reference]
+        labels = torch.where(in_vocab, d.t2d.long().cumsum(0)[reference] - 1, 0)
+        if "topk_ids" in batch:  # the target's top-k at a+k-1 as soft labels
+            ids, probs = topk_teacher(batch["topk_ids"][b, src], batch["topk_logits"][b, src], d.t2d)
+            ce = sparse_soft_cross_entropy(logits, ids, probs)
+        else:
+            ce = F.cross_entropy(logits, labels, reduction="none")
+        weight = block_decay(bs, self.cfg.loss_gamma, ce.device)[k] * in_vocab
+        loss = masked_mean(ce, weight)
+        stats = self.position_stats(ce, logits, labels, k, in_vocab)
+        correct = torch.zeros_like(counted)
+        correct[b, n, k] = d.draft_to_target(logits.argmax(-1)) == reference
+        blocks = counted[..., 1]
+        tau = block_acceptance(correct, counted)[blocks].double()
+        stats.update({"block/tau_sum": tau.sum(), "block/n": tau.new_tensor(float(tau.numel()))})
+        return loss, stats
+
+    def position_stats(
+        self,
+        ce: torch.Tensor,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        k: torch.Tensor,
+        counted: torch.Tensor,
+    ) -> Stats:
+        """Per block position: mean loss and top-1/top-k over its counted rows."""
+        stats: Stats = {}
+        for pos in range(1, self.drafter.block_size):
+            rows = (k == pos) & counted
+            loss = ce[rows].mean() if rows.any() else ce.new_zeros(())
+            stats.update(head_stats(f"pos{pos}", loss, logits[rows], labels[rows], self.topk))
+        return stats
+
+    @torch.no_grad()
+    def chains(self, batch: dict, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every answer position's block (anchors in passes of :attr:`EVAL_ANCHORS` per row):
+        ``correct, valid [min(depth, block-1), blocks]``, position k's top-1 against the target's
+        greedy token at a+k-1 (the target's own argmax when it runs here, its cached top-1, or
+        the data's next token)."""
+        d, bs = self.drafter, self.drafter.block_size
+        docs, valid, pos = self.geometry(batch)
+        feats, reference = self.features_and_greedy(batch)
+        context = self.context(feats, pos)
+        correct, counted = [], []
+        for anchors, keep in chunked_anchors(anchor_candidates(batch["loss_mask"], pos), self.EVAL_ANCHORS):
+            h = self.draft(batch, context, anchors, keep)
+            source, valid_k = block_targets(anchors, keep, bs, batch["loss_mask"], pos)
+            pred = d.draft_to_target(chunked_argmax(d.logits, h))
+            hit = pred == reference.gather(1, source.flatten(1)).view_as(source)
+            correct.append(hit[keep])
+            counted.append(valid_k[keep])
+        steps = min(depth, bs - 1)
+        return torch.cat(correct)[:, 1 : steps + 1].T, torch.cat(counted)[:, 1 : steps + 1].T
+
+    def features_and_greedy(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the drafter's features, ``[B, T]`` the target's greedy next token at each position).
+
+        Online, the target runs once for both (its logits only where a next token is an answer
+        token); from a cache, :meth:`next_tokens`."""
+        if "features" in batch:
+            return self.features(batch), self.next_tokens(batch)
+        pos = batch.get("position_ids")
+        where = label_mask(batch["loss_mask"], 1, pos)
+        f, logits = target_features(
+            self.target,
+            batch["input_ids"],
+            batch["attention_mask"],
+            self.layers(),
+            position_ids=pos,
+            logits_at=where,
+        )
+        greedy = shift_left(batch["input_ids"], 1)
+        greedy[where] = logits.argmax(-1)
+        return f.to(self.dtype), greedy

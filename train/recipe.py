@@ -1,17 +1,18 @@
 """``draftheads train``: train a drafter on a frozen target, torchtune-style (setup -> train -> save).
 
 Features:
-    * every mode (Medusa-1, Medusa-2 + LoRA, EAGLE-1, EAGLE-3) through one loop on the
+    * every mode (Medusa-1, Medusa-2 + LoRA, EAGLE-1, EAGLE-3, DFlash) through one loop on the
       DeepSpeed engine: one CPU process, or many GPUs/nodes under torchrun;
     * only trainable parameters reach the optimizer; the target is never saved;
     * online target features every step, or offline from a feature cache read from disk as
-      micro-batches need it (and its top-k logits as EAGLE-3's soft labels);
+      micro-batches need it (and its top-k logits as EAGLE-3's and DFlash's soft labels; a
+      cache of more layers serves DFlash the ones it reads);
     * atomic, checksummed checkpoints every ``train.save_every`` steps and on Ctrl-C;
       ``train.resume=auto`` (the default) continues the exact loss trajectory (data order, RNG,
       optimizer and schedule are all restored), past a damaged newest checkpoint;
     * a NaN/inf loss stops the run, naming the last good checkpoint;
     * progress bar, ``metrics.jsonl``, wandb (offline without an API key), held-out top-k
-      accuracy per head/step and a simulated acceptance length.
+      accuracy per head/step (DFlash: per block position) and a simulated acceptance length.
 
 Run it as ``draftheads train draft=eagle3 target=tiny-llama train.max_steps=50`` (under
 ``torchrun --nproc_per_node=2 --no-python draftheads train ...`` for data parallelism). From
@@ -35,7 +36,8 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.train import validate
-from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
+from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter, MedusaHeads
+from draftheads.heads.dflash import choose_mask_token
 from draftheads.heads.target import fingerprint, load_target, target_name
 from draftheads.train import checkpoint
 from draftheads.train.adapters import add_lora, save_adapters
@@ -44,9 +46,15 @@ from draftheads.train.card import model_card
 from draftheads.train.engine import build_engine, init_distributed, zero_stage
 from draftheads.train.guards import cast_shared_inputs, check_finished_run, check_output_dir, use_topk
 from draftheads.train.metrics import MetricSink, Window
-from draftheads.train.modules import EagleObjective, Medusa2Objective, MedusaObjective, Objective
+from draftheads.train.modules import (
+    DFlashObjective,
+    EagleObjective,
+    Medusa2Objective,
+    MedusaObjective,
+    Objective,
+)
 from draftheads.train.objectives import chain_acceptance
-from draftheads.train.vocab import draft_vocab, masked_token_counts, vocab_coverage
+from draftheads.train.vocab import draft_vocab, masked_token_counts, token_occurrences, vocab_coverage
 
 
 def build_drafter(cfg: Config, target: nn.Module, tokenizer) -> Drafter:
@@ -54,6 +62,16 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer) -> Drafter:
     d = cfg.draft
     if d.kind == "medusa":
         drafter = MedusaHeads(fp, num_heads=d.num_heads, num_layers=d.num_layers, lm_head=d.lm_head)
+    elif d.kind == "dflash":
+        drafter = DFlashDrafter(
+            fp,
+            target_config=target.config.to_dict(),
+            mask_token_id=d.mask_token_id if d.mask_token_id is not None else choose_mask_token(tokenizer),
+            block_size=d.block_size,
+            num_decoder_layers=d.num_decoder_layers,
+            feature_layers=d.feature_layers,
+            draft_vocab_size=d.draft_vocab_size,
+        )
     else:
         drafter = EagleDrafter(
             fp,
@@ -66,6 +84,29 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer) -> Drafter:
             fc_bias=d.fc_bias,
         )
     return drafter.attach(target)
+
+
+def check_mask_token(mask_id: int, rows: Any) -> None:
+    """Refuse a DFlash mask token that occurs in the training rows: the drafter could not tell a
+    masked block position from that token."""
+    count, first = token_occurrences(rows, mask_id)
+    if count:
+        raise UserError(
+            f"draft.mask_token_id={mask_id} occurs {count} time(s) in the training rows (first in row {first}); "
+            "set draft.mask_token_id to a token id that never occurs in the data (e.g. an unused special token)"
+        )
+
+
+def dflash_topk(cache, t) -> bool:
+    """Whether DFlash learns from the cache's top-k logits (``train.soft_labels`` auto or topk;
+    ``full`` is refused when the config is read), refusing ``topk`` from a cache without them."""
+    stored = int(cache.manifest.get("topk", 0))
+    if t.soft_labels == "topk" and not stored:
+        raise UserError(
+            f"train.soft_labels=topk but feature cache {cache.dir} stores no top-k logits; rebuild "
+            "it with data.features.topk=64, or use train.soft_labels=auto (the data's next tokens)"
+        )
+    return bool(stored)
 
 
 def gathered(params: list[nn.Parameter], stage: int):
@@ -106,14 +147,16 @@ class TrainRecipe:
         self.rank, self.world = init_distributed()
         self.stage = zero_stage(cfg.deepspeed)
         resume_from = self.resume_point()
-        if self.rank == 0:
-            checkpoint.remove_partials(self.ckpt_root)
         torch.manual_seed(t.seed)  # identical drafter initialisation on every rank
         self.target, self.tokenizer = load_target(cfg.target)
         cast_shared_inputs(self.target)
         self.drafter = build_drafter(cfg, self.target, self.tokenizer)
         self.module = self.build_objective()
         rows, tokens = self.load_rows()
+        if isinstance(self.drafter, DFlashDrafter):
+            check_mask_token(self.drafter.mask_token_id, tokens)
+        if self.rank == 0:  # the data is accepted: from here on the run changes its folder
+            checkpoint.remove_partials(self.ckpt_root)
         train_idx, held_idx = split_heldout(len(rows), t.eval_rows, t.seed)
         self.train_rows, self.held_rows = RowView(rows, train_idx), RowView(rows, held_idx)
         self.train_tokens = RowView(tokens, train_idx)  # token columns only: no features read
@@ -180,6 +223,8 @@ class TrainRecipe:
         d, topk = self.cfg.draft, self.cfg.train.topk
         if d.kind == "eagle":
             return EagleObjective(self.drafter, self.target, d, topk)
+        if d.kind == "dflash":
+            return DFlashObjective(self.drafter, self.target, d, topk)
         if d.lora:
             self.drafter.requires_adapters = True
             return Medusa2Objective(self.drafter, add_lora(self.target, d), d, topk)
@@ -192,9 +237,12 @@ class TrainRecipe:
         if t.features == "offline":
             from draftheads.data.cache import FeatureCache
 
-            cache = FeatureCache(t.feature_cache, self.drafter.target_fingerprint, self.module.layers())
+            dflash = self.cfg.draft.kind == "dflash"
+            fp, layers = self.drafter.target_fingerprint, self.module.layers()
+            cache = FeatureCache(t.feature_cache, fp, layers, subset=dflash)
+            soft = dflash_topk(cache, t) if dflash else use_topk(cache, t, self.cfg.draft)
             names = ["input_ids", "loss_mask", "features"]
-            names += ["topk_ids", "topk_logits"] if use_topk(cache, t, self.cfg.draft) else []
+            names += ["topk_ids", "topk_logits"] if soft else []
             tokens = cache.view(["input_ids", "loss_mask"])
             check_rows(tokens)
             return cache.view(names), tokens
@@ -221,15 +269,21 @@ class TrainRecipe:
         with gathered([lm_head.weight], self.stage):  # the full weight, even if the target is partitioned
             if isinstance(d, MedusaHeads):
                 d.init_lm_heads_from_target()
-            elif d.version == 3:
-                counts = masked_token_counts(self.train_tokens, d.target_fingerprint.vocab_size)
-                ids = draft_vocab(counts, d.draft_vocab_size)
-                d.set_vocab(ids)
+            elif isinstance(d, DFlashDrafter) and d.reduced_vocab:  # its head: the target's rows of these ids
+                self.set_draft_vocab(d)
+            elif isinstance(d, EagleDrafter) and d.version == 3:
+                self.set_draft_vocab(d)
                 d.init_lm_head_from_target()
-                self.data_info["draft_vocab_coverage"] = round(vocab_coverage(counts, ids), 4)
         if self.cfg.draft.kind == "eagle" and self.cfg.draft.init_from_target:
             with gathered(list(self.target.parameters()), self.stage):
                 d.init_from_target(self.target)
+
+    def set_draft_vocab(self, d: Drafter) -> None:
+        """The ``draft_vocab_size`` most frequent answer tokens of the training rows as the draft vocabulary."""
+        counts = masked_token_counts(self.train_tokens, d.target_fingerprint.vocab_size)
+        ids = draft_vocab(counts, d.draft_vocab_size)
+        d.set_vocab(ids)
+        self.data_info["draft_vocab_coverage"] = round(vocab_coverage(counts, ids), 4)
 
     # ---- train -----------------------------------------------------------------------
     def batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -322,9 +376,11 @@ class TrainRecipe:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Held-out top-1 per head/step against the target's greedy tokens, and chain tau."""
+        """Held-out top-1 per head/step (DFlash: per block position k = 1 .. block-1) against the
+        target's greedy tokens, and tau: a top-1 chain's accepted length (DFlash: a block's)."""
         self.engine.eval()
-        depth = self.cfg.draft.num_heads if self.cfg.draft.kind == "medusa" else self.cfg.draft.ttt_steps
+        d = self.cfg.draft
+        depth = {"medusa": d.num_heads, "eagle": d.ttt_steps, "dflash": d.block_size - 1}[d.kind]
         depth = max(depth, 1)
         hits, counts, gains = None, None, []
         mbs = self.cfg.train.micro_batch_size
@@ -334,8 +390,11 @@ class TrainRecipe:
             hits, counts = (h, c) if hits is None else (hits + h, counts + c)
             gains.append(chain_acceptance(correct, valid)[valid[0]].double())
         self.engine.train()
-        name = "head" if self.cfg.draft.kind == "medusa" else "step"
-        out = {f"eval/{name}{s}/acc_top1": float(hits[s]) / max(int(counts[s]), 1) for s in range(len(hits))}
+        name, first = {"medusa": ("head", 0), "eagle": ("step", 0), "dflash": ("pos", 1)}[d.kind]
+        out = {
+            f"eval/{name}{s + first}/acc_top1": float(hits[s]) / max(int(counts[s]), 1)
+            for s in range(len(hits))
+        }
         gain = torch.cat(gains)
         out["eval/tau"] = float(gain.mean()) if gain.numel() else 1.0
         return out

@@ -1,4 +1,5 @@
-"""EAGLE-3's reduced draft vocabulary, from the tokens the drafter will be asked to predict."""
+"""Draft vocabularies (EAGLE-3's and DFlash's reduced ones, from the tokens the drafter will be
+asked to predict) and the check that a DFlash mask token never occurs in the data."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def vocab_coverage(counts: torch.Tensor, ids: torch.Tensor) -> float:
     """Fraction of the counted (assistant) tokens whose id is in the draft vocabulary."""
     total = int(counts.sum())
     return float(counts[ids].sum()) / total if total else 0.0
+
+
+def token_occurrences(rows: Iterable[dict], token_id: int) -> tuple[int, int | None]:
+    """(how often ``token_id`` occurs anywhere in the rows' ``input_ids``, the first row holding it)."""
+    total, first = 0, None
+    for i, r in enumerate(rows):
+        n = int((torch.as_tensor(r["input_ids"]) == token_id).sum())
+        if n and first is None:
+            first = i
+        total += n
+    return total, first

@@ -68,7 +68,8 @@ class TrainConfig:
     feature_cache: str | None = None
     # EAGLE's token loss against the target's distribution: full (project the cached final
     # state through the whole vocabulary), topk (the feature cache's top-k logits, EAGLE-3
-    # only), or auto (topk when the cache holds them and the drafter is EAGLE-3, else full).
+    # and DFlash only), or auto (topk when the cache holds them and the drafter is EAGLE-3 or
+    # DFlash, else full; DFlash without them learns the data's next tokens).
     soft_labels: str = "auto"
     # Rows that carry cached features go end to end into one row per micro-batch (per-row
     # positions and attention), so no step computes on padding; the loss is the padded one's.
@@ -144,7 +145,7 @@ def validate_logger(lg: LoggerConfig) -> None:
 
 def validate_draft(d, num_target_layers: int | None = None) -> None:
     """Value checks of ``draft.*`` that the drafter constructors do not already make."""
-    _choice("draft.kind", d.kind, ("medusa", "eagle"))
+    _choice("draft.kind", d.kind, ("medusa", "eagle", "dflash"))
     _choice("draft.head_warmup", d.head_warmup, HEAD_WARMUPS)
     for key in ("head_loss_weight", "feature_loss_weight", "token_loss_weight", "self_distill_weight"):
         _at_least(f"draft.{key}", getattr(d, key), 0)
@@ -181,6 +182,11 @@ def validate(cfg) -> None:
     validate_logger(cfg.logger)
     validate_draft(cfg.draft)
     validate_deepspeed(cfg.deepspeed)
+    if cfg.draft.kind == "dflash" and cfg.train.soft_labels == "full":
+        raise UserError(
+            "train.soft_labels=full projects the target's final state, which a DFlash drafter does not read; "
+            "use train.soft_labels=auto (a feature cache's top-k logits, else the data's next tokens)"
+        )
     if cfg.draft.lora and cfg.train.features == "offline":
         raise UserError(
             "draft=medusa2 trains LoRA adapters on the target, so its features change every step; "
