@@ -101,7 +101,7 @@ def batched(model, tokenizer, run: Callable) -> GenerateFn:
     """
     stops = stop_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    device = next(model.parameters()).device
+    device = model.get_input_embeddings().weight.device  # a sharded target's: where its embedding is
 
     @torch.no_grad()
     def generate(prompts: list[list[int]], p: GenParams, seed: int) -> tuple[list[list[int]], list[bool]]:

@@ -100,7 +100,8 @@ class SpeculativeGenerator:
     ``config.typical=True`` (Medusa's typical acceptance, faster, not lossless).
 
     ``drafter`` is a MedusaHeads or EagleDrafter, or None for lookup decoding alone (prompt
-    lookup branches, no model). The drafter is moved to the target's device and dtype. Its
+    lookup branches, no model). The drafter is moved to the device and dtype of the target's
+    lm_head (a sharded target's last device; oneDNN packs none of the layers it offloads). Its
     tree is ``config.tree``: ``auto`` (``tree.json`` beside the heads when the drafter was
     loaded from a directory that has one, else a default; EAGLE with ``config.dynamic`` builds
     EAGLE-2 dynamic trees), ``chain``/``chainN``, a JSON choices list, or a tree.json path.
@@ -122,9 +123,15 @@ class SpeculativeGenerator:
                 f"the target's attention implementation {impl!r} cannot take a tree attention mask; "
                 f"load it with attn_implementation='sdpa' (or 'eager')"
             )
-        p = next(target.parameters())
-        self.device, self.dtype = p.device, p.dtype
+        # the drafter sits with the lm_head (a sharded target's outputs come back where its inputs are)
+        head = target.get_output_embeddings().weight
+        self.device, self.dtype = head.device, head.dtype
         self.backend = backends.resolve(self.config.backend, self.device, self.dtype)
+        if self.backend == "cuda-graphs" and hasattr(target, "_hf_hook"):
+            raise UserError(
+                "decode.backend=cuda-graphs cannot capture a target that accelerate spreads or offloads "
+                "(target.device_map); use decode.backend=auto"
+            )
         if drafter is None and not self.config.lookup:
             raise UserError("nothing to draft with: give a drafter (heads=DIR) or turn on decode.lookup=true")
         if drafter is not None:

@@ -42,8 +42,9 @@ class TargetConfig:
     # ``device``), a mode (auto, balanced, balanced_low_0, sequential), or a mapping module name ->
     # device (cpu, disk, cuda:N or a GPU index N, mps, xpu:N). Read as normalised device names.
     device_map: Any = None
-    # what a mode may put on each device: {cpu: 20GiB, 0: 70GiB} (keys cpu, N or cuda:N, mps, xpu:N)
-    max_memory: dict[Any, str] | None = None
+    # what a mode may put on each device, {cpu: 20GiB, 0: 70GiB} (keys cpu, N or cuda:N, mps,
+    # xpu:N); null: what each device has free. Read as {device name: size}.
+    max_memory: Any = None
     # where modules placed on "disk" are kept while the target runs
     offload_folder: str | None = None
 
@@ -64,7 +65,7 @@ class TargetConfig:
             )
         if isinstance(self.device_map, dict):
             self.device_map = {str(k): device_name(v) or str(v) for k, v in self.device_map.items()}
-        if self.max_memory is not None:
+        if isinstance(self.max_memory, dict):
             self.max_memory = {device_name(k) or str(k): str(v) for k, v in self.max_memory.items()}
         problem = placement_problem(self)
         if problem:
@@ -101,44 +102,56 @@ def placement_problem(t: TargetConfig) -> str | None:
     What needs the target or the machine (every module placed, the devices present, a budget
     that fits something) is checked by ``heads.target`` before any weight is loaded.
     """
-    dm = t.device_map
-    modes = ", ".join(DEVICE_MAP_MODES)
-    if dm is not None and not isinstance(dm, (str, dict)):
-        return f"target.device_map={dm!r} is not a placement; use one of {modes}, or a mapping {{module: device}}"
-    if isinstance(dm, str) and dm not in DEVICE_MAP_MODES:
-        return f"target.device_map={dm} is unknown; use one of {modes}, or a mapping {{module: device}}"
-    if isinstance(dm, dict):
-        if not dm:
-            return (
-                f"target.device_map is an empty mapping; name a device for each module, or use one of {modes}"
-            )
-        bad = next((f"{k}: {v}" for k, v in dm.items() if not DEVICE.fullmatch(v)), None)
-        if bad:
-            return (
-                f"target.device_map has {{{bad}}}, which is not a device; "
-                "use cpu, disk, cuda:N (or a GPU index N), mps or xpu:N"
-            )
-        if t.max_memory is not None:
-            return (
-                "target.max_memory budgets a placement that accelerate computes; with a mapping for "
-                "target.device_map, drop target.max_memory or use target.device_map=auto"
-            )
-        disk = next((k for k, v in dm.items() if v == "disk"), None)
-        if disk is not None and not t.offload_folder:
-            return (
-                f"target.device_map puts {disk or 'the whole target'} on disk; "
-                "set target.offload_folder=DIR (a folder for the offloaded weights)"
-            )
-    if t.max_memory is not None:
-        if dm is None:
-            return f"target.max_memory is a budget for target.device_map; set target.device_map to one of {modes}"
-        for k, v in t.max_memory.items():
-            if not DEVICE.fullmatch(k) or k == "disk":
-                return f"target.max_memory names {k!r}, which is not a device; use cpu, N or cuda:N, mps or xpu:N"
-            if memory_bytes(v) is None:
-                return f"target.max_memory has {k}: {v!r}, which is not a size; write it like 20GiB or 500MB"
-    if t.offload_folder is not None and dm is None:
+    if t.offload_folder is not None and t.device_map is None:
         return "target.offload_folder holds weights that target.device_map puts on disk; set target.device_map too"
+    return device_map_problem(t) or max_memory_problem(t)
+
+
+def device_map_problem(t: TargetConfig) -> str | None:
+    """Why ``target.device_map`` is no placement: not a mode, or a mapping to non-devices, with
+    a budget it does not use, or with modules on disk and no ``offload_folder``."""
+    dm, modes = t.device_map, ", ".join(DEVICE_MAP_MODES)
+    if dm is None or (isinstance(dm, str) and dm in DEVICE_MAP_MODES):
+        return None
+    if not isinstance(dm, dict):
+        return f"target.device_map={dm} is unknown; use one of {modes}, or a mapping {{module: device}}"
+    if not dm:
+        return f"target.device_map is an empty mapping; name a device for each module, or use one of {modes}"
+    bad = next((f"{k}: {v}" for k, v in dm.items() if not DEVICE.fullmatch(v)), None)
+    if bad:
+        return (
+            f"target.device_map has {{{bad}}}, which is not a device; "
+            "use cpu, disk, cuda:N (or a GPU index N), mps or xpu:N"
+        )
+    if t.max_memory is not None:
+        return (
+            "target.max_memory budgets a placement that accelerate computes; with a mapping for "
+            "target.device_map, drop target.max_memory or use target.device_map=auto"
+        )
+    disk = next((k for k, v in dm.items() if v == "disk"), None)
+    if disk is not None and not t.offload_folder:
+        return (
+            f"target.device_map puts {disk or 'the whole target'} on disk; "
+            "set target.offload_folder=DIR (a folder for the offloaded weights)"
+        )
+    return None
+
+
+def max_memory_problem(t: TargetConfig) -> str | None:
+    """Why ``target.max_memory`` is no budget: not sizes per device, or without a mode to budget."""
+    mm = t.max_memory
+    if mm is None:
+        return None
+    if not isinstance(mm, dict) or not mm:
+        return f"target.max_memory={mm} is not a budget; give sizes per device, e.g. {{cpu: 20GiB, 0: 70GiB}}"
+    if t.device_map is None:
+        modes = ", ".join(DEVICE_MAP_MODES)
+        return f"target.max_memory is a budget for target.device_map; set target.device_map to one of {modes}"
+    for k, v in mm.items():
+        if not DEVICE.fullmatch(k) or k == "disk":
+            return f"target.max_memory names {k!r}, which is not a device; use cpu, N or cuda:N, mps or xpu:N"
+        if memory_bytes(v) is None:
+            return f"target.max_memory has {k}: {v!r}, which is not a size; write it like 20GiB or 500MB"
     return None
 
 
