@@ -7,24 +7,31 @@ pre-packing does under ``torch.compile`` with freezing) keeps a 2-16 row call cl
 1-row one, and is faster for one row too.
 
 * ``eager``: stock PyTorch, nothing changed.
-* ``onednn``: every ``nn.Linear`` of the given modules calls
-  ``torch.ops.mkldnn._linear_pointwise`` on a weight packed once with
+* ``onednn``: every float32 ``nn.Linear`` of the given modules calls
+  ``torch.ops.mkldnn._linear_pointwise`` on a weight packed with
   ``torch.ops.mkldnn._reorder_linear_weight``. CPU, float32, inference only.
 * ``cuda-graphs``: on a CUDA device, the target's forward for each tree size is captured as a
   CUDA graph over a static KV cache (see :mod:`draftheads.decode.static`).
 * ``auto``: ``onednn`` on a float32 CPU model when oneDNN is available, ``eager`` otherwise.
 
-The modules stay stock outside :func:`applied`: the backend is installed for a ``with`` block
-and removed after it. Packed weights are cached beside the modules (not in them), keyed by the
-weight's storage and version, so a weight that changes is packed again.
+Lifetime. A :class:`Backend` is one call's: it packs the weights when it is made (once per
+call; a weight replaced or changed in place through autograd during the call is packed again,
+a write through ``.data`` is seen by the next call) and holds the packed copies, about the
+float32 linear weights' size again, until it is dropped. The layers run packed only inside
+``with backend.active():`` and only for the thread that entered it: the block installs a small
+dispatcher on each layer (counted, so overlapping blocks share it and the last one out removes
+it) and names its packed weights in a context variable, so any other thread, and any call
+outside a block, runs the stock ``nn.Linear``. The decoder enters the block around each of its
+phases, so a ``stream()`` suspended at a ``yield`` leaves every layer stock. The bias is read
+from the layer at each call, never packed.
 """
 
 from __future__ import annotations
 
-import weakref
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -32,9 +39,28 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import BACKENDS
 
-# Packed weights live outside the modules (a module that holds an opaque oneDNN tensor can no
-# longer be deep-copied or saved): layer -> (weight storage and version, packed weight, bias).
-_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+class _Packed:
+    """One layer's packed weight and the weight it was packed from (storage, version, shape)."""
+
+    __slots__ = ("key", "weight")
+
+    def __init__(self, m: nn.Linear) -> None:
+        self.key, self.weight = _weight_key(m), _pack(m)
+
+    def current(self, m: nn.Linear) -> torch.Tensor:
+        """The packed weight, packed again first when the layer's weight is no longer the one packed."""
+        key = _weight_key(m)
+        if key != self.key:
+            self.key, self.weight = key, _pack(m)
+        return self.weight
+
+
+# layer -> packed weight, for the blocks active in this thread (a copy per block, never mutated)
+_ACTIVE: ContextVar[dict[nn.Linear, _Packed] | None] = ContextVar("draftheads_onednn_active", default=None)
+# layer -> how many active blocks (in any thread) installed its dispatcher
+_USERS: dict[nn.Linear, int] = {}
+_LOCK = threading.Lock()
 
 
 def onednn_available() -> bool:
@@ -75,43 +101,56 @@ def resolve(name: str, device: torch.device, dtype: torch.dtype) -> str:
     return name
 
 
-def _pack_key(m: nn.Linear) -> tuple:
+def _weight_key(m: nn.Linear) -> tuple:
     w = m.weight
-    return (w.data_ptr(), w._version, w.dtype, tuple(w.shape))
+    return (w.data_ptr(), w._version, tuple(w.shape))
 
 
-def _packed_linear(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``m(x)`` through oneDNN with the packed weight; plain ``linear`` when autograd needs it."""
-    if x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad)):
-        return nn.functional.linear(x, m.weight, m.bias)
-    key, packed, bias = _PACKED.get(m) or _pack(m)
-    if key != _pack_key(m):
-        key, packed, bias = _pack(m)
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
-    return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-def _pack(m: nn.Linear) -> tuple:
-    """Pack ``m``'s weight for oneDNN (once per weight storage and version)."""
+def _pack(m: nn.Linear) -> torch.Tensor:
     with torch.no_grad():
-        entry = (
-            _pack_key(m),
-            torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1),
-            None if m.bias is None else m.bias.detach(),
+        return torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1)
+
+
+class _Dispatch:
+    """A layer's ``forward`` while some block has it installed: packed for this thread's active
+    block, stock otherwise (another thread, no block, autograd, a non-float32 input)."""
+
+    def __init__(self, m: nn.Linear) -> None:
+        self.m = m
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        entry = (_ACTIVE.get() or {}).get(m)
+        grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, m.weight, m.bias)
         )
-    _PACKED[m] = entry
-    return entry
+        if entry is None or grad or x.dtype != torch.float32:
+            return nn.functional.linear(x, m.weight, m.bias)
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, x.shape[-1]), entry.current(m), m.bias, "none", [], ""
+        )
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _install(m: nn.Linear) -> None:
-    entry = _PACKED.get(m)
-    if entry is None or entry[0] != _pack_key(m):
-        _pack(m)
-    m.forward = partial(_packed_linear, m)
+    """Count one more active block on ``m``; the first one installs the dispatcher."""
+    n = _USERS.get(m, 0)
+    if n == 0:
+        m.forward = _Dispatch(m)
+    _USERS[m] = n + 1
+
+
+def _uninstall(m: nn.Linear) -> None:
+    """Count one block less on ``m``; the last one removes the dispatcher (the stock forward again)."""
+    n = _USERS.pop(m) - 1
+    if n:
+        _USERS[m] = n
+    else:
+        m.__dict__.pop("forward", None)
 
 
 def linears(*modules: nn.Module) -> list[nn.Linear]:
-    """Every ``nn.Linear`` of ``modules`` once (shared layers are counted once)."""
+    """Every ``nn.Linear`` of ``modules`` on the CPU once (shared layers are counted once)."""
     seen: dict[int, nn.Linear] = {}
     for mod in modules:
         for m in mod.modules():
@@ -120,24 +159,56 @@ def linears(*modules: nn.Module) -> list[nn.Linear]:
     return list(seen.values())
 
 
+def _packable(m: nn.Linear) -> bool:
+    """A float32 layer whose ``forward`` nobody else replaced (an accelerate hook, say)."""
+    own = m.__dict__.get("forward")
+    return m.weight.dtype == torch.float32 and (own is None or isinstance(own, _Dispatch))
+
+
+class Backend:
+    """One call's backend: for ``onednn``, the modules' packed weights (made here, held until this
+    object is dropped); :meth:`active` runs the modules on them. A block already active in this
+    thread lends its packed weights (nothing is packed twice)."""
+
+    def __init__(self, name: str, *modules: nn.Module) -> None:
+        self.name = name
+        outer = _ACTIVE.get() or {}
+        self.packed: dict[nn.Linear, _Packed] = {}
+        if name == "onednn":
+            for m in linears(*modules):
+                if _packable(m):
+                    self.packed[m] = outer.get(m) or _Packed(m)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the modules on this backend inside the block, in this thread; exception-safe."""
+        if not self.packed:
+            yield
+            return
+        held: list[nn.Linear] = []
+        token = None
+        try:
+            with _LOCK:
+                for m in self.packed:
+                    _install(m)
+                    held.append(m)
+            token = _ACTIVE.set({**(_ACTIVE.get() or {}), **self.packed})
+            yield
+        finally:
+            if token is not None:
+                _ACTIVE.reset(token)
+            with _LOCK:
+                for m in held:
+                    _uninstall(m)
+
+
 @contextmanager
 def applied(name: str, *modules: nn.Module) -> Iterator[None]:
-    """Run ``modules`` on backend ``name`` (already resolved) inside the block.
-
-    Nested blocks are fine: a layer that is already installed is left to the outer block.
-    ``cuda-graphs`` changes no module (the decoder captures graphs itself).
-    """
-    if name != "onednn":
+    """Run ``modules`` on backend ``name`` (already resolved) inside the block, weights packed
+    once at its start and released at its end. Nested blocks reuse the outer block's packing.
+    ``cuda-graphs`` changes no module (the decoder captures graphs itself)."""
+    with Backend(name, *modules).active():
         yield
-        return
-    mine = [m for m in linears(*modules) if "forward" not in m.__dict__]
-    for m in mine:
-        _install(m)
-    try:
-        yield
-    finally:
-        for m in mine:
-            m.__dict__.pop("forward", None)
 
 
 @contextmanager
@@ -148,9 +219,3 @@ def running(name: str, *modules: nn.Module) -> Iterator[str]:
     chosen = resolve(name, p.device, p.dtype)
     with applied(chosen, *modules):
         yield chosen
-
-
-def release(*modules: nn.Module) -> None:
-    """Drop cached packed weights (memory) from ``modules``' linear layers."""
-    for m in linears(*modules):
-        _PACKED.pop(m, None)

@@ -8,6 +8,9 @@ candidate index (-1: the root).
 * :func:`children`: the top-k children of each frontier node, scored cumulatively;
 * :func:`frontier`: the k best of them, which are expanded at the next level;
 * :func:`rerank`: the ``n`` best candidates over all levels become the tree.
+
+A NaN score (a drafter that overflowed) counts as -inf, a path the draft deems impossible: it
+is never chosen over a real candidate, and a child of it, -inf too, never over its parent.
 """
 
 from __future__ import annotations
@@ -21,18 +24,18 @@ def children(
     """Top-k children of each of n frontier nodes: ``(scores, draft ids, parent slot)``, each [B, n*k].
 
     score(child) = score(parent) + log q(child | parent); log q <= 0, so a child never outscores
-    its parent (this keeps :func:`rerank`'s choice closed under ancestors).
+    its parent (this keeps :func:`rerank`'s choice closed under ancestors). NaN scores are -inf.
     """
     B, n, _ = logp.shape
     top = logp.topk(k, dim=-1)
-    scores = parent_scores[:, :, None] + top.values
+    scores = _no_nan(parent_scores[:, :, None] + top.values)
     slot = torch.arange(n, device=logp.device)[None, :, None].expand(B, n, k)
     return scores.reshape(B, n * k), top.indices.reshape(B, n * k), slot.reshape(B, n * k)
 
 
 def frontier(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the ``k`` best-scoring candidates among ``scores [B, M]``."""
-    return scores.topk(min(k, scores.shape[-1]), dim=-1).indices
+    """Indices of the ``k`` best-scoring candidates among ``scores [B, M]`` (NaN lowest)."""
+    return _no_nan(scores).topk(min(k, scores.shape[-1]), dim=-1).indices
 
 
 def rerank(
@@ -46,12 +49,13 @@ def rerank(
     """The tree of the ``n`` best candidates plus the root: ``(tokens, parents, depths, scores)``
     [B, n+1] (the root's score is 0, a log-probability of 1).
 
-    A stable descending sort ranks a parent before a child of equal score (the parent's index
-    is smaller), so every chosen node's parent is chosen too. Chosen candidates are then put
-    back in index order, so parents precede children in the tree.
+    A NaN score counts as -inf. A stable descending sort ranks a parent before a child of equal
+    score (the parent's index is smaller), so every chosen node's parent is chosen too. Chosen
+    candidates are then put back in index order, so parents precede children in the tree.
     """
     B, C = scores.shape
     n = min(n, C)
+    scores = _no_nan(scores)
     best = scores.sort(dim=-1, descending=True, stable=True).indices[:, :n]
     chosen = best.sort(dim=-1).values  # [B, n] candidate ids, level order
     node_of = torch.zeros(B, C, dtype=torch.long, device=scores.device)
@@ -65,3 +69,8 @@ def rerank(
         torch.cat([zero, depths.gather(1, chosen)], 1),
         torch.cat([zero.to(scores.dtype), scores.gather(1, chosen)], 1),
     )
+
+
+def _no_nan(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` with NaN as -inf (the lowest log-score), the infinities kept."""
+    return torch.where(scores.isnan(), float("-inf"), scores)

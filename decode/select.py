@@ -23,16 +23,24 @@ def monotone(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
 def prune(tree: Tree, n: int) -> Tree:
     """The root plus each row's ``n`` best-scoring valid nodes (padding when a row has fewer).
 
-    Scores are monotone down the tree and a stable sort ranks a parent (smaller index) before an
-    equally scored child, so the kept set is closed under ancestors. Kept nodes stay in index
-    order, so parents still precede children; parents are re-indexed.
+    A NaN score ranks lowest, below every valid node, and so does every node under it (each
+    node's rank key is the least over its path, found by pointer jumping without reading the
+    tree's depth on the host); the root always stays. Keys are thus monotone down the tree and a
+    stable sort ranks a parent (smaller index) before an equally ranked child, so the kept set is
+    closed under ancestors. Kept nodes stay in index order, so parents still precede children;
+    parents are re-indexed.
     """
     B, T = tree.tokens.shape
     n = max(0, min(n, T - 1))
     if n == T - 1:
         return tree
-    key = torch.where(tree.valid, tree.scores.float(), -1.0)
+    scores = tree.scores.float()
+    key = torch.where(tree.valid & ~scores.isnan(), scores, -1.0)
     key[:, 0] = 2.0  # the root always stays
+    up = tree.parents
+    for _ in range(max(T - 1, 1).bit_length()):  # key = min over the 2^i nearest ancestors
+        key = torch.minimum(key, key.gather(1, up))
+        up = up.gather(1, up)
     keep = key.sort(dim=-1, descending=True, stable=True).indices[:, : n + 1].sort(dim=-1).values
     node_of = torch.zeros(B, T, dtype=torch.long, device=keep.device)
     node_of.scatter_(1, keep, torch.arange(n + 1, device=keep.device).expand(B, -1))
