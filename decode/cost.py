@@ -1,9 +1,11 @@
 """What a step costs, and how many drafted tokens are worth verifying.
 
 The verify-cost curve ``c(n)``: seconds for one target forward that reads ``n`` new tokens
-(over all rows of a batch) after a cached context, under a 4-D tree mask, on this device,
-model, dtype and backend. It is measured once and cached as JSON keyed by all of those; a
-cache written for anything else is ignored and measured again.
+(over all rows of a batch) after a cached context, under a 4-D tree mask, followed by the argmax
+of its logits (greedy's acceptance rule), on this device, model, dtype, backend and attention
+implementation, for a batch size and a context-length bucket. It is measured once and cached as
+JSON keyed by all of those (the file name carries the device and thread count too, so two
+set-ups never overwrite each other); a cache written for anything else is measured again.
 
 A step with a tree whose node i (root excluded) is accepted with probability p_i yields, in
 expectation, ``E = 1 + Σ p_i`` tokens per row (the bonus token included) and costs
@@ -12,16 +14,25 @@ keeps, per step, the number of nodes n that maximises expected tokens per second
 
     n* = argmax_n  Σ_b (1 + Σ_{i<=n} p_b,(i)) / (d + c(B (n + 1)))
 
-(p_b,(i): row b's i-th best node score). n = 0 verifies the root alone: a plain decoding step.
-Before each further draft pass it asks whether that pass can pay for itself: even if every
-frontier node's children were accepted (their total probability is at most the frontier's),
-would the step's rate beat the best rate available without it?
+(p_b,(i): row b's i-th best node score; a NaN score counts as 0). n = 0 verifies the root
+alone: a plain decoding step. Before each further draft pass it asks whether that pass can pay
+for itself: even if every frontier node's children were accepted (their total probability is at
+most the frontier's), would the step's rate beat the best rate available without it?
 
-Measured time corrects the curve as decoding goes: ``scale`` follows the ratio of observed to
-predicted verify time, and the draft pass cost is a running mean. Measured acceptance corrects
-the scores: the expected number of accepted drafts of a verified tree is Σ p_i over its nodes,
-and ``trust`` follows the ratio of accepted drafts to that sum (a drafter that is
-over-confident gets its scores scaled down, an under-confident one up, capped at 1).
+Whether to draft at all is judged on what drafted steps really gave, not on the scores:
+``edge`` is a running mean of a drafted step's measured rate, ``(B + accepted drafts) /
+(drafting + verify forward)``, over a plain step's ``B / c(B)``. When a drafted step keeps no
+node, or ``edge`` is not above 1, the planner skips the drafter for ``wait`` steps (plain steps,
+or lookup branches alone), then re-probes: it drafts one step and verifies at least one node,
+so fresh acceptance reaches ``edge`` and ``trust`` even when the scores say nothing pays.
+``wait`` doubles (up to :data:`MAX_WAIT`) while probes keep failing and is back at 1 once
+drafting pays.
+
+Measured time corrects the curve as decoding goes: ``scale`` follows the ratio of the measured
+verify forward to the curve's prediction, and the draft pass cost is a running mean. Measured
+acceptance corrects the scores: the expected number of accepted drafts of a verified tree is
+Σ p_i over its nodes, and ``trust`` follows the ratio of accepted drafts to that sum (a drafter
+that is over-confident gets its scores scaled down, an under-confident one up, capped at 1).
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,7 +53,9 @@ from draftheads.heads.checkpoint import atomic_write
 from draftheads.heads.masks import additive_mask
 
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-CURVE_VERSION = 1
+CURVE_VERSION = 2
+CONTEXT_BUCKET = 128  # context lengths are bucketed to 128, 256, 512, ... cached tokens
+MAX_WAIT = 32  # the most steps the planner goes without drafting before it probes again
 
 
 @dataclass
@@ -81,8 +95,17 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def curve_key(target, backend: str) -> dict:
-    """Everything the curve depends on: device, threads, torch, model shape and dtype, backend."""
+def context_bucket(context: int) -> int:
+    """The bucket of a context length: the least of 128, 256, 512, ... that holds it."""
+    bucket = CONTEXT_BUCKET
+    while bucket < context:
+        bucket *= 2
+    return bucket
+
+
+def curve_key(target, backend: str, batch: int = 1, context: int = CONTEXT_BUCKET) -> dict:
+    """Everything the curve depends on: device, threads, torch, model shape and dtype, backend,
+    attention implementation, batch size and the context's bucket."""
     p = next(target.parameters())
     c = target.config
     return {
@@ -97,46 +120,72 @@ def curve_key(target, backend: str) -> dict:
         "vocab_size": int(c.vocab_size),
         "dtype": str(p.dtype),
         "backend": backend,
+        "attention": getattr(c, "_attn_implementation", None) or "eager",
+        "batch": int(batch),
+        "context": context_bucket(context),
     }
+
+
+def _positions(config) -> int | None:
+    """The target's position limit, when its config has one."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 @torch.no_grad()
 def measure_curve(
-    target, backend: str, sizes: tuple[int, ...] = CURVE_SIZES, context: int = 128, repeats: int = 5
+    target,
+    backend: str,
+    sizes: tuple[int, ...] = CURVE_SIZES,
+    context: int = CONTEXT_BUCKET,
+    repeats: int = 5,
+    batch: int = 1,
 ) -> CostCurve:
-    """Median seconds of a target forward over n new tokens after ``context`` cached tokens."""
+    """Median seconds of a target forward over ``n`` new tokens per row of ``batch`` rows after
+    the context's bucket of cached tokens (fewer where the model's positions end), then the
+    argmax of its logits; ``sizes`` are tokens per row, the curve's sizes all rows' tokens."""
     from transformers import DynamicCache
 
     p = next(target.parameters())
     dev, dtype = p.device, p.dtype
     vocab = int(target.config.vocab_size)
+    limit = _positions(target.config)
+    ctx = context_bucket(context)
+    if limit is not None:
+        sizes = tuple(n for n in sizes if n < limit) or (1,)
+        ctx = max(1, min(ctx, limit - max(sizes)))
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(dev)
+    prompt = torch.randint(0, vocab, (batch, ctx), generator=gen).to(dev)
     out = []
     with backends.applied(backend, target):
+        cache = DynamicCache()
+        target(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
         for n in sizes:
+            new = torch.randint(0, vocab, (batch, n), generator=gen).to(dev)
+            allowed = torch.ones(n, ctx + n, dtype=torch.bool, device=dev).tril(ctx)
+            mask = additive_mask(allowed[None].expand(batch, -1, -1), dtype)
+            pos = torch.arange(ctx, ctx + n, device=dev)[None].expand(batch, -1)
             times = []
             for _ in range(repeats + 1):
-                cache = DynamicCache()
-                target(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
-                new = torch.randint(0, vocab, (1, n), generator=gen).to(dev)
-                allowed = torch.ones(n, context + n, dtype=torch.bool, device=dev).tril(context)
-                mask = additive_mask(allowed[None], dtype)
-                pos = torch.arange(context, context + n, device=dev)[None]
                 _sync(dev)
                 t0 = time.perf_counter()
-                target(
+                logits = target(
                     input_ids=new,
                     attention_mask=mask,
                     position_ids=pos,
                     cache=cache,
                     use_cache=True,
                     output_hidden_states=True,
-                )
+                ).logits
+                logits.argmax(-1)
                 _sync(dev)
                 times.append(time.perf_counter() - t0)
+                cache.crop(-n)  # back to the context alone
             out.append(statistics.median(times[1:]))  # the first call pays one-off costs
-    return CostCurve(list(sizes), out, curve_key(target, backend))
+    return CostCurve([batch * n for n in sizes], out, curve_key(target, backend, batch, context))
 
 
 def _sync(dev: torch.device) -> None:
@@ -152,26 +201,47 @@ def default_cache_dir() -> Path:
     return Path(base) / "draftheads" / "cost"
 
 
-def cached_curve(target, backend: str, cache_dir: str | Path | None = None) -> CostCurve:
-    """The curve for this device, model and backend: from the cache when its key matches
-    exactly, else measured now and written (atomically) for next time."""
-    key = curve_key(target, backend)
-    name = "-".join(str(key[k]) for k in ("model", "dtype", "backend")).replace("/", "_")
+def cache_file_name(key: dict) -> str:
+    """One file per set-up: model, dtype, backend, device, threads, attention, batch, context."""
+    parts = [
+        key["model"],
+        key["dtype"],
+        key["backend"],
+        key["device"],
+        f"t{key['threads']}",
+        key["attention"],
+        f"b{key['batch']}",
+        f"c{key['context']}",
+    ]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(x) for x in parts)) + ".json"
+
+
+def cached_curve(
+    target, backend: str, cache_dir: str | Path | None = None, batch: int = 1, context: int = CONTEXT_BUCKET
+) -> CostCurve:
+    """The curve for this set-up, ``batch`` rows and the bucket of ``context``: from the cache when
+    its key matches exactly, else measured now and written (atomically) for next time."""
+    key = curve_key(target, backend, batch, context)
     path = Path(cache_dir) if cache_dir else default_cache_dir()
-    f = path / f"{name}.json"
+    f = path / cache_file_name(key)
     try:
         data = json.loads(f.read_text())
         if data.get("key") == key:
             return CostCurve(data["sizes"], data["seconds"], data["key"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    curve = measure_curve(target, backend)
+    curve = measure_curve(target, backend, context=context, batch=batch)
     try:
         path.mkdir(parents=True, exist_ok=True)
         atomic_write(f, lambda tmp: tmp.write_text(json.dumps(asdict(curve), indent=1)))
     except OSError:
         pass  # an unwritable cache only costs a measurement next time
     return curve
+
+
+def _probabilities(scores: torch.Tensor, trust: float) -> torch.Tensor:
+    """Node scores as acceptance probabilities: scaled by ``trust``, in [0, 1], NaN as 0."""
+    return torch.nan_to_num(scores.float(), nan=0.0).mul(trust).clamp(0.0, 1.0)
 
 
 class Planner:
@@ -184,6 +254,12 @@ class Planner:
         self.draft_s = 0.0  # this step's drafting so far
         self.trust = 1.0  # observed / predicted accepted drafts
         self.accepted, self.predicted = 2.0, 2.0  # running sums behind ``trust`` (a mild prior)
+        self.edge = 1.0  # running mean of a drafted step's measured rate over a plain step's
+        self.wait = 1  # steps to skip the drafter the next time drafting does not pay
+        self.skip = 0  # steps still to skip
+        self.probe = False  # the next drafted step follows a skip: verify something
+        self.chosen: int | None = None  # nodes chosen for this step's tree, when it was drafted
+        self.step_s = 0.0  # this step's drafting and verify forward, measured
 
     def verify_s(self, tokens: int) -> float:
         return self.scale * self.curve(tokens)
@@ -191,7 +267,7 @@ class Planner:
     def best(self, scores: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[int, float, float]:
         """``(n, expected tokens, seconds)`` of the best number of nodes per row (root excluded)
         for node scores ``[B, N]`` (root excluded), with this step's drafting cost."""
-        s = (scores.float() * self.trust).clamp(max=1.0)
+        s = _probabilities(scores, self.trust)
         s = s if valid is None else torch.where(valid, s, 0.0)
         B, N = s.shape
         gain = s.sort(dim=-1, descending=True).values.cumsum(-1).sum(0).tolist()  # Σ_b Σ_{i<=n}
@@ -202,26 +278,54 @@ class Planner:
                 best = (n, e, t)
         return best
 
+    def drafting(self) -> bool:
+        """Whether to run the drafter this step (False while drafting does not pay, between probes)."""
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
+
+    def choose(self, scores: torch.Tensor, valid: torch.Tensor | None = None, drafted: bool = True) -> int:
+        """How many nodes per row to verify this step (:meth:`best`); a probe (the first drafted
+        step after a skip) verifies at least one. ``drafted``: the drafter ran for this tree."""
+        n, _, _ = self.best(scores, valid)
+        if drafted:
+            self.chosen = n
+            n, self.probe = (max(n, 1) if self.probe else n), False
+        return n
+
     def expand(self, scores: torch.Tensor, frontier: torch.Tensor, passes: int) -> bool:
         """Whether one more draft pass over ``frontier [B, k]`` can raise the expected rate."""
         self.draft_s = passes * self.pass_s
         n, e, t = self.best(scores)
         k = frontier.shape[1]
-        optimistic = e + float((frontier.float() * self.trust).clamp(max=1.0).sum())
+        optimistic = e + float(_probabilities(frontier, self.trust).sum())
         cost = t + self.pass_s + self.verify_s(self.batch * (n + 1 + k)) - self.verify_s(self.batch * (n + 1))
         return optimistic / cost > e / t
 
     def calibrate(self, predicted: float, accepted: float) -> None:
-        """Fold one step's predicted (Σ p of verified nodes) and accepted drafts into ``trust``."""
+        """Fold one step's predicted (Σ p of verified nodes) and accepted drafts into ``trust``;
+        after a drafted step, its measured rate into ``edge``, and decide whether to skip."""
         self.predicted = 0.95 * self.predicted + predicted
         self.accepted = 0.95 * self.accepted + accepted
         self.trust = min(max(self.accepted / max(self.predicted, 1e-6), 0.1), 10.0)
+        chosen, self.chosen = self.chosen, None
+        if chosen is None:
+            return
+        plain = self.batch / self.verify_s(self.batch)
+        self.edge = 0.7 * self.edge + 0.3 * (self.batch + accepted) / max(self.step_s, 1e-9) / plain
+        if chosen > 0 and self.edge > 1.0:
+            self.wait = 1
+        else:
+            self.skip, self.probe = self.wait, True
+            self.wait = min(2 * self.wait, MAX_WAIT)
 
     def observe(self, draft_s: float, passes: int, verify_s: float, tokens: int) -> None:
-        """Fold one step's measured times in (exponential moving averages)."""
+        """Fold one step's measured times in (exponential moving averages): ``verify_s`` is the
+        verify forward alone (with the acceptance rule), what the curve measures."""
         if passes > 0:
             self.pass_s = 0.8 * self.pass_s + 0.2 * (draft_s / passes)
         predicted = self.curve(tokens)
         if predicted > 0:
             self.scale = 0.9 * self.scale + 0.1 * min(max(verify_s / predicted, 0.25), 4.0)
-        self.draft_s = 0.0
+        self.step_s, self.draft_s = draft_s + verify_s, 0.0

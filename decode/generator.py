@@ -40,11 +40,11 @@ from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import backend as backends
 from draftheads.decode import kv, static
 from draftheads.decode.context import cap_depth, check_request, depth_caps, position_limit
-from draftheads.decode.cost import Planner, cached_curve
+from draftheads.decode.cost import CostCurve, Planner, cached_curve, context_bucket
 from draftheads.decode.kv import tree_mask
 from draftheads.decode.processing import Processing, check_lossless, resolve
 from draftheads.decode.proposers import build_proposer
-from draftheads.decode.proposers.base import Accepted, Prefill, Proposer, Tree
+from draftheads.decode.proposers.base import Accepted, Prefill, Proposer, Tree, single_node
 from draftheads.decode.select import prune
 from draftheads.decode.stats import DecodeStats
 from draftheads.decode.stop import Stopper, as_set
@@ -140,7 +140,7 @@ class SpeculativeGenerator:
         self.static = (
             drafter_tree(drafter, self.config, tree_dir, self.device) if drafter is not None else None
         )
-        self.curve = None
+        self.curves: dict[tuple[int, int], CostCurve] = {}  # (batch, context bucket) -> curve
         self.limit = position_limit(target.config)
         self.last_stats = DecodeStats()
 
@@ -149,11 +149,13 @@ class SpeculativeGenerator:
         """A fresh proposer for one call: the drafter's (or lookup alone), with lookup branches."""
         return build_proposer(self.drafter, self.static, self.config)
 
-    def cost_curve(self):
-        """The verify-cost curve of this device, target and backend (measured once, cached)."""
-        if self.curve is None:
-            self.curve = cached_curve(self.target, self.backend, self.config.cost_cache)
-        return self.curve
+    def cost_curve(self, batch: int = 1, context: int = 1) -> CostCurve:
+        """The verify-cost curve of this device, target and backend for ``batch`` rows after
+        ``context`` cached tokens (measured once per batch and context bucket, cached)."""
+        key = (batch, context_bucket(context))
+        if key not in self.curves:
+            self.curves[key] = cached_curve(self.target, self.backend, self.config.cost_cache, batch, context)
+        return self.curves[key]
 
     # -- public API -------------------------------------------------------------------------
     @torch.no_grad()
@@ -235,21 +237,24 @@ class SpeculativeGenerator:
             output_uniforms(B, max_new, generator, self.device) if sample else None,
             max_new,
         )
-        planner_curve = self.cost_curve() if cfg.cost_aware else None
+        planner_curve = self.cost_curve(*input_ids.shape) if cfg.cost_aware else None
         stats = self.last_stats = DecodeStats(backend=self.backend)
         t_start = time.perf_counter()
         modules = [m for m in (self.target, self.drafter) if m is not None]
         modules += getattr(self.drafter, "runtime_modules", list)()  # a reduced draft head, say
-        with backends.applied(self.backend, *modules):
+        stopper.start(input_ids, mask)
+        run = backends.Backend(self.backend, *modules)  # packs once; the copies go with this call
+        with run.active():  # per phase: a stream suspended at a yield leaves the modules stock
             state, first = self.prefill(input_ids.to(self.device), mask, how, stopper, stats)
-            if planner_curve is not None:
-                state.planner = Planner(planner_curve, len(state.active))
-            stats.prefill_time_s = stats.total_time_s = time.perf_counter() - t_start
-            yield first
-            while self.retire(state):
+        if planner_curve is not None:
+            state.planner = Planner(planner_curve, len(state.active))
+        stats.prefill_time_s = stats.total_time_s = time.perf_counter() - t_start
+        yield first
+        while self.retire(state):
+            with run.active():
                 out = self.step(state, how, stopper, stats)
-                stats.total_time_s = time.perf_counter() - t_start
-                yield out
+            stats.total_time_s = time.perf_counter() - t_start
+            yield out
         stats.total_time_s = time.perf_counter() - t_start
 
     # -- the three phases ---------------------------------------------------------------------
@@ -299,7 +304,7 @@ class SpeculativeGenerator:
         )
         first: list[list[int]] = [[] for _ in range(B)]
         for b, t in enumerate(root.tolist()):
-            kept, done = stopper.cut(state.generated[b], [t])
+            kept, done = stopper.cut(state.generated[b], [t], b)
             state.generated[b] += kept
             first[b] = kept
             if done:
@@ -330,34 +335,43 @@ class SpeculativeGenerator:
     def step(self, state: State, how: Sampling, stopper: Stopper, stats: DecodeStats) -> list[list[int]]:
         """One draft-verify step for every active row; returns each input row's new tokens."""
         t0 = self._now()
-        plan = state.planner.expand if state.planner is not None else None
-        tree = state.proposer.propose(state.root, state.pos, plan)
+        planner = state.planner
+        skip = planner is not None and self.drafter is not None and not planner.drafting()
+        if skip:  # drafting does not pay now: lookup branches alone (no model), or a plain step
+            lookup = getattr(state.proposer, "lookup", None)
+            tree = lookup.propose(state.root, state.pos) if lookup is not None else single_node(state.root)
+        else:
+            plan = planner.expand if planner is not None else None
+            tree = state.proposer.propose(state.root, state.pos, plan)
         tree = cap_depth(tree, self._depth_caps(state, how))  # no node past max_new_tokens or the positions
         draft_s = self._now() - t0
         if state.planner is not None:
             state.planner.draft_s = draft_s
             scores, valid = torch.stack([tree.scores.float(), tree.valid.float()]).cpu()  # one transfer
-            n, _, _ = state.planner.best(scores[:, 1:], valid[:, 1:].bool())
+            scores = scores.nan_to_num(0.0)  # a NaN score counts as 0, as prune ranks it lowest
+            n = state.planner.choose(scores[:, 1:], valid[:, 1:].bool(), drafted=not skip)
             kept = torch.where(valid.bool(), scores, 0.0)[:, 1:].sort(dim=-1, descending=True).values[:, :n]
             predicted = float(kept.sum())  # Σ p of the nodes prune keeps: each row's n best valid ones
             tree = prune(tree, n)
         t1 = self._now()
         stats.draft_time_s += t1 - t0
         best, bonus, out = self._verify(state, tree, how)
+        forward_s = self._now() - t1 if planner is not None else 0.0  # what the cost curve times
         n_keep, host = self._accept(state, tree, best, bonus, out)
         del out
         verify_s = self._now() - t1
         stats.verify_time_s += verify_s
         if state.planner is not None:
-            passes = getattr(state.proposer, "passes", 0)
-            state.planner.observe(draft_s, passes, verify_s, len(state.active) * tree.size)
+            passes = 0 if skip else getattr(state.proposer, "passes", 0)
+            state.planner.observe(draft_s, passes, forward_s, len(state.active) * tree.size)
+            stats.undrafted_steps += skip
             state.planner.calibrate(predicted, float(sum(h[0] - 1 for h in host)))
         stats.target_forwards += 1
         stats.tree_tokens.append(tree.size)
         new: list[list[int]] = [[] for _ in range(len(state.generated))]
         for i, b in enumerate(state.active):
             n = host[i][0]
-            kept, done = stopper.cut(state.generated[b], host[i][1 : 1 + n])
+            kept, done = stopper.cut(state.generated[b], host[i][1 : 1 + n], b)
             state.generated[b] += kept
             new[b] = kept
             stats.new_tokens += len(kept)

@@ -14,6 +14,7 @@ class DecodeStats:
     accepted_lengths: list[int] = field(default_factory=list)  # per row and step: drafts + bonus
     accepted_depths: list[int] = field(default_factory=list)  # per row and step: drafts accepted
     tree_tokens: list[int] = field(default_factory=list)  # per step: nodes verified per row (root incl.)
+    undrafted_steps: int = 0  # steps the planner ran without the drafter (drafting did not pay)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     prefill_time_s: float = 0.0
