@@ -454,7 +454,9 @@ def empty_model(path, cfg: TargetConfig, dtype: torch.dtype) -> nn.Module:
             f"cannot load target {str(path)!r} ({str(e).splitlines()[0]}); check target.name_or_path"
         ) from None
     with init_empty_weights():
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # a tied lm_head is placed with the embedding, as in the loaded model
+    return model
 
 
 def module_name(model: nn.Module, module: nn.Module) -> str:
@@ -532,7 +534,24 @@ def given_map(model: nn.Module, cfg: TargetConfig, names: list[str]) -> dict:
             f"target.device_map leaves {', '.join(units(model, nowhere))} on no device; give each a "
             "device (or give one to a module that holds them), or use target.device_map=auto"
         )
-    return dm
+    return flattened(model, dm)
+
+
+def flattened(model: nn.Module, device_map: dict) -> dict:
+    """``device_map`` with no key inside another, as accelerate's hooks need: a module mapped
+    whole and also in part (``model.layers: 0`` with ``model.layers.9: disk``) is replaced by its
+    children and own tensors, each keeping the most specific device."""
+    out = dict(device_map)
+    while True:
+        outer = next((k for k in out if any(o != k and (not k or o.startswith(k + ".")) for o in out)), None)
+        if outer is None:
+            return out
+        device, module = out.pop(outer), model.get_submodule(outer)
+        parts = [n for n, _ in module.named_children()]
+        parts += [n for n, _ in module.named_parameters(recurse=False)]
+        parts += [n for n, _ in module.named_buffers(recurse=False)]
+        for part in parts:
+            out.setdefault(f"{outer}.{part}" if outer else part, device)
 
 
 def device_map_for(model: nn.Module, cfg: TargetConfig) -> dict:

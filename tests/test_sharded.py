@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from draftheads.conf.cli import parse
 from draftheads.conf.commands import data as commands
@@ -136,8 +136,10 @@ def test_distilled_greedy_answers_match(pair):
 
 def test_tiny_target_dispatched_after_building(tmp_path):
     whole, tok = get_target("llama")
+    # a module mapped whole and in part: accelerate gets model's other children on cpu
+    nested = {"model": "cpu", "model.layers.1": "disk", "model.layers.2": "disk", "lm_head": "cpu"}
     cfg = TargetConfig(
-        name_or_path="tiny-llama", tiny="llama", device_map=DISK_MAP, offload_folder=str(tmp_path)
+        name_or_path="tiny-llama", tiny="llama", device_map=nested, offload_folder=str(tmp_path)
     )
     sharded, _ = load_target(cfg)
     assert (tmp_path / "tiny-llama" / "index.json").is_file()
@@ -146,6 +148,38 @@ def test_tiny_target_dispatched_after_building(tmp_path):
     f_whole, _ = target_features(whole, enc.input_ids, enc.attention_mask, [1, 2, 3, 4])
     f_sharded, _ = target_features(sharded, enc.input_ids, enc.attention_mask, [1, 2, 3, 4])
     torch.testing.assert_close(f_sharded, f_whole, atol=1e-6, rtol=0)
+
+
+def test_a_mode_offloads_what_does_not_fit_max_memory(tmp_path, tokenizer):
+    """A tied tiny Llama (the lm_head is the embedding, as in SmolLM2) within 13 MB of CPU memory:
+    accelerate keeps the embedding and layer 0 in memory and sends the rest to disk."""
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tied")
+    tokenizer.save_pretrained(tmp_path / "tied")
+    whole, _ = load_target(TargetConfig(name_or_path=str(tmp_path / "tied")))
+    budget = dict(device_map="sequential", max_memory={"cpu": "13MB"}, offload_folder=str(tmp_path / "off"))
+    sharded, _ = load_target(TargetConfig(name_or_path=str(tmp_path / "tied"), **budget))
+    placed = sharded.hf_device_map
+    assert placed["model.embed_tokens"] == placed["lm_head"] == "cpu" and "disk" in placed.values()
+    enc = padded(tokenizer, PROMPTS)
+    f_whole, lg_whole = target_features(whole, enc.input_ids, enc.attention_mask, [1, 2, 3, 4], True)
+    f_sharded, lg_sharded = target_features(sharded, enc.input_ids, enc.attention_mask, [1, 2, 3, 4], True)
+    torch.testing.assert_close(f_sharded, f_whole, atol=1e-6, rtol=0)
+    torch.testing.assert_close(lg_sharded, lg_whole, atol=1e-6, rtol=0)
+    gen = SpeculativeGenerator(sharded, None, tokenizer, DecodeConfig(lookup=True, cost_aware=False))
+    ids = tokenizer(PROMPTS[2], return_tensors="pt").input_ids
+    ref = whole.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+    assert gen.generate(ids, max_new_tokens=NEW).tolist() == ref.tolist()
 
 
 def test_features_command_with_a_device_map_writes_the_same_cache(tmp_path):
