@@ -206,7 +206,6 @@ CHECKED_WHEN_READ = [
     (["bench", "bench.shard_mb=0"], "bench.shard_mb=0"),
     (["bench", "bench.distill_batch_size=0"], "bench.distill_batch_size=0"),
     (["bench", "bench.out_dir="], "bench.out_dir is empty"),
-    (["bench", "bench.eval_sets=[]"], "bench.eval_sets=[] evaluates nothing"),
     (["bench", "bench.eval_sets=[gsm8k-test]"], "bench.eval_sets has 'gsm8k-test'"),
     (["bench", "bench.baselines=[assisted]"], "bench.baselines has ['assisted']"),
     (["bench", "data.distill.backend=cuda-graphs"], "data.distill.backend=cuda-graphs"),

@@ -115,7 +115,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         """Refuse, when the config is read, values no stage can run (sizes, names, an empty
         ``out_dir``); the folders themselves are checked by the command before the first stage.
-        ``distill_prompts``, ``self_prompts`` and ``teacher_tokens`` take 0 for "none"."""
+        ``distill_prompts``, ``self_prompts`` and ``teacher_tokens`` take 0 for "none", and
+        ``eval_sets=[]`` evaluates nothing (a run for its training, scaling or ablation rows)."""
         self.check_sizes()
         self.check_names()
 
@@ -159,7 +160,7 @@ class BenchConfig:
             )
 
     def check_names(self) -> None:
-        """Drafters, prompt sets and baselines the stages know (none empty, no drafter twice)."""
+        """Drafters, prompt sets and baselines the stages know (a drafter at least, none twice)."""
         drafters = list(self.drafters)
         bad = [k for k in drafters if k not in BENCH_DRAFTERS]
         if not drafters or bad or len(set(drafters)) != len(drafters):
@@ -168,8 +169,6 @@ class BenchConfig:
                 f"bench.drafters={drafters} {why}; list some of {', '.join(BENCH_DRAFTERS)} once each "
                 "(e.g. bench.drafters=[medusa,eagle3])"
             )
-        if not self.eval_sets:
-            raise UserError("bench.eval_sets=[] evaluates nothing; use e.g. bench.eval_sets=[heldout]")
         for name in self.eval_sets:
             try:
                 check_prompt_source("bench.eval_sets", name)
