@@ -76,6 +76,7 @@ BENCH_FOLDERS = (
     "medusa",
     "eagle",
     "eagle3",
+    "dflash",
     "scaling",
     "ablations",
 )
