@@ -80,7 +80,6 @@ def test_offloaded_layers_give_the_whole_targets_features(pair):
     _, some_whole = target_features(whole, enc.input_ids, enc.attention_mask, [2], logits_at=at)
     _, some_sharded = target_features(sharded, enc.input_ids, enc.attention_mask, [2], logits_at=at)
     torch.testing.assert_close(some_sharded, some_whole, atol=1e-6, rtol=0)
-    assert fingerprint(sharded, tok) == fingerprint(whole, tok)  # offloaded weights sampled too
 
 
 def drafter(kind: str, target, fp):
@@ -170,7 +169,8 @@ def test_a_mode_offloads_what_does_not_fit_max_memory(tmp_path, tokenizer):
     budget = dict(device_map="sequential", max_memory={"cpu": "13MB"}, offload_folder=str(tmp_path / "off"))
     sharded, _ = load_target(TargetConfig(name_or_path=str(tmp_path / "tied"), **budget))
     placed = sharded.hf_device_map
-    assert placed["model.embed_tokens"] == placed["lm_head"] == "cpu" and "disk" in placed.values()
+    assert placed["model.embed_tokens"] == placed["lm_head"] == "cpu" and placed["model.layers.3"] == "disk"
+    assert fingerprint(sharded, tokenizer) == fingerprint(whole, tokenizer)  # the last layer read from disk
     enc = padded(tokenizer, PROMPTS)
     f_whole, lg_whole = target_features(whole, enc.input_ids, enc.attention_mask, [1, 2, 3, 4], True)
     f_sharded, lg_sharded = target_features(sharded, enc.input_ids, enc.attention_mask, [1, 2, 3, 4], True)
