@@ -171,7 +171,6 @@ class Backend:
     thread lends its packed weights (nothing is packed twice)."""
 
     def __init__(self, name: str, *modules: nn.Module) -> None:
-        self.name = name
         outer = _ACTIVE.get() or {}
         self.packed: dict[nn.Linear, _Packed] = {}
         if name == "onednn":

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 from draftheads.decode import backend as backends
+from draftheads.decode.context import position_limit
 from draftheads.heads.checkpoint import atomic_write
 from draftheads.heads.masks import additive_mask
 
@@ -126,15 +127,6 @@ def curve_key(target, backend: str, batch: int = 1, context: int = CONTEXT_BUCKE
     }
 
 
-def _positions(config) -> int | None:
-    """The target's position limit, when its config has one."""
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 @torch.no_grad()
 def measure_curve(
     target,
@@ -152,7 +144,7 @@ def measure_curve(
     p = next(target.parameters())
     dev, dtype = p.device, p.dtype
     vocab = int(target.config.vocab_size)
-    limit = _positions(target.config)
+    limit = position_limit(target.config)
     ctx = context_bucket(context)
     if limit is not None:
         sizes = tuple(n for n in sizes if n < limit) or (1,)
