@@ -292,3 +292,15 @@ def test_push_quotes_only_a_report_measured_on_that_drafter(hub, tmp_path, capsy
     write_report(b, 3.33, b, drafter_digest(a))  # in the heads folder itself: push would quote it
     assert main(["push", f"heads={b}", "repo_id=org/b"]) == 1
     assert "report.json was measured on another drafter" in one_line_error(capsys)
+
+
+def test_data_saves_into_a_new_folder_and_over_its_own_saved_set(tmp_path, monkeypatch, capsys):
+    import datasets
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["data", "target=tiny-llama", "data.max_rows=3", "out_dir=rows"]
+    assert main(argv) == 0 and main([*argv, "data.max_rows=1"]) == 0, capsys.readouterr().err
+    saved = re.findall(r"saved (\d+) rows to rows", capsys.readouterr().out)
+    assert len(saved) == 2 and saved[0] != saved[1]  # the second set replaced the first
+    assert len(datasets.load_from_disk(str(tmp_path / "rows"))) == int(saved[1])
+    assert LOCK not in {p.name for p in (tmp_path / "rows").iterdir()}
