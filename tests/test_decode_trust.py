@@ -6,6 +6,7 @@ cannot pay. Planner tests inject costs and timings; none depends on the wall clo
 from __future__ import annotations
 
 import copy
+import gc
 import threading
 
 import pytest
@@ -128,6 +129,26 @@ def test_streams_leave_the_model_stock_between_steps_and_interleave_exactly():
             assert not patched(model, d)  # suspended at a yield: nothing installed
             assert torch.equal(greedy(model, plain_ids, 4), plain)  # a plain call in between
     assert got == alone
+
+
+@onednn
+def test_packed_copies_are_released_when_a_call_ends():
+    model, tok = get_target("llama")
+    gen = SpeculativeGenerator(
+        model, None, tok, DecodeConfig(lookup=True, backend="onednn", cost_aware=False)
+    )
+    ids = ids_of(tok, PROMPTS[0])
+    stream = gen.stream(ids, max_new_tokens=6)
+    next(stream)
+    assert live_packs() > 0  # a stream holds its packing between steps ...
+    del stream
+    gen.generate(ids, max_new_tokens=6)
+    assert live_packs() == 0  # ... and no call keeps one once it is over
+
+
+def live_packs() -> int:
+    gc.collect()
+    return sum(isinstance(o, backends._Packed) for o in gc.get_objects())
 
 
 @onednn
