@@ -39,7 +39,7 @@ from draftheads.conf.schema.train import validate
 from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.dflash import choose_mask_token
 from draftheads.heads.target import fingerprint, load_target, target_name
-from draftheads.train import checkpoint
+from draftheads.train import checkpoint, dry_run
 from draftheads.train.adapters import add_lora, save_adapters
 from draftheads.train.batching import Layout, RowView, StepSampler, check_rows, micro_batch, split_heldout
 from draftheads.train.card import model_card
@@ -485,8 +485,11 @@ def train(cfg: Config, rows: Any = None, hooks: list[Callable] | None = None) ->
     return recipe.save()
 
 
-def run(cfg: Config) -> Path:
-    """The whole ``draftheads train`` job (setup -> train -> save) from a typed config."""
+def run(cfg: Config) -> Path | None:
+    """The whole ``draftheads train`` job (setup -> train -> save) from a typed config; with
+    ``train.dry_run``, the recipe's dry run instead (:mod:`draftheads.train.dry_run`)."""
+    if cfg.train.dry_run:
+        return dry_run.run(cfg, train)
     out = train(cfg)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(f"drafter saved to {out}")

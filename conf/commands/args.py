@@ -17,6 +17,7 @@ from draftheads.conf.schema.checks import at_least, backend_fits, one_of
 from draftheads.conf.schema.data import STORE_DTYPES, DataConfig
 from draftheads.conf.schema.decode import DecodeConfig, EvalConfig
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
+from draftheads.conf.schema.recipe import RecipeConfig
 from draftheads.conf.schema.train import LoggerConfig, TrainConfig, validate
 
 
@@ -35,6 +36,7 @@ class DistillArgs:
 
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     revision: str | None = None
 
     def __post_init__(self) -> None:
@@ -49,6 +51,7 @@ class FeaturesArgs:
     target: TargetConfig = field(default_factory=TargetConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
 
 @dataclass
@@ -61,6 +64,7 @@ class TrainArgs:
     train: TrainConfig = field(default_factory=TrainConfig)
     deepspeed: dict = field(default_factory=dict)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
     def __post_init__(self) -> None:
         """Every value check of a training run, when the command line is read (the recipe repeats
@@ -97,6 +101,7 @@ class EvalArgs:
     target: TargetConfig = field(default_factory=TargetConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     heads: str | None = None
     revision: str | None = None
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from draftheads.conf.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent.parent
-GROUPS = ("target", "draft", "data", "train", "deepspeed", "logger", "decode", "eval")
+GROUPS = ("target", "draft", "data", "train", "deepspeed", "logger", "decode", "eval", "recipe")
 
 
 def group_options(group: str) -> list[str]:

@@ -6,7 +6,12 @@ from draftheads.conf.commands.args import TrainArgs, to_config
 
 
 def train(args: TrainArgs) -> None:
-    """Train the configured drafter; the recipe owns resume, checkpoints and the output folder."""
-    from draftheads.train import recipe
+    """Train the configured drafter; the recipe owns resume, checkpoints and the output folder.
+    A recipe (``recipe=NAME``) asking for more GPUs than this run has is refused first, unless
+    this is its dry run."""
+    from draftheads.train import dry_run, recipe
 
-    recipe.run(to_config(args))
+    cfg = to_config(args)
+    if not cfg.train.dry_run:
+        dry_run.check_devices(cfg)
+    recipe.run(cfg)

@@ -15,6 +15,7 @@ from draftheads.conf.schema.checks import at_least, positive
 from draftheads.conf.schema.data import DataConfig
 from draftheads.conf.schema.decode import DecodeConfig, EvalConfig, check_prompt_source
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
+from draftheads.conf.schema.recipe import RecipeConfig
 from draftheads.conf.schema.train import LoggerConfig, TrainConfig
 
 # The drafters the bench knows how to train (bench/stages.py), and the baselines it can run.
@@ -196,6 +197,7 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     # Command arguments (which command reads which is listed in `draftheads --help`).
     heads: str | None = None
     revision: str | None = None

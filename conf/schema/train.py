@@ -77,6 +77,9 @@ class TrainConfig:
     # A datasets.save_to_disk directory of pre-tokenized rows (input_ids, loss_mask); skips data.*.
     rows: str | None = None
     progress: bool = True
+    # Build everything and run two steps on a tiny model of the recipe's family, then print what
+    # the real run needs (parameters, memory per rank, FLOPs per token; see train/dry_run.py).
+    dry_run: bool = False
 
 
 @dataclass
