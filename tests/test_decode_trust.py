@@ -422,3 +422,25 @@ def test_a_measured_curve_covers_the_batch_at_the_context_bucket():
     c = measure_curve(model, "eager", sizes=(1, 2), context=200, repeats=1, batch=3)
     assert c.sizes == [3, 6] and len(c.seconds) == 2 and all(s > 0 for s in c.seconds)
     assert (c.key["batch"], c.key["context"]) == (3, 256)
+
+
+def test_eagle_reads_the_pairs_of_steps_verified_without_drafting(monkeypatch):
+    """Steps the planner verifies without the drafter still reach its cache at the next pass, so
+    acceptance after a probe is not lowered by holes (every other step skips drafting here)."""
+    model, tok = get_target("llama")
+    d = drafter("eagle", model, fingerprint(model, tok), version=3)
+    flips = iter([True, False] * 100)
+    monkeypatch.setattr(Planner, "drafting", lambda self: next(flips))
+    gen = SpeculativeGenerator(model, d, tok, DecodeConfig(lookup=False))
+    made = []
+    make = gen.make_proposer
+    monkeypatch.setattr(gen, "make_proposer", lambda: made.append(make()) or made[-1])
+    ids = ids_of(tok, PROMPTS[0])
+    out = gen.generate(ids, max_new_tokens=24, eos_token_id=[])
+    assert torch.equal(out, greedy(model, ids, 24, eos_token_id=None))
+    assert 0 < gen.last_stats.undrafted_steps < gen.last_stats.steps
+    p = made[0]
+    pending = p.pending[5][0] if p.pending is not None else 0
+    # every pair the target has read: the prompt's and every emitted token but the last root
+    assert p.lengths_cpu[0] + pending == ids.shape[1] + 24 - 1
+    assert bool(p.valid[0].all())

@@ -75,14 +75,9 @@ class EagleProposer:
         rows = torch.arange(step.path.shape[0], device=step.path.device)[:, None]
         feats = self.drafter.select_features(step.hidden_states)[rows, step.path]
         j = torch.arange(step.path.shape[1], device=step.path.device)[None]
-        self.pending = (
-            feats,
-            step.tokens,
-            j < step.n_keep[:, None],
-            step.pos[:, None] + j,
-            step.n_keep,
-            step.n_cpu,
-        )
+        new = (feats, step.tokens, j < step.n_keep[:, None], step.pos[:, None] + j, step.n_keep, step.n_cpu)
+        # a step verified without drafting left its pairs unread: the next pass reads both
+        self.pending = new if self.pending is None else merge_pending(self.pending, new)
 
     def _feed_pending(self) -> torch.Tensor:
         """Run the drafter on the pending pairs; keep them in its cache; return the root's output."""
@@ -106,6 +101,7 @@ class EagleProposer:
         self.lengths_cpu = [a + b for a, b in zip(self.lengths_cpu, n_cpu)]
         if self.graphs is not None and not isinstance(self.cache, StaticKV):
             self.cache = StaticKV.adopt(self.cache, self.graphs.pool, self.tree_slots())
+        self.pending = None
         rows = torch.arange(out.shape[0], device=out.device)
         return out[rows, n_keep - 1]
 
@@ -228,6 +224,8 @@ class EagleProposer:
         self.lengths = self.lengths.index_select(0, rows)
         keep = rows.tolist()
         self.lengths_cpu = [self.lengths_cpu[i] for i in keep]
+        if self.pending is None:
+            return
         feats, tokens, valid, positions, n_keep, n_cpu = self.pending
         self.pending = (
             feats.index_select(0, rows),
@@ -237,6 +235,28 @@ class EagleProposer:
             n_keep.index_select(0, rows),
             [n_cpu[i] for i in keep],
         )
+
+
+def merge_pending(a: tuple, b: tuple) -> tuple:
+    """Two batches of pending pairs as one: each row's kept pairs of ``a`` (its first ``n_keep``),
+    then those of ``b``, then the rest (dropped by the feed's compaction)."""
+    fa, ta, va, pa, ka, ca = a
+    fb, tb, vb, pb, kb, cb = b
+    na, nb = ta.shape[1], tb.shape[1]
+    ja = torch.arange(na, device=ta.device)[None]
+    jb = torch.arange(nb, device=tb.device)[None]
+    late = na + nb  # sorts after every kept pair
+    key = torch.cat(
+        [torch.where(ja < ka[:, None], ja, late), torch.where(jb < kb[:, None], ka[:, None] + jb, late)], 1
+    )
+    order = key.argsort(dim=1, stable=True)
+
+    def take(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        both = torch.cat([x, y], 1)
+        index = order.view(*order.shape, *([1] * (both.dim() - 2))).expand(-1, -1, *both.shape[2:])
+        return both.gather(1, index)
+
+    return (take(fa, fb), take(ta, tb), take(va, vb), take(pa, pb), ka + kb, [x + y for x, y in zip(ca, cb)])
 
 
 def fixed_tree(
