@@ -7,7 +7,8 @@ Stages, each cached under ``bench.out_dir`` so that a rerun skips what is done:
    itself; ``data.distill`` is resumable row by row.
 2. **features**: one offline feature cache of the distilled chats holding every layer any
    drafter reads (EAGLE-3's three plus the final state; Medusa reads the final state).
-3. **train**: each drafter in ``bench.drafters`` on the cached features.
+3. **train**: each drafter in ``bench.drafters`` on the cached features (DFlash on the same
+   data and passes as EAGLE-3, reading three of the cache's layers).
 4. **tree**: the Medusa tree is chosen from measured head accuracies (``draftheads tree``).
 5. **eval**: every drafter on every prompt set (held-out, Spec-Bench, GSM8K test) against
    plain greedy ``generate`` and prompt lookup decoding, all in one loop per set: the greedy
@@ -51,6 +52,9 @@ from draftheads.conf.schema.heads import DraftConfig
 from draftheads.data.outdir import guard_out_dir
 
 EAGLE_KINDS = {"eagle": "eagle", "eagle3": "eagle3"}
+# drafters trained from the teacher-forced cache on disk (same data and passes), and the
+# overrides that pick them on the bench's EAGLE-3 recipe
+STREAMED: dict[str, list[str]] = {"eagle3": [], "dflash": ["draft=dflash"]}
 # EAGLE-2's published tree (top-10 expansions, depth 6, 60 nodes, every one verified): the tree
 # EAGLE's τ figures are measured with; ``bench.published_tree`` adds the EAGLE drafter under it
 PUBLISHED_TREE = {"dynamic": True, "top_k_draft": 10, "depth": 6, "total_tokens": 60, "cost_aware": False}
@@ -357,13 +361,13 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
 def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
     """Run (or resume) every stage; returns what the docs page is written from. An unknown
     ablation row or an output folder the guard refuses stops it before the first stage."""
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target import fingerprint, load_target
 
     study.ablation_rows(list(b.ablations))
     guard_out_dir(b.out_dir, "bench", "bench.out_dir")
     t0 = time.perf_counter()
     target, tok = load_target(cfg.target)
-    H = target.config.hidden_size
+    H, L = target.config.hidden_size, fingerprint(target).num_layers
     data_dirs = stage_distill(cfg, b, target, tok) if b.distill_prompts else []
     distilled = None  # with teacher-forced data: the distilled answers' own cache, mixed in by view
     if b.teacher_tokens:
@@ -377,7 +381,7 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
         results["data"] = json.loads((cache / ".done").read_text())
     for kind in b.drafters:
         heads = Path(b.out_dir) / kind
-        if b.teacher_tokens and kind == "eagle3":  # streamed from the cache, equal compute to scaling
+        if b.teacher_tokens and kind in STREAMED:  # streamed from the cache, equal compute to scaling
             tokens = json.loads((cache / ".done").read_text())["answer_tokens"]
             source, note = cache, {}
             epochs = b.scaling_compute / max(tokens, 1)  # passes over the teacher tokens
@@ -385,10 +389,11 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
                 source, note = study.mixture(b, cache, distilled)
                 results["mixture"] = {**json.loads((distilled / ".done").read_text()), **note}
                 tokens += note["distilled_tokens"]
-            study.train_on(cfg, b, target, source, heads, tokens, epochs, note=note)
+            study.train_on(cfg, b, target, source, heads, tokens, epochs, STREAMED[kind], note=note)
         else:
             limit = b.medusa_tokens if b.teacher_tokens and kind == "medusa" else None
-            rows = load_rows(cache, H, "last" if kind == "medusa" else "all", max_tokens=limit)
+            layers = DraftConfig(kind="dflash").training_layers(L) if kind == "dflash" else None
+            rows = load_rows(cache, H, "last" if kind == "medusa" else "all", limit, layers)
             stage_train(cfg, b, kind, rows, b.medusa_steps if kind == "medusa" else b.eagle_steps, heads)
             del rows
         results["train"][kind] = json.loads((heads / ".done").read_text())

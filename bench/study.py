@@ -1,6 +1,7 @@
 """The bench's teacher-forced stages: one feature cache of text the target did not write, the
-main EAGLE-3 drafter trained on it from the disk, τ at equal compute for more distinct data
-against more epochs (scaling), and one row per recipe switch at equal data (ablations).
+main EAGLE-3 (and DFlash) drafter trained on it from the disk, τ at equal compute for more
+distinct data against more epochs (scaling), and one row per recipe switch at equal data
+(ablations).
 
 Every stage is a folder under ``bench.out_dir`` marked done when finished; training runs save
 checkpoints, so a rerun skips finished stages and continues an interrupted one.
@@ -24,7 +25,9 @@ from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig
 
 ANSWER_TOKENS = "answer_tokens.json"  # per shard of the teacher cache: trained (answer) tokens
-# recipe switches, each a row of overrides on the bench's EAGLE-3 (or Medusa) recipe
+# recipe switches, each a row of overrides on the bench's EAGLE-3 (or Medusa, or DFlash) recipe;
+# ``decode.*`` overrides change how a row's drafter is decoded, not how it is trained, so such
+# a row decodes the drafter of the first row trained the same way (see :func:`drafter_row`)
 ABLATIONS: dict[str, list[str]] = {
     "eagle3": [],
     "eagle3 init from target": ["draft.init_from_target=true"],
@@ -36,6 +39,13 @@ ABLATIONS: dict[str, list[str]] = {
     "medusa 3 heads": ["draft=medusa", "draft.num_heads=3"],
     "medusa 2 resblocks": ["draft=medusa", "draft.num_layers=2"],
     "medusa-2": ["draft=medusa2"],
+    "dflash": ["draft=dflash"],
+    # twice the blocks of half the size: as many block rows, so about the same compute
+    "dflash block 8": ["draft=dflash", "draft.block_size=8", "draft.anchors_per_row=64"],
+    "dflash 2 layers": ["draft=dflash", "draft.num_decoder_layers=2"],
+    "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],
+    "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
+    "dflash chain": ["draft=dflash", "decode.tree=chain"],
 }
 
 
@@ -49,6 +59,26 @@ def ablation_rows(names: list[str]) -> dict[str, list[str]]:
     if bad:
         raise UserError(f"bench.ablations: unknown rows {bad}; use all or some of {list(ABLATIONS)}")
     return {n: ABLATIONS[n] for n in names}
+
+
+def split_overrides(extra: list[str]) -> tuple[list[str], list[str]]:
+    """(training overrides, ``decode.*`` overrides) of an ablation row."""
+    return [o for o in extra if not o.startswith("decode.")], [o for o in extra if o.startswith("decode.")]
+
+
+def drafter_row(name: str) -> str:
+    """The first row of :data:`ABLATIONS` trained as ``name`` is (the same training overrides):
+    rows that differ only in decoding share its drafter."""
+    trained = split_overrides(ABLATIONS[name])[0]
+    return next(n for n, extra in ABLATIONS.items() if split_overrides(extra)[0] == trained)
+
+
+def decode_with(decode, overrides: list[str]):
+    """``decode`` (a DecodeConfig) with ``decode.key=value`` overrides applied and checked."""
+    from omegaconf import OmegaConf
+
+    given = OmegaConf.from_dotlist([o.removeprefix("decode.") for o in overrides])
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(decode), given))
 
 
 # ---- the teacher-forced cache --------------------------------------------------------------
@@ -169,7 +199,7 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
     if done(out, made):
         return json.loads((out / ".done").read_text())
     medusa = any(o.startswith("draft=medusa") for o in extra)
-    kind = "medusa" if medusa else "eagle3"
+    kind = "medusa" if medusa else "dflash" if "draft=dflash" in extra else "eagle3"
     over = recipe(kind, out, list(extra), b.save_every)
     over += [f"train.epochs={epochs:g}", "train.progress=false"]
     rows = None
@@ -193,18 +223,21 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
     return info
 
 
-def heldout_tau(cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path) -> dict:
-    """τ of ``heads`` on the held-out prompts (cached in ``tau.json`` beside it)."""
+def heldout_tau(
+    cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path, decode: list[str] = (), out: Path | None = None
+) -> dict:
+    """τ of ``heads`` on the held-out prompts, decoded with ``decode`` overrides (cached in
+    ``tau.json`` in ``out``, by default beside the drafter)."""
     from draftheads.bench.stages import eval_prompts
     from draftheads.decode import SpeculativeGenerator
     from draftheads.decode.prompting import encode_prompt
     from draftheads.heads import Drafter
 
-    path = heads.parent / "tau.json"
+    path = (out or heads.parent) / "tau.json"
     if path.is_file():
         return json.loads(path.read_text())
     drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok)
-    gen = SpeculativeGenerator(target, drafter, tokenizer=tok, config=cfg.decode)
+    gen = SpeculativeGenerator(target, drafter, tokenizer=tok, config=decode_with(cfg.decode, list(decode)))
     accepted, steps, prompts = 0, 0, eval_prompts("heldout", b, tok)
     for p in prompts:
         ids = encode_prompt(tok, p.turns[0]).to(next(target.parameters()).device)
@@ -212,19 +245,32 @@ def heldout_tau(cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path) -> dic
         accepted += sum(gen.last_stats.accepted_lengths)
         steps += len(gen.last_stats.accepted_lengths)
     result = {"tau": accepted / max(steps, 1), "prompts": len(prompts)}
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result) + "\n")
     return result
 
 
 def point(
-    cfg, b, target, tok, cache: Path, folder: Path, tokens: int, compute: int, extra=()
+    cfg,
+    b,
+    target,
+    tok,
+    cache: Path,
+    folder: Path,
+    tokens: int,
+    compute: int,
+    extra=(),
+    decode=(),
+    tau_in=None,
 ) -> dict[str, Any]:
-    """Train on the first ``tokens`` answer tokens of ``cache`` for ``compute`` answer-token
-    passes (epochs = compute / tokens), then τ on held-out prompts."""
+    """Train in ``folder`` on the first ``tokens`` answer tokens of ``cache`` for ``compute``
+    answer-token passes (epochs = compute / tokens), then τ on held-out prompts, decoded with
+    ``decode`` overrides (recorded in ``tau_in``, by default ``folder``)."""
     have = cache_view(cache, folder / "cache", tokens)
     epochs = compute / max(have, 1)
     info = train_on(cfg, b, target, folder / "cache", folder / "drafter", have, epochs, list(extra))
-    return {**info, **heldout_tau(cfg, b, target, tok, folder / "drafter"), "compute": compute}
+    tau = heldout_tau(cfg, b, target, tok, folder / "drafter", decode, tau_in)
+    return {**info, **tau, "compute": compute}
 
 
 def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> list[dict]:
@@ -244,13 +290,19 @@ def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> l
 
 def stage_ablations(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> dict[str, dict]:
     """One row per recipe switch, all on the same ``bench.ablation_tokens`` answer tokens and
-    ``bench.ablation_epochs`` passes (equal data, equal compute)."""
+    ``bench.ablation_epochs`` passes (equal data, equal compute). A row that only decodes
+    differently reuses the drafter of :func:`drafter_row`."""
     from draftheads.bench.stages import log
 
     rows = {}
+    root = Path(b.out_dir) / "ablations"
     for name, extra in ablation_rows(list(b.ablations)).items():
-        folder = Path(b.out_dir) / "ablations" / name.replace(" ", "-")
+        folder = root / name.replace(" ", "-")
+        trained, decode = split_overrides(extra)
         compute = round(b.ablation_tokens * b.ablation_epochs)
-        rows[name] = point(cfg, b, target, tok, cache, folder, b.ablation_tokens, compute, extra)
+        trained_in = root / drafter_row(name).replace(" ", "-")
+        rows[name] = point(
+            cfg, b, target, tok, cache, trained_in, b.ablation_tokens, compute, trained, decode, folder
+        )
         log(f"ablation {name}: tau {rows[name]['tau']:.2f}")
     return rows

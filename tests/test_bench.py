@@ -35,6 +35,7 @@ def tiny_bench(tmp_path, *overrides: str, **settings):
 def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch, capsys):
     cfg, b = tiny_bench(
         tmp_path,
+        drafters=["medusa", "eagle3", "dflash"],
         distill_prompts=8,
         self_prompts=0,
         distill_new_tokens=12,
@@ -64,6 +65,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         "eagle3",
         "medusa/eval-heldout",
         "eagle3/eval-heldout",
+        "dflash/eval-heldout",
     ):
         assert (out / stage / ".done").is_file(), stage
     assert (out / "medusa" / "tree.json").is_file()
@@ -75,15 +77,16 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         "train medusa",
         "medusa tree",
         "train eagle3",
+        "train dflash",
         "eval heldout",
     ] and all(m > 0 for m in stages.values())
-    # both drafters were decoded in one loop per prompt set (the greedy runs shared)
-    for kind in ("medusa", "eagle3"):
+    # every drafter was decoded in one loop per prompt set (the greedy runs shared)
+    for kind in ("medusa", "eagle3", "dflash"):
         marker = json.loads((out / kind / "eval-heldout" / ".done").read_text())
-        assert marker["decoded_with"] == ["medusa", "eagle3"] and marker["seconds"] > 0
+        assert marker["decoded_with"] == ["medusa", "eagle3", "dflash"] and marker["seconds"] > 0
     # Spec-Bench is absent here: skipped, not failed; held-out was decoded exactly
     assert set(results["drafters"]["medusa"]) == {"heldout"}
-    for kind in ("medusa", "eagle3"):
+    for kind in ("medusa", "eagle3", "dflash"):
         assert results["drafters"][kind]["heldout"]["greedy_identical"] == 1.0
     assert (
         "pld" in results["drafters"]["medusa"]["heldout"]
@@ -113,6 +116,14 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         [float(x) for x in p.splitlines()[0].split()[1:]] for p in (printed, padded)
     )
     assert padded_losses == pytest.approx(packed_losses, abs=2e-3)
+    # DFlash reads three of the cache's four layers, and states its FLOPs per row token
+    assert main(["train-speed", cache, "draft=dflash", "target=tiny-llama", "speed.steps=2"]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "dflash:" in printed
+        and "training tokens/s" in printed
+        and "GFLOP of matmuls per row token" in printed
+    )
 
     # the decoding-speed benchmark on the trained drafter: one table per tree setting, outputs
     # identical to greedy generate at every batch size
@@ -140,7 +151,11 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         k: json.loads((out / k / "eval-heldout" / ".done").read_text())["decoded_with"]
         for k in again["drafters"]
     }
-    assert decoded_with == {"medusa": ["medusa", "eagle3"], "eagle3": ["eagle3"]}
+    assert decoded_with == {
+        "medusa": ["medusa", "eagle3", "dflash"],
+        "eagle3": ["eagle3"],
+        "dflash": ["medusa", "eagle3", "dflash"],
+    }
     assert again["drafters"]["eagle3"]["heldout"]["greedy_identical"] == 1.0
 
     docs = tmp_path / "benchmarks.md"
@@ -200,7 +215,7 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
         drafters=["eagle3"],
         scaling_tokens=[300, 700],
         scaling_compute=1400,
-        ablations=["eagle3 init from target", "medusa 3 heads"],
+        ablations=["eagle3 init from target", "medusa 3 heads", "dflash chain"],
         ablation_tokens=300,
         ablation_epochs=1.0,
         eval_prompts=2,
@@ -225,6 +240,12 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     medusa = results["ablations"]["medusa 3 heads"]  # Medusa rows train on the same cached tokens
     assert medusa["overrides"] == ["draft=medusa", "draft.num_heads=3"]
     assert medusa["answer_tokens"] == row["answer_tokens"] and medusa["tau"] >= 1.0
+    # a decoding-only row decodes the drafter its training twin trains (here trained for it), on
+    # the same tokens, reading three of the cache's four layers
+    chain = results["ablations"]["dflash chain"]
+    assert chain["overrides"] == ["draft=dflash"] and chain["answer_tokens"] == row["answer_tokens"]
+    assert (out / "ablations" / "dflash" / "drafter" / "model.safetensors").is_file()
+    assert (out / "ablations" / "dflash-chain" / "tau.json").is_file() and chain["tau"] >= 1.0
 
     # interrupted: a later stage's output is gone; the rerun redoes that stage only
 

@@ -208,6 +208,39 @@ def test_chains_give_each_answer_positions_block_acceptance():
                 assert correct[k - 1, col] == (pred[k] == greedy[a + k - 1])
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_logged_flops_are_the_matmuls_autograd_runs_plus_attention(layers):
+    """``cost/gflop`` counts forward and backward: torch's FLOP counter sees the linear layers'
+    matmuls (attention runs inside SDPA, which it does not count), and the formula's remaining
+    term is the dense attention over every key of the row."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, d, batch = drafter_and_batch(soft=False)
+    d = DFlashDrafter(
+        d.target_fingerprint,
+        model.config.to_dict(),
+        16,
+        block_size=4,
+        num_decoder_layers=layers,
+        draft_vocab_size=512,
+    ).attach(model)
+    obj = DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=4), topk=5)
+    torch.manual_seed(0)
+    with FlopCounterMode(display=False) as counter:
+        loss, stats = obj(batch)
+        loss.backward()
+    torch.manual_seed(0)
+    pos = batch["position_ids"]
+    docs = documents(batch["attention_mask"].bool(), pos)
+    anchors, _ = sample_anchors(
+        anchor_candidates(batch["loss_mask"], pos), docs, 8, token_uniforms(batch["attention_mask"])
+    )
+    blocks, shape = anchors.numel() * 4, d.layer_shape
+    attention = 12 * blocks * layers * (11 + blocks) * shape["num_attention_heads"] * shape["head_dim"]
+    assert stats["cost/gflop_sum"] * 1e9 == pytest.approx(counter.get_total_flops() + attention)
+    assert stats["cost/n"] == 11
+
+
 def test_dflash_trains_learns_and_writes_a_loadable_drafter(tmp_path, rows):
     out = train(config(tmp_path, *DFLASH, "train.max_steps=12", "train.eval_every=12"), rows)
     ls = losses(out)

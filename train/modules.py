@@ -28,6 +28,7 @@ from draftheads.train.objectives import (
     block_positions,
     block_targets,
     chunked_anchors,
+    dflash_train_flops,
     documents,
     feature_regression,
     head_stats,
@@ -363,7 +364,26 @@ class DFlashObjective(Objective):
         blocks = counted[..., 1]
         tau = block_acceptance(correct, counted)[blocks].double()
         stats.update({"block/tau_sum": tau.sum(), "block/n": tau.new_tensor(float(tau.numel()))})
+        B, N = anchors.shape
+        gflop = self.flops(B, batch["input_ids"].shape[1], N, b.numel()) / 1e9
+        stats.update({"cost/gflop_sum": tau.new_tensor(gflop), "cost/n": valid.sum().double()})
         return loss, stats
+
+    def flops(self, batch_rows: int, T: int, anchors: int, counted: int) -> float:
+        """Matmul FLOPs of a micro-batch of ``batch_rows`` rows of ``T`` positions with ``anchors``
+        blocks each (:func:`dflash_train_flops`); logged per real row token as ``cost/gflop``."""
+        d, bs = self.drafter, self.drafter.block_size
+        return dflash_train_flops(
+            d.layer_shape,
+            d.target_fingerprint.hidden_size,
+            len(d.feature_layers()),
+            d.num_decoder_layers,
+            d.draft_vocab_size,
+            rows=batch_rows * T,
+            blocks=batch_rows * anchors * bs,
+            keys=T + anchors * bs,
+            counted=counted,
+        )
 
     def position_stats(
         self,

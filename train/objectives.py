@@ -331,3 +331,34 @@ def block_acceptance(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     run of leading positions k >= 1 whose draft top-1 equals the target's greedy token
     (:func:`chain_acceptance` over the block positions), not a per-token accuracy."""
     return chain_acceptance(correct[..., 1:].movedim(-1, 0), valid[..., 1:].movedim(-1, 0))
+
+
+def dflash_train_flops(
+    shape: dict,
+    hidden: int,
+    features: int,
+    layers: int,
+    vocab: int,
+    rows: int,
+    blocks: int,
+    keys: int,
+    counted: int,
+) -> float:
+    """Matmul FLOPs of one DFlash training micro-batch, forward and backward.
+
+    ``rows`` context positions computed (padding included), ``blocks`` block rows (N * block per
+    batch row), each attending densely over ``keys`` = T + N * block keys, ``counted`` positions
+    projected through the draft head. With H the width, K the feature layers, L the drafter
+    layers, h/g the query/key-value heads of size D, I the MLP width and V the draft vocabulary::
+
+        4 rows K H^2                      fc (its input is data: weight gradient only)
+      + 6 rows L 2 H g D                  every layer's context keys and values
+      + 6 blocks L H (2 h D + 2 g D + 3 I)  every layer on the block rows
+      + 12 blocks L keys h D              attention scores and values
+      + 4 counted H V                     the frozen head (forward and input gradient)
+    """
+    h, g = shape["num_attention_heads"], shape["num_key_value_heads"]
+    D, mlp, H = shape["head_dim"], shape["intermediate_size"], hidden
+    context = rows * (4 * features * H * H + 6 * layers * 2 * H * g * D)
+    block = blocks * layers * (6 * H * (2 * h * D + 2 * g * D + 3 * mlp) + 12 * keys * h * D)
+    return float(context + block + 4 * counted * H * vocab)

@@ -19,7 +19,7 @@ from draftheads.conf.schema.recipe import RecipeConfig
 from draftheads.conf.schema.train import LoggerConfig, TrainConfig
 
 # The drafters the bench knows how to train (bench/stages.py), and the baselines it can run.
-BENCH_DRAFTERS = ("medusa", "eagle", "eagle3")
+BENCH_DRAFTERS = ("medusa", "eagle", "eagle3", "dflash")
 BENCH_BASELINES = ("pld",)
 
 
@@ -71,8 +71,8 @@ class BenchConfig:
     plus 2 min of held-out decoding: they do not fit beside the main run, so they are off by
     default and are added by a rerun (cached stages only add what is new):
     ``bench.scaling_tokens=[68000,150000]`` (~60 min; the 500k point is the teacher-only drafter)
-    and ``bench.ablations=[all]`` (10 rows, ~90 min; Medusa-2, which trains the target's LoRA
-    adapters, ~30 of them).
+    and ``bench.ablations=[all]`` (16 rows: the 10 EAGLE-3 and Medusa ones ~90 min, Medusa-2, which
+    trains the target's LoRA adapters, ~30 of them; the 6 DFlash ones are not timed yet).
     """
 
     out_dir: str = "outputs/bench"
