@@ -48,8 +48,10 @@ def compact(cache, src: torch.Tensor, dst: torch.Tensor, new_length: int) -> Non
         for name in ("keys", "values"):
             t = getattr(layer, name)  # [B, heads, S, D]
             shape = (t.shape[0], t.shape[1], src.shape[1], t.shape[3])
-            moved = t.gather(2, src[:, None, :, None].expand(shape))
-            t.scatter_(2, dst[:, None, :, None].expand(shape), moved)
+            # a target sharded over devices keeps each layer's cache where the layer runs
+            s, d = src.to(t.device), dst.to(t.device)
+            moved = t.gather(2, s[:, None, :, None].expand(shape))
+            t.scatter_(2, d[:, None, :, None].expand(shape), moved)
             setattr(layer, name, t[:, :, :new_length])
 
 
@@ -62,8 +64,8 @@ def truncate(cache, length: int) -> None:
 def select_rows(cache, rows: torch.Tensor) -> None:
     """Keep only ``rows`` of the batch (finished rows leave the batch)."""
     for layer in cache_layers(cache):
-        layer.keys = layer.keys.index_select(0, rows)
-        layer.values = layer.values.index_select(0, rows)
+        layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))
+        layer.values = layer.values.index_select(0, rows.to(layer.values.device))
 
 
 def append_valid(
