@@ -129,7 +129,8 @@ COMMANDS: dict[str, Command] = {
     "data-speed": Command(
         "draftheads.conf.commands.bench:data_speed",
         a.DataSpeedArgs,
-        "tokenising and feature-extraction tokens/s",
+        "tokenising, feature-extraction (speed.feature_tokens=0: none) and distillation "
+        "(speed.distill_prompts=N; 0: none) tokens/s",
         "draftheads data-speed speed.feature_tokens=3000",
     ),
 }
