@@ -157,6 +157,7 @@ def decoder_generate(model, tokenizer, decode: DecodeFn | None = None) -> Genera
             do_sample=not p.greedy,
             temperature=p.temperature if not p.greedy else 1.0,
             top_p=p.top_p,
+            top_k=0,  # as hf_generate: no top-k cut, whatever the model's generation config says
             eos_token_id=stops,
         )
 

@@ -42,11 +42,13 @@ COMPACT_SHARE = 0.1
 MIN_SHARED = 8
 
 
-def next_tokens(logits: torch.Tensor, do_sample: bool, temperature: float, top_p: float) -> torch.Tensor:
+def next_tokens(
+    logits: torch.Tensor, do_sample: bool, temperature: float, top_p: float, top_k: int = 0
+) -> torch.Tensor:
     """One token per row: the argmax, or a draw from the warped distribution."""
     if not do_sample:
         return logits.argmax(-1)
-    return torch.multinomial(warp(logits, temperature, 0, top_p), 1)[:, 0]
+    return torch.multinomial(warp(logits, temperature, top_k, top_p), 1)[:, 0]
 
 
 def last_only(model) -> dict:
@@ -127,6 +129,7 @@ def generate_retiring(
     temperature: float = 1.0,
     top_p: float = 1.0,
     eos_token_id: int | Sequence[int] | None = None,
+    top_k: int = 0,
 ) -> torch.Tensor:
     """``[B, W + n]``: the left-padded prompts and up to ``max_new_tokens`` new tokens per row.
 
@@ -159,7 +162,7 @@ def generate_retiring(
     nxt = pos[:, -1] + 1
     steps = 0
     for t in range(max_new_tokens):
-        tok = next_tokens(logits, do_sample, temperature, top_p)
+        tok = next_tokens(logits, do_sample, temperature, top_p, top_k)
         tok = torch.where(live, tok, fill)
         out[rows, t] = tok
         steps = t + 1
