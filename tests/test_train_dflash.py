@@ -262,6 +262,14 @@ def test_zero3_and_gradient_accumulation_train_dflash(tmp_path, rows):
     assert len(losses(out)) == 2 and all(map(math.isfinite, losses(out)))
 
 
+@pytest.mark.parametrize(
+    "dtype", ["target.dtype=bfloat16", "train.precision=bf16"], ids=["bf16-target", "bf16-drafter"]
+)
+def test_bfloat16_on_either_side_of_the_shared_head_trains(tmp_path, rows, dtype):
+    out = train(config(tmp_path, *DFLASH, dtype, "train.max_steps=2", "train.eval_every=2"), rows)
+    assert all(map(math.isfinite, losses(out)))
+
+
 def cache(tmp_path, rows, layers: list[int], topk: int = 0):
     model, tok = get_target("llama")
     directory = tmp_path / f"cache-{'-'.join(map(str, layers))}-{topk}"

@@ -331,6 +331,12 @@ class DFlashObjective(Objective):
         )
         return out.view(*anchors.shape, bs, -1)
 
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The draft head's logits, the states cast to its (the target's) dtype: a bfloat16
+        target meets an fp32 drafter, or the reverse, here."""
+        head = self.drafter.head()
+        return head(h.to(head.weight.dtype))
+
     def next_tokens(self, batch: dict) -> torch.Tensor:
         """``[B, T]`` the reference next token at each position: the target's cached top-1 when
         the batch carries top-k logits, else the data's own next token."""
@@ -348,7 +354,7 @@ class DFlashObjective(Objective):
         b, n, k = counted.nonzero(as_tuple=True)
         src = source[b, n, k]
         reference = self.next_tokens(batch)[b, src]
-        logits = d.logits(h[b, n, k]).float()
+        logits = self.logits(h[b, n, k]).float()
         in_vocab = d.t2d[reference]
         labels = torch.where(in_vocab, d.t2d.long().cumsum(0)[reference] - 1, 0)
         if "topk_ids" in batch:  # the target's top-k at a+k-1 as soft labels
@@ -415,7 +421,7 @@ class DFlashObjective(Objective):
         for anchors, keep in chunked_anchors(anchor_candidates(batch["loss_mask"], pos), self.EVAL_ANCHORS):
             h = self.draft(batch, context, anchors, keep)
             source, valid_k = block_targets(anchors, keep, bs, batch["loss_mask"], pos)
-            pred = d.draft_to_target(chunked_argmax(d.logits, h))
+            pred = d.draft_to_target(chunked_argmax(self.logits, h))
             hit = pred == reference.gather(1, source.flatten(1)).view_as(source)
             correct.append(hit[keep])
             counted.append(valid_k[keep])
