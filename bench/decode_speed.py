@@ -79,7 +79,7 @@ def measure_speed(
             t0 = time.perf_counter()
             stock = target.generate(ids, **kw)
             stock_t += time.perf_counter() - t0
-            with backends.applied(gen.backend, target):
+            with backends.applied(gen.backend, target, cache=gen.packs):
                 t0 = time.perf_counter()
                 ref = target.generate(ids, **kw)
                 base_t += time.perf_counter() - t0

@@ -14,10 +14,13 @@ pre-packing does under ``torch.compile`` with freezing) keeps a 2-16 row call cl
   CUDA graph over a static KV cache (see :mod:`draftheads.decode.static`).
 * ``auto``: ``onednn`` on a float32 CPU model when oneDNN is available, ``eager`` otherwise.
 
-Lifetime. A :class:`Backend` is one call's: it packs the weights when it is made (once per
-call; a weight replaced or changed in place through autograd during the call is packed again,
-a write through ``.data`` is seen by the next call) and holds the packed copies, about the
-float32 linear weights' size again, until it is dropped. The layers run packed only inside
+Lifetime. A :class:`Backend` is one call's: it packs the weights when it is made (a weight
+replaced or changed in place through autograd during the call is packed again, a write through
+``.data`` is seen by the next call) and holds the packed copies, about the float32 linear
+weights' size again, until it is dropped. Given a :class:`PackCache` (a generator keeps one),
+it takes the packing of an earlier call instead, after checking that each weight is unchanged
+(storage, version and a probe of every row and column): packing costs about a second per call
+on a small CPU target. The layers run packed only inside
 ``with backend.active():`` and only for the thread that entered it: the block installs a small
 dispatcher on each layer (counted, so overlapping blocks share it and the last one out removes
 it) and names its packed weights in a context variable, so any other thread, and any call
@@ -29,6 +32,7 @@ from the layer at each call, never packed.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -43,16 +47,20 @@ from draftheads.conf.schema.decode import BACKENDS
 class _Packed:
     """One layer's packed weight and the weight it was packed from (storage, version, shape)."""
 
-    __slots__ = ("key", "weight")
+    __slots__ = ("key", "weight", "probe")
 
     def __init__(self, m: nn.Linear) -> None:
-        self.key, self.weight = _weight_key(m), _pack(m)
+        self.key, self.weight, self.probe = _weight_key(m), _pack(m), _probe(m.weight)
+
+    def fresh(self, m: nn.Linear) -> bool:
+        """Whether the layer's weight is still the one packed: same storage, version and probe."""
+        return self.key == _weight_key(m) and torch.equal(self.probe, _probe(m.weight))
 
     def current(self, m: nn.Linear) -> torch.Tensor:
         """The packed weight, packed again first when the layer's weight is no longer the one packed."""
         key = _weight_key(m)
         if key != self.key:
-            self.key, self.weight = key, _pack(m)
+            self.key, self.weight, self.probe = key, _pack(m), _probe(m.weight)
         return self.weight
 
 
@@ -104,6 +112,43 @@ def resolve(name: str, device: torch.device, dtype: torch.dtype) -> str:
 def _weight_key(m: nn.Linear) -> tuple:
     w = m.weight
     return (w.data_ptr(), w._version, tuple(w.shape))
+
+
+def _probe(w: torch.Tensor) -> torch.Tensor:
+    """One element of every row and one of every column of ``w [out, in]``, at scattered offsets.
+
+    A write through ``.data`` keeps the weight's storage and version, so a packing kept across
+    calls is checked against these values at the start of each call: any update that touches
+    every row or every column (a LoRA merge, a rescale, loading other weights, editing a row or a
+    column) changes some of them. Reading them costs ``out + in`` elements, not the weight.
+    """
+    out, inp = w.shape
+    rows = torch.arange(out, device=w.device)
+    cols = torch.arange(inp, device=w.device)
+    with torch.no_grad():
+        return torch.cat([w[rows, (rows * 7919) % inp], w[(cols * 104729) % out, cols]]).clone()
+
+
+class PackCache:
+    """Packed weights kept across calls by their owner (a generator), checked at each call.
+
+    Packing a model's weights costs about a second on a small CPU target, which a per-call
+    packing would add to every ``generate``. The owner holds the copies (about the float32 linear
+    weights' size again) until it is dropped or :meth:`clear` is called; a layer whose weight
+    changed since (storage, version or probe) is packed again at the next call.
+    """
+
+    def __init__(self) -> None:
+        self.entries: weakref.WeakKeyDictionary[nn.Linear, _Packed] = weakref.WeakKeyDictionary()
+
+    def get(self, m: nn.Linear) -> _Packed:
+        entry = self.entries.get(m)
+        if entry is None or not entry.fresh(m):
+            entry = self.entries[m] = _Packed(m)
+        return entry
+
+    def clear(self) -> None:
+        self.entries.clear()
 
 
 def _pack(m: nn.Linear) -> torch.Tensor:
@@ -170,13 +215,13 @@ class Backend:
     object is dropped); :meth:`active` runs the modules on them. A block already active in this
     thread lends its packed weights (nothing is packed twice)."""
 
-    def __init__(self, name: str, *modules: nn.Module) -> None:
+    def __init__(self, name: str, *modules: nn.Module, cache: PackCache | None = None) -> None:
         outer = _ACTIVE.get() or {}
         self.packed: dict[nn.Linear, _Packed] = {}
         if name == "onednn":
             for m in linears(*modules):
                 if _packable(m):
-                    self.packed[m] = outer.get(m) or _Packed(m)
+                    self.packed[m] = outer.get(m) or (cache.get(m) if cache is not None else _Packed(m))
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -202,11 +247,12 @@ class Backend:
 
 
 @contextmanager
-def applied(name: str, *modules: nn.Module) -> Iterator[None]:
+def applied(name: str, *modules: nn.Module, cache: PackCache | None = None) -> Iterator[None]:
     """Run ``modules`` on backend ``name`` (already resolved) inside the block, weights packed
-    once at its start and released at its end. Nested blocks reuse the outer block's packing.
-    ``cuda-graphs`` changes no module (the decoder captures graphs itself)."""
-    with Backend(name, *modules).active():
+    once at its start (or taken from ``cache``) and released at its end unless ``cache`` keeps
+    them. Nested blocks reuse the outer block's packing. ``cuda-graphs`` changes no module (the
+    decoder captures graphs itself)."""
+    with Backend(name, *modules, cache=cache).active():
         yield
 
 

@@ -132,7 +132,7 @@ def evaluate_prompts(
             refs: dict[str, tuple[torch.Tensor, float]] = {}  # backend -> (reference answer, seconds)
             for gen in generators.values():
                 if gen.backend not in refs:
-                    with backends.applied(gen.backend, target):
+                    with backends.applied(gen.backend, target, cache=gen.packs):
                         ref, base_s = timed(target.generate, ids, attention_mask=mask, **turn_kw)
                     refs[gen.backend] = (_trim(ref[0, n_prompt:], tokenizer.pad_token_id, eos), base_s)
             decoded = {}

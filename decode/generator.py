@@ -127,6 +127,8 @@ class SpeculativeGenerator:
         head = target.get_output_embeddings().weight
         self.device, self.dtype = head.device, head.dtype
         self.backend = backends.resolve(self.config.backend, self.device, self.dtype)
+        # packed weights kept from call to call (checked unchanged at each); ``packs.clear()`` frees them
+        self.packs = backends.PackCache()
         if self.backend == "cuda-graphs" and hasattr(target, "_hf_hook"):
             raise UserError(
                 "decode.backend=cuda-graphs cannot capture a target that accelerate spreads or offloads "
@@ -243,7 +245,7 @@ class SpeculativeGenerator:
         modules = [m for m in (self.target, self.drafter) if m is not None]
         modules += getattr(self.drafter, "runtime_modules", list)()  # a reduced draft head, say
         stopper.start(input_ids, mask)
-        run = backends.Backend(self.backend, *modules)  # packs once; the copies go with this call
+        run = backends.Backend(self.backend, *modules, cache=self.packs)  # packed weights, checked
         with run.active():  # per phase: a stream suspended at a yield leaves the modules stock
             state, first = self.prefill(input_ids.to(self.device), mask, how, stopper, stats)
         if planner_curve is not None:

@@ -143,7 +143,32 @@ def test_packed_copies_are_released_when_a_call_ends():
     assert live_packs() > 0  # a stream holds its packing between steps ...
     del stream
     gen.generate(ids, max_new_tokens=6)
-    assert live_packs() == 0  # ... and no call keeps one once it is over
+    assert live_packs() > 0  # the generator keeps its packing for the next call ...
+    gen.packs.clear()
+    assert live_packs() == 0  # ... until it lets it go (or is dropped)
+    gen.generate(ids, max_new_tokens=6)
+    del gen
+    assert live_packs() == 0
+
+
+@onednn
+def test_a_generator_packs_once_and_repacks_a_weight_written_through_data(monkeypatch):
+    model, tok = get_target("llama")
+    model = copy.deepcopy(model)
+    gen = SpeculativeGenerator(model, None, tok, DecodeConfig(lookup=True, backend="onednn", cost_aware=False))
+    ids = ids_of(tok, PROMPTS[0])
+    gen.generate(ids, max_new_tokens=6)
+    packs = []
+    pack = backends._pack
+    monkeypatch.setattr(backends, "_pack", lambda m: packs.append(m) or pack(m))
+    gen.generate(ids, max_new_tokens=6)
+    assert packs == []  # unchanged weights: the first call's packing serves
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        head.weight.data[:, 3].mul_(-2.0)  # one column, through .data: storage and version unchanged
+    out = gen.generate(ids, max_new_tokens=12)
+    assert packs == [head]
+    assert torch.equal(out, greedy(model, ids, 12))
 
 
 def live_packs() -> int:
