@@ -154,17 +154,3 @@ def push_folder(
         raise UserError(f"push to {repo_id} failed ({type(e).__name__}); check the network") from None
     return str(info.commit_url)
 
-
-def push(cfg) -> str:
-    """CLI entry: ``draftheads push heads=DIR repo_id=ORG/NAME [private=true] [revision=BRANCH]``."""
-    if not cfg.heads or not cfg.repo_id:
-        raise UserError("draftheads push needs heads=DIR and repo_id=ORG/NAME")
-    url = push_folder(
-        cfg.heads,
-        cfg.repo_id,
-        private=bool(cfg.private),
-        revision=cfg.revision,
-        search=(cfg.eval.output_dir,),
-    )
-    print(f"pushed {cfg.heads} to {cfg.repo_id}{'@' + cfg.revision if cfg.revision else ''}: {url}")
-    return url
