@@ -336,6 +336,7 @@ def tiny_config(cfg: Config, tmp: Path) -> Config:
         name_or_path=str(tmp / "target"),
         dtype=cfg.target.dtype,
         attn_implementation=cfg.target.attn_implementation,
+        device_map=cfg.target.device_map if isinstance(cfg.target.device_map, str) else None,
     )
     draft = dataclasses.replace(
         cfg.draft,

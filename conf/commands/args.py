@@ -27,6 +27,7 @@ class DataArgs:
 
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     out: str | None = None
 
 
