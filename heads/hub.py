@@ -153,4 +153,3 @@ def push_folder(
     except (OSError, httpx2.HTTPError) as e:
         raise UserError(f"push to {repo_id} failed ({type(e).__name__}); check the network") from None
     return str(info.commit_url)
-

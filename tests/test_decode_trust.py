@@ -155,7 +155,9 @@ def test_packed_copies_are_released_when_a_call_ends():
 def test_a_generator_packs_once_and_repacks_a_weight_written_through_data(monkeypatch):
     model, tok = get_target("llama")
     model = copy.deepcopy(model)
-    gen = SpeculativeGenerator(model, None, tok, DecodeConfig(lookup=True, backend="onednn", cost_aware=False))
+    gen = SpeculativeGenerator(
+        model, None, tok, DecodeConfig(lookup=True, backend="onednn", cost_aware=False)
+    )
     ids = ids_of(tok, PROMPTS[0])
     gen.generate(ids, max_new_tokens=6)
     packs = []
