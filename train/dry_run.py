@@ -239,8 +239,6 @@ def real_needs(cfg: Config) -> Needs:
     else:
         cost = eagle_cost(drafter, d, S, element, online and eagle_logits)
     target_element = 4 if cfg.target.dtype in ("float32", "fp32") else 2
-    layers = d.training_layers(shape.num_hidden_layers)
-    store = 4 if cfg.data.features.dtype == "float32" else 2
     return Needs(
         target_params=target_params,
         drafter_params=count(drafter),
@@ -252,10 +250,16 @@ def real_needs(cfg: Config) -> Needs:
         target_bytes=target_element * target_params / (cfg.recipe.devices if sharded else 1),
         drafter_flops=cost.flops,
         target_flops=target_flops(shape, target_params, S, eagle_logits) if online else 0.0,
-        cache_bytes_per_token=0.0
-        if online
-        else store * len(layers) * shape.hidden_size + 8 * cfg.data.features.topk,
+        cache_bytes_per_token=0.0 if online else cache_bytes(cfg),
     )
+
+
+def cache_bytes(cfg: Config) -> int:
+    """Feature-cache bytes per token: every layer the drafter trains on, plus the top-k ids and
+    logits (4 B each)."""
+    f, shape = cfg.data.features, cfg.recipe.shape
+    layers = cfg.draft.training_layers(shape.num_hidden_layers)
+    return (4 if f.dtype == "float32" else 2) * len(layers) * shape.hidden_size + 8 * f.topk
 
 
 # ---- devices -------------------------------------------------------------------------------
