@@ -53,12 +53,29 @@ def summary_lines(results: dict[str, Any]) -> str:
 
 
 def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
-    """docs/benchmarks.md from the measured results (overwritten by every bench run)."""
+    """docs/benchmarks.md from the measured results (overwritten by every bench run): what ran,
+    then acceptance and speed (what a reader looks for first), then training, stage times and the
+    opt-in scaling and ablation rows."""
     # the optional data folder is named by role, not by this machine's path
     settings = {**vars(b), "shared_data": "DATA_DIR" if b.shared_data else ""}
-    env = next((r["environment"] for reps in results["drafters"].values() for r in reps.values()), {})
-    pld = {name: r["pld"] for reps in results["drafters"].values() for name, r in reps.items() if "pld" in r}
     lines = [
+        *run_lines(results, settings),
+        *speed_lines(results),
+        *training_lines(results),
+        *study_lines(results, b),
+        "",
+        "Reproduce: `make bench` (or `draftheads bench bench.out_dir=outputs/bench`); stages are cached "
+        "under `bench.out_dir`, so a rerun skips what is done, and a stage done under other settings "
+        "stops the rerun with the folder to delete.",
+    ]
+    replace_section(path, "\n".join(lines))
+    write_figures(results, settings, path.with_suffix(".json"))
+
+
+def run_lines(results: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """The section's title and what ran: target, hardware, versions, time and settings."""
+    env = next((r["environment"] for reps in results["drafters"].values() for r in reps.values()), {})
+    return [
         "## Measured results",
         "",
         "Measured by `make bench` (`draftheads bench`), greedy, batch 1, on the embedded SmolLM2-135M-Instruct "
@@ -71,8 +88,66 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
         f"- Versions: {json.dumps(env.get('versions', {}))}",
         f"- This invocation: {results['seconds'] / 60:.0f} min (stages cached by an earlier one are "
         f"skipped, not counted). Settings: `{json.dumps(settings)}`",
+    ]
+
+
+def speed_lines(results: dict[str, Any]) -> list[str]:
+    """Acceptance and speed per drafter and prompt set, then Spec-Bench per category."""
+    pld = {name: r["pld"] for reps in results["drafters"].values() for name, r in reps.items() if "pld" in r}
+    lines = [
         "",
-        "## Training",
+        "### Acceptance and speed",
+        "",
+        "Speedups are against stock transformers `generate` and against greedy decoding on the "
+        "decoder's own backend (`backend`); a step's cost is in greedy steps on that backend; prompt "
+        "lookup is transformers' (`prompt_lookup_num_tokens=10`), against stock `generate`.",
+        "",
+        "| drafter | prompt set | τ | vs stock | vs greedy | backend | tok/s | stock tok/s | greedy tok/s |"
+        " step cost | drafting | greedy identical | turns | prompt lookup τ | prompt lookup vs stock |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    nan = float("nan")
+    for kind, reports in results["drafters"].items():
+        for name, r in reports.items():
+            p = pld.get(name, {})
+            lines.append(
+                f"| {kind} | {name} | {r['tau']:.2f} | {r.get('speedup_vs_stock', nan):.2f}× | "
+                f"{r['speedup']:.2f}× | {r.get('backend', 'eager')} | {r['tokens_per_s']:.1f} | "
+                f"{r.get('stock_tokens_per_s', nan):.1f} | {r['baseline_tokens_per_s']:.1f} | "
+                f"{r.get('step_cost_greedy_steps', nan):.2f} | {r.get('draft_cost_greedy_steps', nan):.2f} | "
+                f"{r['greedy_identical']:.2f} | {r['num_turns']} | "
+                f"{p.get('tau', nan):.2f} | {p.get('speedup', nan):.2f}× |"
+            )
+    pcats = (
+        next(
+            (r for r in results["drafters"].values() if "spec_bench" in r and "pld" in r["spec_bench"]),
+            {},
+        )
+        .get("spec_bench", {})
+        .get("per_category", {})
+    )
+    for kind, reports in results["drafters"].items():
+        cats = reports.get("spec_bench", {}).get("per_category")
+        if not cats:
+            continue
+        lines += [
+            "",
+            f"#### Spec-Bench per category: {kind}",
+            "",
+            "| category | τ | speedup | prompt lookup speedup |",
+            "|---|---|---|---|",
+        ]
+        for cat, r in cats.items():
+            ps = pcats.get(cat, {}).get("pld", {}).get("speedup", nan)
+            lines.append(f"| {cat} | {r['tau']:.2f} | {r['speedup']:.2f}× | {ps:.2f}× |")
+    return lines
+
+
+def training_lines(results: dict[str, Any]) -> list[str]:
+    """What each drafter trained on and for how long, the feature caches, and every stage's minutes."""
+    lines = [
+        "",
+        "### Training",
         "",
         "| drafter | steps | epochs | answer tokens | minutes |",
         "|---|---|---|---|---|",
@@ -103,60 +178,20 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
     stages = results.get("stage_minutes") or {}
     if stages:
         known = [m for m in stages.values() if m is not None]
-        lines += ["", "## Stage times", "", "| stage | minutes |", "|---|---|"]
+        lines += ["", "### Stage times", "", "| stage | minutes |", "|---|---|"]
         lines += [f"| {name} | {'not recorded' if m is None else f'{m:.1f}'} |" for name, m in stages.items()]
         total = f"{sum(known):.1f}" + ("" if len(known) == len(stages) else " (recorded stages only)")
         lines.append(f"| **all stages** | **{total}** |")
-    lines += [
-        "",
-        "## Acceptance and speed",
-        "",
-        "Speedups are against stock transformers `generate` and against greedy decoding on the "
-        "decoder's own backend (`backend`); a step's cost is in greedy steps on that backend; prompt "
-        "lookup is transformers' (`prompt_lookup_num_tokens=10`), against stock `generate`.",
-        "",
-        "| drafter | prompt set | τ | vs stock | vs greedy | backend | tok/s | stock tok/s | greedy tok/s |"
-        " step cost | drafting | greedy identical | turns | prompt lookup τ | prompt lookup vs stock |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for kind, reports in results["drafters"].items():
-        for name, r in reports.items():
-            p = pld.get(name, {})
-            nan = float("nan")
-            lines.append(
-                f"| {kind} | {name} | {r['tau']:.2f} | {r.get('speedup_vs_stock', nan):.2f}× | "
-                f"{r['speedup']:.2f}× | {r.get('backend', 'eager')} | {r['tokens_per_s']:.1f} | "
-                f"{r.get('stock_tokens_per_s', nan):.1f} | {r['baseline_tokens_per_s']:.1f} | "
-                f"{r.get('step_cost_greedy_steps', nan):.2f} | {r.get('draft_cost_greedy_steps', nan):.2f} | "
-                f"{r['greedy_identical']:.2f} | {r['num_turns']} | "
-                f"{p.get('tau', nan):.2f} | {p.get('speedup', nan):.2f}× |"
-            )
-    for kind, reports in results["drafters"].items():
-        cats = reports.get("spec_bench", {}).get("per_category")
-        if not cats:
-            continue
-        lines += [
-            "",
-            f"### Spec-Bench per category: {kind}",
-            "",
-            "| category | τ | speedup | prompt lookup speedup |",
-            "|---|---|---|---|",
-        ]
-        pcats = (
-            next(
-                (r for r in results["drafters"].values() if "spec_bench" in r and "pld" in r["spec_bench"]),
-                {},
-            )
-            .get("spec_bench", {})
-            .get("per_category", {})
-        )
-        for cat, r in cats.items():
-            ps = pcats.get(cat, {}).get("pld", {}).get("speedup", float("nan"))
-            lines.append(f"| {cat} | {r['tau']:.2f} | {r['speedup']:.2f}× | {ps:.2f}× |")
+    return lines
+
+
+def study_lines(results: dict[str, Any], b: BenchConfig) -> list[str]:
+    """The opt-in rows: τ against distinct training data at equal compute, and the recipe ablations."""
+    lines = []
     if results["scaling"]:
         lines += [
             "",
-            "## τ against training data (EAGLE drafter, held-out prompts)",
+            "### τ against training data (EAGLE drafter, held-out prompts)",
             "",
             "Distinct answer tokens against epochs; with teacher-forced data every point has the same "
             "compute (answer tokens x epochs).",
@@ -174,7 +209,7 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
     if results.get("ablations"):
         lines += [
             "",
-            "## Recipe ablations (equal data and compute, held-out prompts)",
+            "### Recipe ablations (equal data and compute, held-out prompts)",
             "",
             "| row | overrides | answer tokens | epochs | τ |",
             "|---|---|---|---|---|",
@@ -182,14 +217,7 @@ def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
         for name, r in results["ablations"].items():
             over = " ".join(r.get("overrides", [])) or "(bench recipe)"
             lines.append(f"| {name} | `{over}` | {r['answer_tokens']} | {r['epochs']:.2f} | {r['tau']:.2f} |")
-    lines += [
-        "",
-        "Reproduce: `make bench` (or `draftheads bench bench.out_dir=outputs/bench`); stages are cached "
-        "under `bench.out_dir`, so a rerun skips what is done, and a stage done under other settings "
-        "stops the rerun with the folder to delete.",
-    ]
-    replace_section(path, "\n".join(lines))
-    write_figures(results, settings, path.with_suffix(".json"))
+    return lines
 
 
 def figures(results: dict[str, Any]) -> dict[str, Any]:
