@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.heads import dflash_layers_problem
 from draftheads.heads.layouts import (
     MEDUSA2_PREFIX,
@@ -68,16 +69,7 @@ log = logging.getLogger(__name__)
 # the rotary embedding it shares with the target.
 EAGLE_LAYER_KEYS = ("intermediate_size", "num_key_value_heads", "rms_norm_eps", "hidden_act")
 # Keys of a DFlash checkpoint's Qwen3 config that shape the drafter's layers (DFlashDrafter's layer_config).
-DFLASH_LAYER_KEYS = (
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "rms_norm_eps",
-    "hidden_act",
-    "attention_bias",
-    "max_position_embeddings",
-)
+DFLASH_LAYER_KEYS = tuple(k for k in LAYER_KEYS if k != "rope_parameters")  # rope is read apart
 
 
 # ---- conversion ----------------------------------------------------------------------------

@@ -35,22 +35,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.heads import dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.base import Drafter
 from draftheads.heads.target import TargetFingerprint
 
-# Shape keys a drafter layer takes from the target's config unless given (the reference's names).
-LAYER_KEYS = (
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "rms_norm_eps",
-    "hidden_act",
-    "attention_bias",
-    "max_position_embeddings",
-    "rope_parameters",
-)
 # GPT-2-style names of the same shapes.
 ALIASES = {
     "num_attention_heads": "n_head",

@@ -12,6 +12,18 @@ DRAFT_KINDS = ("medusa", "eagle", "dflash")
 LM_HEAD_MODES = ("shared", "copy")
 EAGLE_VERSIONS = (1, 3)
 TINY_KINDS = ("llama", "mistral", "qwen2", "gpt2")  # the random-init tiny targets (heads/target.py)
+# Shape keys a DFlash drafter layer takes from the target's config unless given (the reference's names).
+DFLASH_LAYER_KEYS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "hidden_act",
+    "attention_bias",
+    "max_position_embeddings",
+    "rope_parameters",
+)
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 # target.device_map as a word: accelerate places the modules itself (see heads/target.py)
 DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -284,9 +296,14 @@ def dflash_layers_problem(layers: list[int], num_layers: int | None = None) -> s
     ascending, from 1, each the input of a layer the engine can capture, so at most L - 1), but any
     number of layers (the reference uses 1 to 5).
     """
-    key = f"draft.feature_layers={list(layers)}"
     if not layers:
-        return f"{key}: a DFlash drafter reads at least one target layer"
+        return f"draft.feature_layers={list(layers)}: a DFlash drafter reads at least one target layer"
+    return layer_ids_problem(layers, num_layers, None if num_layers is None else num_layers - 1)
+
+
+def layer_ids_problem(layers: list[int], num_layers: int | None, top: int | None) -> str | None:
+    """The engines' rule for feature layer ids: integers, distinct, ascending, from 1, at most ``top``."""
+    key = f"draft.feature_layers={list(layers)}"
     if any(not isinstance(i, int) or isinstance(i, bool) for i in layers):
         return f"{key}: layer ids are integers"
     if len(set(layers)) != len(layers):
@@ -295,8 +312,8 @@ def dflash_layers_problem(layers: list[int], num_layers: int | None = None) -> s
         return f"{key}: list the layers in ascending order, e.g. {sorted(layers)}; serving engines concatenate them in layer order"
     if layers[0] < 1:
         return f"{key}: layer 0 is the embedding output, which engines cannot capture; use ids from 1"
-    if num_layers is not None and layers[-1] > num_layers - 1:
-        return f"{key}: the target has {num_layers} layers, so ids must be in 1..{num_layers - 1}"
+    if top is not None and layers[-1] > top:
+        return f"{key}: the target has {num_layers} layers, so ids must be in 1..{top}"
     return None
 
 
@@ -321,18 +338,7 @@ def feature_layers_problem(
     count = 3 if version == 3 else 1
     if len(layers) != count:
         return f"{key}: EAGLE-{version} reads {count} target layer(s), this lists {len(layers)}"
-    if any(not isinstance(i, int) or isinstance(i, bool) for i in layers):
-        return f"{key}: layer ids are integers"
-    if len(set(layers)) != len(layers):
-        return f"{key}: a layer is listed twice; list each layer once, ascending"
-    if list(layers) != sorted(layers):
-        return f"{key}: list the layers in ascending order, e.g. {sorted(layers)}; serving engines concatenate them in layer order"
-    if layers[0] < 1:
-        return f"{key}: layer 0 is the embedding output, which engines cannot capture; use ids from 1"
-    top = num_layers if last is None else last
-    if top is not None and layers[-1] > top:
-        return f"{key}: the target has {num_layers} layers, so ids must be in 1..{top}"
-    return None
+    return layer_ids_problem(layers, num_layers, num_layers if last is None else last)
 
 
 def default_eagle3_layers(num_layers: int) -> list[int]:
