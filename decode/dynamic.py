@@ -74,3 +74,66 @@ def rerank(
 def _no_nan(scores: torch.Tensor) -> torch.Tensor:
     """``scores`` with NaN as -inf (the lowest log-score), the infinities kept."""
     return torch.where(scores.isnan(), float("-inf"), scores)
+
+
+class Expansion:
+    """EAGLE-2's level-by-level state: every candidate so far and the frontier to expand next.
+
+    Made from the root's draft log-probs ``[B, V]`` and output state ``[B, H]``; each
+    :meth:`grow` adds the top-k children of the k frontier nodes from their drafted log-probs and
+    keeps the k best as the next frontier (their output states and fed ancestors with them).
+    Only tensor shapes depend on the level, so a fixed-depth loop over it compiles as one graph.
+    """
+
+    def __init__(self, root_logp: torch.Tensor, h_root: torch.Tensor, k: int) -> None:
+        B, dev = root_logp.shape[0], root_logp.device
+        top = root_logp.topk(k, dim=-1)
+        self.k = k
+        self.scores, self.ids = [top.values], [top.indices]
+        self.parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
+        self.depths = [torch.ones(B, k, dtype=torch.long, device=dev)]
+        self.front = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
+        self.front_hidden = h_root[:, None].expand(B, k, -1)
+        self.front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # their fed ancestors
+        self.eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+        self.offset = k
+
+    def all_scores(self) -> torch.Tensor:
+        return torch.cat(self.scores, 1)
+
+    def frontier_scores(self) -> torch.Tensor:
+        return self.all_scores().gather(1, self.front)
+
+    def frontier_ids(self) -> torch.Tensor:
+        """Draft ids of the frontier nodes ``[B, k]``."""
+        return torch.cat(self.ids, 1).gather(1, self.front)
+
+    def frontier_ancestors(self) -> torch.Tensor:
+        """``[B, k, fed so far + k]``: each frontier node's fed ancestors, then itself."""
+        return torch.cat([self.front_anc, self.eye], -1)
+
+    def grow(self, logp: torch.Tensor, out: torch.Tensor, new_anc: torch.Tensor, depth: int) -> None:
+        """Add the children drafted at ``depth`` (the frontier's ``logp [B, k, V]`` and output states
+        ``out [B, k, H]``, fed with ancestors ``new_anc``) and move the frontier to the best k."""
+        c_scores, c_ids, slot = children(logp, self.frontier_scores(), self.k)
+        self.scores.append(c_scores)
+        self.ids.append(c_ids)
+        self.parents.append(self.front.gather(1, slot))
+        self.depths.append(torch.full_like(c_ids, depth))
+        pick = frontier(c_scores, self.k)
+        pslot = slot.gather(1, pick)
+        self.front = self.offset + pick
+        self.offset += c_scores.shape[1]
+        self.front_hidden = out.gather(1, pslot[..., None].expand(-1, -1, out.shape[-1]))
+        self.front_anc = new_anc.gather(1, pslot[..., None].expand(-1, -1, new_anc.shape[-1]))
+
+    def tree(self, root: torch.Tensor, to_target, n: int):
+        """The ``n`` best candidates plus the root (:func:`rerank`), tokens as target ids."""
+        return rerank(
+            root,
+            self.all_scores(),
+            to_target(torch.cat(self.ids, 1)),
+            torch.cat(self.parents, 1),
+            torch.cat(self.depths, 1),
+            n,
+        )

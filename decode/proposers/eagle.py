@@ -155,41 +155,19 @@ class EagleProposer:
     ) -> Tree:
         """EAGLE-2: expand the top_k most confident nodes up to ``depth - 1`` times, rerank to total_tokens."""
         k, depth, n = self.cfg.top_k_draft, self.cfg.depth, self.cfg.total_tokens - 1
-        B, dev = root.shape[0], root.device
-        top = self._log_q(h_root).topk(k, dim=-1)
-        scores, ids = [top.values], [top.indices]
-        parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
-        depths = [torch.ones(B, k, dtype=torch.long, device=dev)]
-        front = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
-        front_hidden = h_root[:, None].expand(B, k, -1)
-        front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # their fed ancestors
-        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
-        offset = k
+        B = root.shape[0]
+        grown = dynamic.Expansion(self._log_q(h_root), h_root, k)
         for d in range(1, depth):
-            all_scores, all_ids = torch.cat(scores, 1), torch.cat(ids, 1)
-            front_scores = all_scores.gather(1, front)
             if plan is not None:  # the plan reads scores on the host: one transfer per level
-                host = torch.cat([all_scores, front_scores], 1).exp().cpu()
+                all_scores = grown.all_scores()
+                host = torch.cat([all_scores, grown.frontier_scores()], 1).exp().cpu()
                 if not plan(host[:, : all_scores.shape[1]], host[:, all_scores.shape[1] :], self.passes):
                     break
-            front_ids = self.drafter.draft_to_target(all_ids.gather(1, front))
-            new_anc = torch.cat([front_anc, eye], -1)  # [B, k, fed so far]: ancestors and self
-            out = self._feed_tree(front_ids, front_hidden, (pos + d - 1)[:, None].expand(B, k), new_anc)
-            c_scores, c_ids, slot = dynamic.children(self._log_q(out), front_scores, k)
-            scores.append(c_scores)
-            ids.append(c_ids)
-            parents.append(front.gather(1, slot))
-            depths.append(torch.full_like(c_ids, d + 1))
-            pick = dynamic.frontier(c_scores, k)
-            pslot = slot.gather(1, pick)
-            front = offset + pick
-            offset += c_scores.shape[1]
-            front_hidden = out.gather(1, pslot[..., None].expand(-1, -1, out.shape[-1]))
-            front_anc = new_anc.gather(1, pslot[..., None].expand(-1, -1, new_anc.shape[-1]))
-        all_ids = self.drafter.draft_to_target(torch.cat(ids, 1))
-        tokens, tparents, tdepths, tscores = dynamic.rerank(
-            root, torch.cat(scores, 1), all_ids, torch.cat(parents, 1), torch.cat(depths, 1), n
-        )
+            front_ids = self.drafter.draft_to_target(grown.frontier_ids())
+            new_anc = grown.frontier_ancestors()
+            out = self._feed_tree(front_ids, grown.front_hidden, (pos + d - 1)[:, None].expand(B, k), new_anc)
+            grown.grow(self._log_q(out), out, new_anc, d + 1)
+        tokens, tparents, tdepths, tscores = grown.tree(root, self.drafter.draft_to_target, n)
         return Tree(tokens, tparents, tdepths, tscores.exp(), torch.ones_like(tokens, dtype=torch.bool))
 
     def _propose_static(self, root: torch.Tensor, pos: torch.Tensor, h_root: torch.Tensor) -> Tree:
@@ -282,41 +260,17 @@ def fixed_tree(
     """
     B, C = valid.shape
     dev = root.device
-    top = drafter.logits(h_root).float().log_softmax(-1).topk(k, dim=-1)
-    scores, ids = [top.values], [top.indices]
-    parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
-    depths = [torch.ones(B, k, dtype=torch.long, device=dev)]
-    front = torch.arange(k, device=dev).expand(B, k)
-    front_hidden = h_root[:, None].expand(B, k, -1)
-    front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)
-    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
-    offset = k
+    grown = dynamic.Expansion(drafter.logits(h_root).float().log_softmax(-1), h_root, k)
     for d in range(1, depth):
-        all_scores, all_ids = torch.cat(scores, 1), torch.cat(ids, 1)
-        front_scores = all_scores.gather(1, front)
-        front_ids = drafter.draft_to_target(all_ids.gather(1, front))
-        new_anc = torch.cat([front_anc, eye], -1)  # [B, k, d*k]: ancestors and self
+        front_ids = drafter.draft_to_target(grown.frontier_ids())
+        new_anc = grown.frontier_ancestors()  # [B, k, d*k]: ancestors and self
         slots = base + torch.arange(d * k, device=dev)
         tree_cols = torch.zeros(B, k, C, dtype=torch.bool, device=dev).scatter(
             2, slots.expand(B, k, d * k), new_anc
         )
         cache.write_index = slots[-k:]
         mask = additive_mask(valid[:, None, :] | tree_cols, h_root.dtype)
-        out = drafter(front_ids, front_hidden, (pos + d - 1)[:, None].expand(B, k), mask, cache)
-        logp = drafter.logits(out).float().log_softmax(-1)
-        c_scores, c_ids, slot = dynamic.children(logp, front_scores, k)
-        scores.append(c_scores)
-        ids.append(c_ids)
-        parents.append(front.gather(1, slot))
-        depths.append(torch.full_like(c_ids, d + 1))
-        pick = dynamic.frontier(c_scores, k)
-        pslot = slot.gather(1, pick)
-        front = offset + pick
-        offset += c_scores.shape[1]
-        front_hidden = out.gather(1, pslot[..., None].expand(-1, -1, out.shape[-1]))
-        front_anc = new_anc.gather(1, pslot[..., None].expand(-1, -1, new_anc.shape[-1]))
-    all_ids = drafter.draft_to_target(torch.cat(ids, 1))
-    tokens, tparents, tdepths, tscores = dynamic.rerank(
-        root, torch.cat(scores, 1), all_ids, torch.cat(parents, 1), torch.cat(depths, 1), n
-    )
+        out = drafter(front_ids, grown.front_hidden, (pos + d - 1)[:, None].expand(B, k), mask, cache)
+        grown.grow(drafter.logits(out).float().log_softmax(-1), out, new_anc, d + 1)
+    tokens, tparents, tdepths, tscores = grown.tree(root, drafter.draft_to_target, n)
     return tokens, tparents, tdepths, tscores.exp()
