@@ -437,7 +437,10 @@ class SpeculativeGenerator:
         state.kv_valid = kv.append_valid(state.kv_valid, state.lengths, j < n_keep[:, None], new_len)
         state.lengths = state.lengths + n_keep
         state.lengths_cpu = [a + n for a, n in zip(state.lengths_cpu, n_cpu)]
-        state.proposer.update(Accepted(out.hidden_states, path, emitted, n_keep, n_cpu, state.pos))
+        emitted_cpu = [h[1 : 1 + n] for h, n in zip(host, n_cpu)]
+        state.proposer.update(
+            Accepted(out.hidden_states, path, emitted, n_keep, n_cpu, state.pos, emitted_cpu)
+        )
         state.pos = state.pos + n_keep
         state.root = bonus
         return n_keep, host

@@ -77,7 +77,13 @@ def from_rows(rows: list[tuple[list[int], list[int], list[int], list[float]]], d
 
 def to_rows(tree: Tree) -> list[tuple[list[int], list[int], list[int], list[float]]]:
     """Per-row lists of the valid nodes (padding dropped; valid nodes keep their order)."""
-    host = [t.tolist() for t in (tree.tokens, tree.parents, tree.depths, tree.scores, tree.valid)]
+    # one transfer: ids and indices are exact in float64, as are float32 scores
+    fields = (tree.tokens, tree.parents, tree.depths, tree.scores, tree.valid)
+    host = torch.stack([t.to(torch.float64) for t in fields]).tolist()
+    host = [[[int(x) for x in r] for r in host[i]] for i in (0, 1, 2)] + [
+        host[3],
+        [[bool(x) for x in r] for r in host[4]],
+    ]
     rows = []
     for tokens, parents, depths, scores, valid in zip(*host):
         keep = [i for i, v in enumerate(valid) if v]

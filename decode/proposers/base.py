@@ -49,7 +49,8 @@ class Accepted:
     ``n_keep``); ``tokens [B, A]``: the tokens that follow them (accepted drafts, then the
     bonus); ``n_keep [B]`` (and ``n_cpu``, the same on the host): tokens emitted = path nodes
     kept; ``pos [B]``: the root's position; ``hidden_states``: the target's states at the tree
-    nodes (None when no proposer asked for them).
+    nodes (None when no proposer asked for them); ``tokens_cpu``: each row's emitted tokens on
+    the host (the decoder has read them already, so a proposer need not read the device again).
     """
 
     hidden_states: Sequence[torch.Tensor] | None
@@ -58,6 +59,7 @@ class Accepted:
     n_keep: torch.Tensor
     n_cpu: list[int]
     pos: torch.Tensor
+    tokens_cpu: list[list[int]] | None = None
 
 
 # A drafting plan from the decoder: given the scores of the nodes drafted so far [B, N], the

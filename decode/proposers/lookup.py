@@ -81,7 +81,7 @@ class LookupProposer:
         return from_rows(rows, root.device)
 
     def update(self, step: Accepted) -> None:
-        emitted = step.tokens.tolist()
+        emitted = step.tokens_cpu if step.tokens_cpu is not None else step.tokens.tolist()
         for i, (row, n) in enumerate(zip(self.rows, step.n_cpu)):
             new = emitted[i][:n]
             if i < len(self.last):
