@@ -143,9 +143,9 @@ class DFlashLayer(nn.Module):
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of ``x [B, heads, T, D]`` with ``cos, sin [B, T, D]``: x·cos + rotate_half(x)·sin."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 class DFlashDrafter(Drafter):
