@@ -298,6 +298,7 @@ def test_distilled_answers_join_the_teacher_cache_by_view_for_the_main_drafter_o
         distill_batch_size=4,
         distill_repeats=3,
         teacher_tokens=600,
+        scaling_compute=1200,
         topk=8,
         shard_mb=0.1,
         drafters=["eagle3"],
