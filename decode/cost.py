@@ -15,9 +15,15 @@ keeps, per step, the number of nodes n that maximises expected tokens per second
     n* = argmax_n  Σ_b (1 + Σ_{i<=n} p_b,(i)) / (d + c(B (n + 1)))
 
 (p_b,(i): row b's i-th best node score; a NaN score counts as 0). n = 0 verifies the root
-alone: a plain decoding step. Before each further draft pass it asks whether that pass can pay
-for itself: even if every frontier node's children were accepted (their total probability is at
-most the frontier's), would the step's rate beat the best rate available without it?
+alone: a plain decoding step.
+
+How deep an EAGLE-2 tree is drafted is decided one step late, so that drafting never waits on a
+host read: a further draft pass pays for itself when, even if every frontier node's children
+were accepted (their total probability is at most the frontier's), the step's rate would beat
+the best rate available without it. Once a step has read its tree's scores (with every
+candidate's and each level's frontier in the same transfer), that test is applied to each level
+in turn, and the next step drafts up to the first level that did not pay, or one level more
+than this step did when all paid (up to ``decode.depth``), so a tree grows back as scores rise.
 
 Whether to draft at all is judged on what drafted steps really gave, not on the scores:
 ``edge`` is a running mean of a drafted step's measured rate, ``(B + accepted drafts) /
@@ -43,6 +49,7 @@ import platform
 import re
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -231,6 +238,17 @@ def cached_curve(
     return curve
 
 
+def next_depth(paid: Iterable[bool], depth: int, cap: int) -> int:
+    """The levels to draft next step; ``paid`` says, for i = 0, 1, ..., whether level ``i + 2``
+    paid for its draft pass given levels ``1..i + 1`` (judged after a step that drafted ``depth``).
+
+    Up to the first level that did not pay; when every level judged paid, one level more than
+    ``depth``, at most ``cap``, so the tree grows back when it can.
+    """
+    missed = next((i for i, p in enumerate(paid) if not p), None)
+    return missed + 1 if missed is not None else min(depth + 1, cap)
+
+
 def _probabilities(scores: torch.Tensor, trust: float) -> torch.Tensor:
     """Node scores as acceptance probabilities: scaled by ``trust``, in [0, 1], NaN as 0."""
     return torch.nan_to_num(scores.float(), nan=0.0).mul(trust).clamp(0.0, 1.0)
@@ -251,21 +269,26 @@ class Planner:
         self.skip = 0  # steps still to skip
         self.probe = False  # the next drafted step follows a skip: verify something
         self.chosen: int | None = None  # nodes chosen for this step's tree, when it was drafted
+        self.depth: int | None = None  # levels an EAGLE-2 tree drafts next (None: its cap)
         self.step_s = 0.0  # this step's drafting and verify forward, measured
 
     def verify_s(self, tokens: int) -> float:
         return self.scale * self.curve(tokens)
 
-    def best(self, scores: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[int, float, float]:
+    def best(
+        self, scores: torch.Tensor, valid: torch.Tensor | None = None, draft_s: float | None = None
+    ) -> tuple[int, float, float]:
         """``(n, expected tokens, seconds)`` of the best number of nodes per row (root excluded)
-        for node scores ``[B, N]`` (root excluded), with this step's drafting cost."""
+        for node scores ``[B, N]`` (root excluded), with ``draft_s`` of drafting (default: this
+        step's)."""
+        draft_s = self.draft_s if draft_s is None else draft_s
         s = _probabilities(scores, self.trust)
         s = s if valid is None else torch.where(valid, s, 0.0)
         B, N = s.shape
         gain = s.sort(dim=-1, descending=True).values.cumsum(-1).sum(0).tolist()  # Σ_b Σ_{i<=n}
-        best = (0, float(B), self.draft_s + self.verify_s(B))
+        best = (0, float(B), draft_s + self.verify_s(B))
         for n in range(1, N + 1):
-            e, t = B + gain[n - 1], self.draft_s + self.verify_s(B * (n + 1))
+            e, t = B + gain[n - 1], draft_s + self.verify_s(B * (n + 1))
             if e / t > best[1] / best[2]:
                 best = (n, e, t)
         return best
@@ -287,13 +310,29 @@ class Planner:
         return n
 
     def expand(self, scores: torch.Tensor, frontier: torch.Tensor, passes: int) -> bool:
-        """Whether one more draft pass over ``frontier [B, k]`` can raise the expected rate."""
-        self.draft_s = passes * self.pass_s
-        n, e, t = self.best(scores)
+        """Whether one more draft pass over ``frontier [B, k]`` can raise the expected rate, after
+        ``passes`` passes drafted the nodes scored ``scores [B, N]``."""
+        n, e, t = self.best(scores, draft_s=passes * self.pass_s)
         k = frontier.shape[1]
         optimistic = e + float(_probabilities(frontier, self.trust).sum())
         cost = t + self.pass_s + self.verify_s(self.batch * (n + 1 + k)) - self.verify_s(self.batch * (n + 1))
         return optimistic / cost > e / t
+
+    def replan(self, scores: torch.Tensor, frontiers: torch.Tensor, counts: list[int], cap: int) -> int:
+        """Set (and return) the next step's depth from this step's expansion, on the host:
+        ``scores [B, C]`` every candidate's path probability, ``counts[d - 1]`` those of levels
+        1..d, ``frontiers [B, D, k]`` each level's frontier (``D = len(counts)`` levels drafted).
+
+        Level d + 1 paid when :meth:`expand` says so given levels 1..d (d passes), judged for
+        every level drafted after the first and for the one after the last, below ``cap``.
+        """
+        drafted = len(counts)
+        paid = (  # lazily: judging stops at the first level that did not pay
+            self.expand(scores[:, : counts[d - 1]], frontiers[:, d - 1], d)
+            for d in range(1, min(drafted, cap - 1) + 1)
+        )
+        self.depth = next_depth(paid, drafted, cap)
+        return self.depth
 
     def calibrate(self, predicted: float, accepted: float) -> None:
         """Fold one step's predicted (Σ p of verified nodes) and accepted drafts into ``trust``;

@@ -44,7 +44,7 @@ from draftheads.decode.cost import CostCurve, Planner, cached_curve, context_buc
 from draftheads.decode.kv import tree_mask
 from draftheads.decode.processing import Processing, check_lossless, resolve
 from draftheads.decode.proposers import build_proposer
-from draftheads.decode.proposers.base import Accepted, Prefill, Proposer, Tree, single_node
+from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Prefill, Proposer, Tree, single_node
 from draftheads.decode.select import prune
 from draftheads.decode.stats import DecodeStats
 from draftheads.decode.stop import Stopper, as_set
@@ -339,20 +339,19 @@ class SpeculativeGenerator:
         t0 = self._now()
         planner = state.planner
         skip = planner is not None and self.drafter is not None and not planner.drafting()
+        plan = Plan(planner.depth) if planner is not None and not skip else None
         if skip:  # drafting does not pay now: lookup branches alone (no model), or a plain step
             lookup = getattr(state.proposer, "lookup", None)
             tree = lookup.propose(state.root, state.pos) if lookup is not None else single_node(state.root)
         else:
-            plan = planner.expand if planner is not None else None
             tree = state.proposer.propose(state.root, state.pos, plan)
         tree = cap_depth(tree, self._depth_caps(state, how))  # no node past max_new_tokens or the positions
         draft_s = self._now() - t0
         if state.planner is not None:
             state.planner.draft_s = draft_s
-            scores, valid = torch.stack([tree.scores.float(), tree.valid.float()]).cpu()  # one transfer
-            scores = scores.nan_to_num(0.0)  # a NaN score counts as 0, as prune ranks it lowest
-            n = state.planner.choose(scores[:, 1:], valid[:, 1:].bool(), drafted=not skip)
-            kept = torch.where(valid.bool(), scores, 0.0)[:, 1:].sort(dim=-1, descending=True).values[:, :n]
+            scores, valid = read_scores(tree, plan.expanded if plan is not None else None, state.planner)
+            n = state.planner.choose(scores[:, 1:], valid[:, 1:], drafted=not skip)
+            kept = torch.where(valid, scores, 0.0)[:, 1:].sort(dim=-1, descending=True).values[:, :n]
             predicted = float(kept.sum())  # Σ p of the nodes prune keeps: each row's n best valid ones
             tree = prune(tree, n)
         t1 = self._now()
@@ -466,6 +465,21 @@ class SpeculativeGenerator:
                 f"prompt + max_new_tokens = {total} exceeds the target's sliding window {window}; "
                 "tree decoding masks full attention only, so shorten the request"
             )
+
+
+def read_scores(tree: Tree, expanded: Expanded | None, planner: Planner) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tree's scores (a NaN as 0, as prune ranks it lowest) and valid flags on the host, in one
+    transfer with what an EAGLE-2 expansion drafted, from which the planner sets the next depth."""
+    T = tree.size
+    fields = [tree.scores.float(), tree.valid.float()]
+    if expanded is not None:
+        fields += [expanded.scores.float(), expanded.frontiers.flatten(1).float()]
+    host = torch.cat(fields, 1).cpu()  # one transfer
+    if expanded is not None:
+        C = expanded.scores.shape[1]
+        frontiers = host[:, 2 * T + C :].reshape(expanded.frontiers.shape)
+        planner.replan(host[:, 2 * T : 2 * T + C], frontiers, expanded.counts, expanded.cap)
+    return host[:, :T].nan_to_num(0.0), host[:, T : 2 * T].bool()
 
 
 def check_left_padded(mask: torch.Tensor | None) -> None:

@@ -13,10 +13,15 @@ from draftheads.decode.tree import Tree
 
 
 def monotone(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """``min(score, parent's score)`` down the tree: a path is never likelier than its prefix."""
-    out = scores.clone()
-    for i in range(1, scores.shape[1]):
-        out[:, i] = torch.minimum(out[:, i], out.gather(1, parents[:, i : i + 1])[:, 0])
+    """Each node's least score over its path from the root: a path is never likelier than its
+    prefix. Pointer jumping (after step i, the least over a node and its 2^i - 1 nearest
+    ancestors; the root is its own parent) takes ⌈log2 T⌉ steps and reads nothing on the host.
+    """
+    T = scores.shape[1]
+    out, up = scores, parents
+    for _ in range(max(T - 1, 1).bit_length()):
+        out = torch.minimum(out, out.gather(1, up))
+        up = up.gather(1, up)
     return out
 
 
@@ -24,8 +29,8 @@ def prune(tree: Tree, n: int) -> Tree:
     """The root plus each row's ``n`` best-scoring valid nodes (padding when a row has fewer).
 
     A NaN score ranks lowest, below every valid node, and so does every node under it (each
-    node's rank key is the least over its path, found by pointer jumping without reading the
-    tree's depth on the host); the root always stays. Keys are thus monotone down the tree and a
+    node's rank key is the least over its path, :func:`monotone`, so the tree's depth is not
+    read on the host); the root always stays. Keys are thus monotone down the tree and a
     stable sort ranks a parent (smaller index) before an equally ranked child, so the kept set is
     closed under ancestors. Kept nodes stay in index order, so parents still precede children;
     parents are re-indexed.
@@ -37,10 +42,7 @@ def prune(tree: Tree, n: int) -> Tree:
     scores = tree.scores.float()
     key = torch.where(tree.valid & ~scores.isnan(), scores, -1.0)
     key[:, 0] = 2.0  # the root always stays
-    up = tree.parents
-    for _ in range(max(T - 1, 1).bit_length()):  # key = min over the 2^i nearest ancestors
-        key = torch.minimum(key, key.gather(1, up))
-        up = up.gather(1, up)
+    key = monotone(key, tree.parents)
     keep = key.sort(dim=-1, descending=True, stable=True).indices[:, : n + 1].sort(dim=-1).values
     node_of = torch.zeros(B, T, dtype=torch.long, device=keep.device)
     node_of.scatter_(1, keep, torch.arange(n + 1, device=keep.device).expand(B, -1))
@@ -75,50 +77,41 @@ def from_rows(rows: list[tuple[list[int], list[int], list[int], list[float]]], d
     )
 
 
-def to_rows(tree: Tree) -> list[tuple[list[int], list[int], list[int], list[float]]]:
-    """Per-row lists of the valid nodes (padding dropped; valid nodes keep their order)."""
-    # one transfer: ids and indices are exact in float64, as are float32 scores
-    fields = (tree.tokens, tree.parents, tree.depths, tree.scores, tree.valid)
-    host = torch.stack([t.to(torch.float64) for t in fields]).tolist()
-    host = [[[int(x) for x in r] for r in host[i]] for i in (0, 1, 2)] + [
-        host[3],
-        [[bool(x) for x in r] for r in host[4]],
-    ]
-    rows = []
-    for tokens, parents, depths, scores, valid in zip(*host):
-        keep = [i for i, v in enumerate(valid) if v]
-        index = {old: new for new, old in enumerate(keep)}
-        rows.append(
-            (
-                [tokens[i] for i in keep],
-                [index[parents[i]] for i in keep],
-                [depths[i] for i in keep],
-                [scores[i] for i in keep],
-            )
-        )
-    return rows
+def add_chains(tree: Tree, chains: torch.Tensor, chain_scores: torch.Tensor) -> Tree:
+    """Each row's chain of tokens ``chains [B, L]`` (-1 past its end; path scores
+    ``chain_scores [B, L]``) below the root, sharing existing prefixes, on the device.
 
-
-def add_chain(
-    row: tuple[list[int], list[int], list[int], list[float]], chain: list[int], scores: list[float]
-) -> tuple[list[int], list[int], list[int], list[float]]:
-    """Append a chain of tokens below the root of one row's tree, sharing existing prefixes.
-
-    Walking down from the root, a chain token that is already a child of the current node
-    reuses that node (its score becomes the larger of the two estimates); the rest of the chain
-    is appended as new nodes. Returns new lists; the caller restores monotone scores.
+    Walking down from the root, a chain token that is already a valid child of the current node
+    reuses that node (the first such child; its score becomes the larger of the two estimates);
+    the rest of the chain becomes new nodes ``T, T + 1, ...``, and the tree is ``T + L`` wide
+    whatever was shared (the unused columns are padding), so nothing is read on the host. Scores
+    are then made :func:`monotone` again.
     """
-    tokens, parents, depths, node_scores = (list(x) for x in row)
-    cur = 0
-    for tok, s in zip(chain, scores):
-        child = next((i for i in range(1, len(tokens)) if parents[i] == cur and tokens[i] == tok), None)
-        if child is None:
-            tokens.append(tok)
-            parents.append(cur)
-            depths.append(depths[cur] + 1)
-            node_scores.append(s)
-            child = len(tokens) - 1
-        else:
-            node_scores[child] = max(node_scores[child], s)
-        cur = child
-    return tokens, parents, depths, node_scores
+    B, T = tree.tokens.shape
+    L = chains.shape[1]
+    at = torch.zeros(B, dtype=torch.long, device=chains.device)  # the node reached; -1: left the tree
+    reached = []
+    for j in range(L):
+        hit = (tree.parents == at[:, None]) & (tree.tokens == chains[:, j, None]) & tree.valid
+        hit[:, 0] = False  # the root is its own parent, never a child
+        at = torch.where(hit.any(-1), hit.int().argmax(-1), -1)  # argmax: the first hit
+        reached.append(at)
+    reached = torch.stack(reached, 1)  # [B, L]: shared chain tokens are a prefix
+    shared = (reached >= 0).sum(-1)
+    lifted = torch.where(reached >= 0, chain_scores.to(tree.scores.dtype), float("-inf"))
+    scores = tree.scores.scatter_reduce(1, reached.clamp_min(0), lifted, "amax")
+    # new node i is chain token shared + i, under the last shared node (i = 0) or node T + i - 1
+    j = shared[:, None] + torch.arange(L, device=chains.device)
+    new = (j < L) & (chains.gather(1, j.clamp(max=L - 1)) >= 0)
+    j = j.clamp(max=L - 1)
+    last = torch.cat([torch.zeros_like(reached[:, :1]), reached], 1).gather(1, shared[:, None])
+    below = torch.cat([last, T + torch.arange(L - 1, device=chains.device).expand(B, -1)], 1)
+    parents = torch.cat([tree.parents, torch.where(new, below, 0)], 1)
+    scores = torch.cat([scores, torch.where(new, chain_scores.gather(1, j).to(scores.dtype), 0.0)], 1)
+    return Tree(
+        torch.cat([tree.tokens, torch.where(new, chains.gather(1, j), tree.tokens[:, :1])], 1),
+        parents,
+        torch.cat([tree.depths, torch.where(new, j + 1, 1)], 1),
+        monotone(scores, parents),
+        torch.cat([tree.valid, new], 1),
+    )

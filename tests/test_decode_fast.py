@@ -12,10 +12,10 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode import backend as backends
-from draftheads.decode.cost import CostCurve, Planner, cached_curve, curve_key
+from draftheads.decode.cost import CostCurve, Planner, cached_curve, curve_key, next_depth
 from draftheads.decode.proposers import Accepted, LookupProposer, Prefill, Tree
 from draftheads.decode.proposers.lookup import NgramIndex
-from draftheads.decode.select import add_chain, from_rows, monotone, prune, to_rows
+from draftheads.decode.select import add_chains, from_rows, monotone, prune
 from draftheads.heads import fingerprint
 from tests.conftest import get_target
 from tests.test_decode import PROMPTS, check_rows, drafter
@@ -51,16 +51,21 @@ def test_prune_of_a_padded_batch_keeps_padding_invalid():
     assert p.tokens.tolist() == [[5, 1], [6, 6]] and p.valid.tolist() == [[True, True], [True, False]]
 
 
-def test_add_chain_shares_prefixes_and_scores_stay_monotone():
-    row = ([9, 1, 2, 3], [0, 0, 0, 1], [0, 1, 1, 2], [1.0, 0.6, 0.3, 0.2])
-    tokens, parents, depths, scores = add_chain(row, [1, 3, 8, 8], [0.9, 0.8, 0.4, 0.3])
-    # 1 and 1->3 exist (scores raised), 8 and 8 are new below node 3
-    assert tokens == [9, 1, 2, 3, 8, 8] and parents == [0, 0, 0, 1, 3, 4] and depths == [0, 1, 1, 2, 3, 4]
-    assert scores[1] == 0.9 and scores[3] == 0.8
-    t = tree_of([(tokens, parents, depths, [1.0, 0.2, 0.3, 0.5, 0.4, 0.3])])
-    m = monotone(t.scores, t.parents)
-    assert m[0].tolist() == pytest.approx([1.0, 0.2, 0.3, 0.2, 0.2, 0.2])
-    assert to_rows(t)[0][:3] == (tokens, parents, depths)
+def test_add_chains_shares_prefixes_on_the_device_and_scores_stay_monotone():
+    drafted = ([9, 1, 2, 3], [0, 0, 0, 1], [0, 1, 1, 2], [1.0, 0.6, 0.3, 0.2])
+    t = tree_of([drafted, drafted])
+    chains = torch.tensor([[1, 3, 8, 8], [2, 5, -1, -1]])  # row 1's chain is two tokens long
+    merged = add_chains(t, chains, torch.tensor([[0.9, 0.8, 0.4, 0.3], [0.5, 0.4, 0.0, 0.0]]))
+    # row 0: 1 and 1->3 exist (scores raised), 8 and 8 are new below node 3; row 1: 2 exists, 5 is new
+    assert merged.valid.tolist() == [[True] * 6 + [False] * 2, [True] * 5 + [False] * 3]
+    assert merged.tokens.tolist() == [[9, 1, 2, 3, 8, 8, 9, 9], [9, 1, 2, 3, 5, 9, 9, 9]]
+    assert merged.parents.tolist() == [[0, 0, 0, 1, 3, 4, 0, 0], [0, 0, 0, 1, 2, 0, 0, 0]]
+    assert merged.depths.tolist() == [[0, 1, 1, 2, 3, 4, 1, 1], [0, 1, 1, 2, 2, 1, 1, 1]]
+    expected = torch.tensor([[1, 0.9, 0.3, 0.8, 0.4, 0.3, 0, 0], [1, 0.6, 0.5, 0.2, 0.4, 0, 0, 0]])
+    assert torch.allclose(merged.scores, expected)
+    # a score above its parent's is lowered to it, down the whole path
+    t = tree_of([([9, 1, 3, 8, 8], [0, 0, 1, 2, 3], [0, 1, 2, 3, 4], [1.0, 0.2, 0.5, 0.4, 0.3])])
+    assert monotone(t.scores, t.parents)[0].tolist() == pytest.approx([1.0, 0.2, 0.2, 0.2, 0.2])
 
 
 def test_ngram_index_finds_the_latest_earlier_continuation():
@@ -119,6 +124,29 @@ def test_planner_stops_drafting_when_a_pass_cannot_pay():
     p.pass_s = 0.5
     assert p.expand(torch.tensor([[0.9, 0.8]]), torch.tensor([[0.9, 0.8]]), passes=1)
     assert not p.expand(torch.tensor([[0.05, 0.01]]), torch.tensor([[0.01, 0.01]]), passes=1)
+    assert p.draft_s == 0.0  # judging a pass leaves this step's drafting time alone
+
+
+def test_the_next_depth_stops_at_the_first_level_that_did_not_pay_and_grows_back():
+    assert next_depth([True, False, True], depth=4, cap=4) == 2
+    assert next_depth([False], depth=1, cap=4) == 1
+    assert next_depth([True], depth=1, cap=4) == 2  # level 2 would have paid: grow by one
+    assert next_depth([True, True, True], depth=3, cap=4) == 4
+    assert next_depth([True, True, True], depth=4, cap=4) == 4  # never past the cap
+    assert next_depth([], depth=1, cap=1) == 1
+
+
+def test_the_planner_sets_the_next_depth_from_the_levels_a_step_drafted():
+    p = Planner(CostCurve([1, 64], [1.0, 1.0]), batch=1)
+    p.pass_s = 0.5
+    sure, unsure = [0.9, 0.9], [0.01, 0.01]
+    scores = torch.tensor([sure + [0.8, 0.8, 0.7, 0.7] + [0.01] * 4])  # levels of 2, 4 and 4 candidates
+    counts = [2, 6, 10]
+    assert p.replan(scores, torch.tensor([[sure, [0.8, 0.8], unsure]]), counts, cap=4) == 3
+    assert p.depth == 3  # level 4 (over the third frontier) would not have paid
+    assert p.replan(scores, torch.tensor([[sure, unsure, unsure]]), counts, cap=4) == 2
+    assert p.replan(scores[:, :2], torch.tensor([[sure]]), [2], cap=4) == 2  # grows back
+    assert p.replan(scores, torch.tensor([[sure, [0.8, 0.8], [0.7, 0.7]]]), counts, cap=3) == 3
 
 
 def test_cost_cache_is_reused_only_for_the_same_key(tmp_path, tiny_llama):

@@ -45,10 +45,10 @@ class DecodeConfig:
     EAGLE and DDTree for DFlash when ``dynamic``, or a default tree of ``total_tokens`` for
     Medusa), ``chain``/``chainN`` (for DFlash ``chain`` is the whole block), a JSON choices list
     such as ``[[0],[1],[0,0]]``, or a path to a tree.json.
-    EAGLE-2 dynamic trees: expand ``top_k_draft`` nodes per level for ``depth`` levels, then keep
-    the ``total_tokens`` (root included) most confident. DDTree (one DFlash block pass): the
-    ``total_tokens`` - 1 likeliest paths over each block position's ``top_k_draft`` candidates,
-    as deep as the block. ``typical`` opts into Medusa's typical acceptance: faster under
+    EAGLE-2 dynamic trees: expand ``top_k_draft`` nodes per level for ``depth`` levels (with
+    ``cost_aware``, fewer when the last ones did not pay), then keep the ``total_tokens`` (root
+    included) most confident. DDTree (one DFlash block pass): the ``total_tokens`` - 1
+    likeliest paths over each block position's ``top_k_draft`` candidates, as deep as the block. ``typical`` opts into Medusa's typical acceptance: faster under
     sampling, NOT lossless.
 
     ``backend``: how the target's and the drafter's linear layers run: ``auto`` (``onednn`` on a

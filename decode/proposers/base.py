@@ -16,7 +16,7 @@ Node scores are the proposer's estimate of the probability that the target accep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -62,9 +62,33 @@ class Accepted:
     tokens_cpu: list[list[int]] | None = None
 
 
-# A drafting plan from the decoder: given the scores of the nodes drafted so far [B, N], the
-# best frontier scores [B, k] and the number of draft passes done, whether another pass pays.
-Plan = Callable[[torch.Tensor, torch.Tensor, int], bool]
+@dataclass
+class Expanded:
+    """What a level-by-level (EAGLE-2) expansion drafted, for the planner to judge after the step.
+
+    ``scores [B, C]``: every candidate's path probability, level by level; ``counts[d - 1]``:
+    how many of them levels 1..d hold; ``frontiers [B, D, k]``: after each of the ``D`` levels
+    drafted, the path probabilities of the ``k`` nodes the next pass expands (or would have);
+    ``cap``: the most levels the proposer drafts (``decode.depth``). Device tensors: the decoder
+    reads them in the same transfer as the tree's scores.
+    """
+
+    scores: torch.Tensor
+    frontiers: torch.Tensor
+    counts: list[int]
+    cap: int
+
+
+@dataclass
+class Plan:
+    """The decoder's drafting plan for one step, decided before it (nothing is read mid-draft).
+
+    ``depth``: how many levels a level-by-level expansion drafts (None: its cap). Such a proposer
+    leaves what it drafted in ``expanded``, from which the planner sets the next step's depth.
+    """
+
+    depth: int | None = None
+    expanded: Expanded | None = None
 
 
 @runtime_checkable

@@ -1,7 +1,10 @@
 """A drafter's tree with a lookup branch: both verified in the same target forward.
 
 The lookup chain is added below the root of each row's drafted tree; where it agrees with a
-drafted path it reuses those nodes (and raises their score), so nothing is verified twice.
+drafted path it reuses those nodes (and raises their score), so nothing is verified twice. The
+merge runs on the device (:func:`draftheads.decode.select.add_chains`): the tree grows by the
+longest chain's length, the chain tokens a drafted path already holds left as padding for the
+planner's prune to drop, and the decoder reads the merged tree's scores in its one transfer.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import torch
 
 from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Proposer, Tree
 from draftheads.decode.proposers.lookup import LookupProposer
-from draftheads.decode.select import add_chain, from_rows, monotone, to_rows
+from draftheads.decode.select import add_chains
 
 
 class WithLookup:
@@ -32,12 +35,12 @@ class WithLookup:
     def propose(self, root: torch.Tensor, pos: torch.Tensor, plan: Plan | None = None) -> Tree:
         tree = self.proposer.propose(root, pos, plan)
         chains = self.lookup.chains()
-        if not any(chain for chain, _ in chains):
+        L = max(len(chain) for chain, _ in chains)
+        if L == 0:
             return tree
-        rows = [add_chain(row, chain, scores) for row, (chain, scores) in zip(to_rows(tree), chains)]
-        merged = from_rows(rows, root.device)
-        merged.scores = monotone(merged.scores, merged.parents)
-        return merged
+        tokens = torch.tensor([c + [-1] * (L - len(c)) for c, _ in chains], device=root.device)
+        scores = torch.tensor([s + [0.0] * (L - len(s)) for _, s in chains], device=root.device)
+        return add_chains(tree, tokens, scores)
 
     def update(self, step: Accepted) -> None:
         self.proposer.update(step)

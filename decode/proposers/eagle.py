@@ -8,8 +8,10 @@ step; the accepted pairs stay, compacted per row like the target's.
 
 Trees are EAGLE-2 dynamic trees (expand the ``top_k_draft`` most confident nodes per level,
 then keep the ``total_tokens`` most confident overall) or a static tree. A node's score is
-the drafter's probability of its path, Π q; with a plan from the decoder, drafting stops at
-the first level that is not expected to pay for its draft pass.
+the drafter's probability of its path, Π q. With a plan from the decoder, a dynamic tree is
+drafted ``plan.depth`` levels deep, a depth the planner set from the previous step's expansion
+(:meth:`draftheads.decode.cost.Planner.replan`), so nothing is read on the host while drafting;
+the expansion is left in the plan for the decoder to read with the tree's scores.
 
 On ``decode.backend=cuda-graphs`` (or with ``graphs`` given) dynamic trees are drafted at a
 fixed depth and top-k (no plan), as SGLang's EAGLE draft runner does: after the accepted pairs
@@ -20,12 +22,14 @@ expansion, :func:`fixed_tree`, runs as one captured graph per (batch, capacity, 
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import dynamic, kv
 from draftheads.decode.kv import append_valid
-from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree
+from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Prefill, Tree
 from draftheads.decode.static import Graphs, StaticKV, drafter_graphs
 from draftheads.decode.tree import StaticTree, ancestor_mask, levels
 from draftheads.heads.masks import additive_mask, padded_causal
@@ -153,20 +157,25 @@ class EagleProposer:
     def _propose_dynamic(
         self, root: torch.Tensor, pos: torch.Tensor, h_root: torch.Tensor, plan: Plan | None
     ) -> Tree:
-        """EAGLE-2: expand the top_k most confident nodes up to ``depth - 1`` times, rerank to total_tokens."""
-        k, depth, n = self.cfg.top_k_draft, self.cfg.depth, self.cfg.total_tokens - 1
+        """EAGLE-2: expand the top_k most confident nodes level by level, rerank to total_tokens.
+
+        ``plan.depth`` levels (``depth`` without a plan or before the planner has set one); with a
+        plan, every candidate's score and each level's frontier go to ``plan.expanded``.
+        """
+        k, cap, n = self.cfg.top_k_draft, self.cfg.depth, self.cfg.total_tokens - 1
+        depth = cap if plan is None or plan.depth is None else max(1, min(plan.depth, cap))
         B = root.shape[0]
         grown = dynamic.Expansion(self._log_q(h_root), h_root, k)
+        frontiers = [grown.frontier_scores()]
         for d in range(1, depth):
-            if plan is not None:  # the plan reads scores on the host: one transfer per level
-                all_scores = grown.all_scores()
-                host = torch.cat([all_scores, grown.frontier_scores()], 1).exp().cpu()
-                if not plan(host[:, : all_scores.shape[1]], host[:, all_scores.shape[1] :], self.passes):
-                    break
             front_ids = self.drafter.draft_to_target(grown.frontier_ids())
             new_anc = grown.frontier_ancestors()
             out = self._feed_tree(front_ids, grown.front_hidden, (pos + d - 1)[:, None].expand(B, k), new_anc)
             grown.grow(self._log_q(out), out, new_anc, d + 1)
+            frontiers.append(grown.frontier_scores())
+        if plan is not None:
+            counts = list(accumulate(s.shape[1] for s in grown.scores))
+            plan.expanded = Expanded(grown.all_scores().exp(), torch.stack(frontiers, 1).exp(), counts, cap)
         tokens, tparents, tdepths, tscores = grown.tree(root, self.drafter.draft_to_target, n)
         return Tree(tokens, tparents, tdepths, tscores.exp(), torch.ones_like(tokens, dtype=torch.bool))
 

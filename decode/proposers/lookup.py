@@ -75,8 +75,8 @@ class LookupProposer:
 
     def propose(self, root: torch.Tensor, pos: torch.Tensor, plan: Plan | None = None) -> Tree:
         rows = []
-        for r, (chain, scores) in zip(root.tolist(), self.chains()):
-            n = len(chain)
+        for row, (chain, scores) in zip(self.rows, self.chains()):
+            r, n = row.tokens[-1], len(chain)  # the root: the last token emitted, known on the host
             rows.append(([r] + chain, [0] + list(range(n)), list(range(n + 1)), [1.0] + scores))
         return from_rows(rows, root.device)
 
