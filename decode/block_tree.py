@@ -28,13 +28,26 @@ def static_tree(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens, log scores)`` ``[B, T]`` of ``tree`` filled from the per-position top-k
     ``values``/``ids`` ``[B, D, k]`` (k > every rank, D >= the tree's depth)."""
+    return fill_static(root, values, ids, tree.depths, tree.ranks, ancestor_mask(tree.parents, tree.depth))
+
+
+def fill_static(
+    root: torch.Tensor,
+    values: torch.Tensor,
+    ids: torch.Tensor,
+    depths: torch.Tensor,
+    ranks: torch.Tensor,
+    anc: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`static_tree` from the tree's ``depths``/``ranks`` ``[T]`` and ancestor mask
+    ``anc [T, T]``: tensors only, so nothing is read on the host (a captured step takes them
+    as inputs)."""
     B = root.shape[0]
-    depth, rank = tree.depths[1:] - 1, tree.ranks[1:]
+    depth, rank = depths[1:] - 1, ranks[1:]
     tokens = torch.cat([root[:, None], ids[:, depth, rank]], 1)
     logq = torch.cat([torch.zeros(B, 1, device=values.device), values[:, depth, rank].float()], 1)
     # a node's score: Σ log q over itself and its ancestors (the root's log q is 0)
-    anc = ancestor_mask(tree.parents, tree.depth).to(logq.dtype)
-    return tokens, logq @ anc.T
+    return tokens, logq @ anc.to(logq.dtype).T
 
 
 def best_first(
