@@ -24,7 +24,11 @@ its traceback and the rest still run. Sections, per target shape:
 * verify cost: one forward over n new tokens on the path each backend runs (eager with a
   DynamicCache; the captured graph replayed at bucket sizes), and the decoder's per-step
   overhead against the bare forward of the same path and size;
-* drafting: the fixed-shape EAGLE-3 draft step, eager and captured.
+* drafting: the fixed-shape EAGLE-3 draft step and DFlash's drafting call (the block pass and
+  DDTree, ``draft_tree``, through the ``drafter_graphs`` hook), eager and captured.
+
+Before a timed section replays graphs, ``SpeculativeGenerator.capture`` captures them (every
+verify bucket, largest first) and the time it took is printed.
 
 The header names the torch and transformers versions (the ones the decoder needs are checked
 first), the device and the attention kernel a verify forward runs; CUDA sections add capture
@@ -173,6 +177,25 @@ def steer(target) -> None:
     target.lm_head.weight.copy_(unit.roll(1, dims=0) * target.lm_head.weight.norm(dim=-1, keepdim=True))
 
 
+def build_dflash(target, small: bool, layers: int = 5):
+    """A random DFlash drafter for ``target`` (block 16, ``layers`` layers as the 8B recipes have,
+    draft vocabulary of the first ids), on its device."""
+    from draftheads.heads import DFlashDrafter, fingerprint
+
+    p = next(target.parameters())
+    torch.manual_seed(2)
+    V = target.config.vocab_size
+    with building(p.device, p.dtype):
+        drafter = DFlashDrafter(
+            fingerprint(target),
+            target.config.to_dict(),
+            mask_token_id=V - 1,
+            num_decoder_layers=layers,
+            draft_vocab_size=256 if small else 32000,
+        )
+    return drafter.attach(target).eval().requires_grad_(False)
+
+
 def build_eagle(target, small: bool):
     """A random EAGLE-3 drafter for ``target`` (draft vocabulary of the first ids), on its device."""
     from draftheads.heads import EagleDrafter, fingerprint
@@ -246,7 +269,7 @@ class Oracle:
     over the steps that had room for the whole chain before ``new`` tokens.
     """
 
-    needs_hidden_states = False
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, refs: list[list[int]], rate: float, depth: int, vocab: int, new: int) -> None:
         self.refs, self.rate, self.depth, self.vocab, self.new = refs, rate, depth, vocab, new
@@ -306,7 +329,7 @@ class Oracle:
 class OneToken:
     """No drafts: every step verifies the root alone (plain greedy decoding on the decoder's path)."""
 
-    needs_hidden_states = False
+    hidden_layers: tuple[int, ...] = ()
 
     def prefill(self, batch) -> None:
         pass
@@ -495,15 +518,15 @@ def speed(target, device, prompt: torch.Tensor, new: int) -> dict:
 
     rates["generate (stock)"] = timed_tokens_per_s(gen_stock, device, new)
     one = decoder(target, graphs, OneToken)
-    t0 = time.perf_counter()
-    one.generate(ids, max_new_tokens=new)
-    capture_s = time.perf_counter() - t0
+    capture_s = one.capture(batch=1, context=ids.shape[1] + new)
+    say(f"  capture before timing, every verify bucket largest first ({graphs}): {capture_s:.2f} s")
     rates[f"one-token loop ({graphs})"] = timed_tokens_per_s(
         lambda: one.generate(ids, max_new_tokens=new), device, new
     )
     for backend in ("eager", graphs):
         oracle = Oracle(refs, 0.8, DEPTH, V, new)
         gen = decoder(target, backend, lambda o=oracle: o)
+        gen.capture(batch=1, context=ids.shape[1] + new)  # the one-token loop's graphs serve it too
         rates[f"speculative {backend}, oracle 0.8"] = timed_tokens_per_s(
             lambda g=gen: g.generate(ids, max_new_tokens=new), device, new
         )
@@ -512,7 +535,6 @@ def speed(target, device, prompt: torch.Tensor, new: int) -> dict:
         say(
             f"  speculative {backend}: tau {st.tau:.2f}, {steps[backend]:.2f} ms per step (tree {1 + 2 * DEPTH})"
         )
-    say(f"  first call of the one-token loop (captures on CUDA): {capture_s:.2f} s")
     report_rates(rates)
     return {"rates": rates, "step_ms": steps}
 
@@ -612,7 +634,13 @@ def verify_cost(target, device, repeats: int, found: dict, context: int = 128) -
 
 
 @torch.no_grad()
-def drafting(target, eagle, device, repeats: int, k: int = 4, depth: int = 4, context: int = 128) -> None:
+def drafting(target, eagle, dflash, device, repeats: int, context: int = 128) -> None:
+    """The fixed-shape drafting calls after ``context`` cached positions, eager and captured."""
+    eagle_step(target, eagle, device, repeats, context=context)
+    dflash_step(target, dflash, device, repeats, context=context)
+
+
+def eagle_step(target, eagle, device, repeats: int, k: int = 4, depth: int = 4, context: int = 128) -> None:
     """The fixed-shape EAGLE-3 draft step after ``context`` cached pairs, eager and captured."""
     from transformers import DynamicCache
 
@@ -648,6 +676,44 @@ def drafting(target, eagle, device, repeats: int, k: int = 4, depth: int = 4, co
         )
 
 
+def dflash_step(target, dflash, device, repeats: int, k: int = 4, n: int = 15, context: int = 128) -> None:
+    """DFlash's drafting call, ``draft_tree`` (the block pass over fixed-capacity context buffers,
+    each position's top-``k``, DDTree's ``n`` best paths), after ``context`` cached positions,
+    through the ``drafter_graphs`` hook: eager, and captured (one graph) on CUDA."""
+    from draftheads.decode import static
+    from draftheads.decode.proposers.dflash import draft_tree
+
+    p = next(target.parameters())
+    H, drafts = target.config.hidden_size, dflash.block_size - 1
+    F = len(dflash.feature_layers()) * H
+    g = torch.Generator(device=device).manual_seed(0)
+    feats = torch.randn(1, context, F, device=device, dtype=p.dtype, generator=g)
+    positions = torch.arange(context, device=device)[None]
+    root = torch.randint(0, target.config.vocab_size, (1,), device=device, generator=g)
+    pos = torch.full((1,), context, device=device)
+    for capture in sorted({False, device.type == "cuda"}):
+        graphs = static.drafter_graphs(dflash, capture=capture)
+        kv = static.StaticKV(graphs.pool, dflash.num_decoder_layers)
+        for layer, (key, value) in zip(kv.layers, dflash.context_kv(feats, positions)):
+            layer.keys, layer.values = key, value  # the context in the lease's buffers
+        valid = torch.zeros(1, kv.capacity, dtype=torch.bool, device=device)
+        valid[:, :context] = True
+
+        def step(valid, root, pos, kv=kv):
+            buffers = [(layer.k_buf, layer.v_buf) for layer in kv.layers]
+            return draft_tree(dflash, buffers, valid, root, pos, None, drafts, k, n)
+
+        key = ("dflash", 1, kv.capacity, kv.lease, drafts, k, n, 0)
+        args = (valid, root, pos)
+        ms = median_ms(lambda gr=graphs, f=step, a=args, key=key: gr.run(key, f, *a), device, repeats)
+        how = "captured" if capture else "eager"
+        extra = f" (capture {graphs.capture_s:.2f} s)" if capture else ""
+        say(
+            f"  DFlash draft call, block {dflash.block_size}, {dflash.num_decoder_layers} layers, top-{k}, "
+            f"DDTree {n} nodes, {context} cached, {how}: {ms:8.3f} ms{extra}"
+        )
+
+
 # ---- driver ---------------------------------------------------------------------------------------
 def run_shape(name: str, shape, device: torch.device, small: bool, first: bool) -> None:
     repeats = 2 if small else 10
@@ -674,7 +740,7 @@ def run_shape(name: str, shape, device: torch.device, small: bool, first: bool) 
     dtype = torch.bfloat16
     target = build_target(shape, device, dtype)
     say(f"  {sum(p.numel() for p in target.parameters()) / 1e6:,.1f}M parameters, {dtype}")
-    eagle = build_eagle(target, small)
+    eagle, dflash = build_eagle(target, small), build_dflash(target, small)
     section(f"{name}: environment", environment, target, device)
     section(
         f"{name}: identity bf16 (ties within {TIE_ULPS} ulps)",
@@ -686,14 +752,14 @@ def run_shape(name: str, shape, device: torch.device, small: bool, first: bool) 
         new,
         True,
     )
-    section(f"{name}: drafting", drafting, target, eagle, device, repeats)
+    section(f"{name}: drafting", drafting, target, eagle, dflash, device, repeats)
     steer(target)
     rows = random_prompts(vocab, 4, plen, seed=1)
     section(f"{name}: oracle tau", oracle_tau, target, device, rows, 40 if small else 256)
     found = section(f"{name}: speed", speed, target, device, rows[0], 2 * new) or {}
     section(f"{name}: compiled generate", compiled_generate, target, device, rows[0], 2 * new, found)
     section(f"{name}: verify cost and overhead", verify_cost, target, device, repeats, found)
-    del target, eagle
+    del target, eagle, dflash
     free(device)
 
 

@@ -242,10 +242,8 @@ class SpeculativeGenerator:
         planner_curve = self.cost_curve(*input_ids.shape) if cfg.cost_aware else None
         stats = self.last_stats = DecodeStats(backend=self.backend)
         t_start = time.perf_counter()
-        modules = [m for m in (self.target, self.drafter) if m is not None]
-        modules += getattr(self.drafter, "runtime_modules", list)()  # a reduced draft head, say
         stopper.start(input_ids, mask)
-        run = backends.Backend(self.backend, *modules, cache=self.packs)  # packed weights, checked
+        run = self._run_backend()
         with run.active():  # per phase: a stream suspended at a yield leaves the modules stock
             state, first = self.prefill(input_ids.to(self.device), mask, how, stopper, stats)
         if planner_curve is not None:
@@ -258,6 +256,61 @@ class SpeculativeGenerator:
             stats.total_time_s = time.perf_counter() - t_start
             yield out
         stats.total_time_s = time.perf_counter() - t_start
+
+    @torch.no_grad()
+    def capture(self, batch: int = 1, context: int = 512) -> float:
+        """Capture the CUDA graphs that calls of up to ``batch`` rows and ``context`` tokens each
+        (prompt and new tokens) replay on ``decode.backend=cuda-graphs``, before any of them runs
+        (or is timed): the verify forward of every bucket, largest first, into the verifier's
+        memory pool, and the drafter's fixed-shape drafting call, for ``batch`` rows down to one;
+        the buffers are sized for ``context``, so such a call captures nothing. Returns the
+        seconds it took.
+
+        Nothing to capture (another backend): a no-op. A verifier or drafting hook made with
+        ``capture=False`` (the tests' CPU path) runs the same calls eagerly."""
+        if batch < 1 or context < 1:
+            raise UserError(f"capture(batch={batch}, context={context}): both must be at least 1")
+        t0 = time.perf_counter()
+        verifier = static.verifier(self)
+        proposer = self.make_proposer()
+        graphs = fixed_shape_graphs(proposer)
+        if verifier is None and graphs is None:
+            return 0.0
+        with self._run_backend().active():
+            if verifier is not None:
+                verifier.prepare(batch, context, proposer.hidden_layers)
+            if graphs is not None:
+                graphs.pool.capacity = max(
+                    graphs.pool.capacity, static.capacity_for(context + static.BUCKETS[-1] + 1)
+                )
+                for rows in range(batch, 0, -1):
+                    self._draft_once(rows, self.make_proposer())
+        self._now()
+        return time.perf_counter() - t0
+
+    def _draft_once(self, rows: int, proposer: Proposer) -> None:
+        """A one-token prompt of ``rows`` rows read by ``proposer`` and one tree drafted: its
+        fixed-shape call made on the lease the next call takes (released when it is dropped)."""
+        from transformers import DynamicCache
+
+        ids = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        out = self.target(
+            input_ids=ids,
+            cache=DynamicCache(),
+            use_cache=True,
+            output_hidden_states=static.hidden_request(proposer.hidden_layers),
+            logits_to_keep=1,
+        )
+        root = ids[:, 0]
+        proposer.prefill(Prefill(out.hidden_states, ids, valid, torch.zeros_like(ids), root))
+        proposer.propose(root, torch.ones_like(root))
+
+    def _run_backend(self) -> backends.Backend:
+        """This call's backend over the target and the drafter (packed weights, checked)."""
+        modules = [m for m in (self.target, self.drafter) if m is not None]
+        modules += getattr(self.drafter, "runtime_modules", list)()  # a reduced draft head, say
+        return backends.Backend(self.backend, *modules, cache=self.packs)
 
     # -- the three phases ---------------------------------------------------------------------
     def prefill(
@@ -282,7 +335,7 @@ class SpeculativeGenerator:
             position_ids=positions,
             cache=cache,
             use_cache=True,
-            output_hidden_states=proposer.needs_hidden_states,
+            output_hidden_states=static.hidden_request(proposer.hidden_layers),
             logits_to_keep=1,
         )
         stats.target_forwards += 1
@@ -388,7 +441,7 @@ class SpeculativeGenerator:
         # static shapes / CUDA graphs (decode/static.py): on for decode.backend=cuda-graphs
         verifier = static.verifier(self)
         if verifier is not None:
-            out = verifier(state, tree, anc, state.proposer.needs_hidden_states)
+            out = verifier(state, tree, anc, state.proposer.hidden_layers)
         else:
             out = self.target(
                 input_ids=tree.tokens,
@@ -396,7 +449,7 @@ class SpeculativeGenerator:
                 position_ids=state.pos[:, None] + tree.depths,
                 cache=state.cache,
                 use_cache=True,
-                output_hidden_states=state.proposer.needs_hidden_states,
+                output_hidden_states=static.hidden_request(state.proposer.hidden_layers),
             )
         rows = state.active
         histories = [state.prompts[b] + state.generated[b] for b in rows]
@@ -465,6 +518,12 @@ class SpeculativeGenerator:
                 f"prompt + max_new_tokens = {total} exceeds the target's sliding window {window}; "
                 "tree decoding masks full attention only, so shorten the request"
             )
+
+
+def fixed_shape_graphs(proposer: Proposer) -> static.Graphs | None:
+    """The graphs hook ``proposer`` drafts through (inside a lookup combination), if any."""
+    inner = getattr(proposer, "proposer", proposer)
+    return getattr(inner, "graphs", None)
 
 
 def read_scores(tree: Tree, expanded: Expanded | None, planner: Planner) -> tuple[torch.Tensor, torch.Tensor]:

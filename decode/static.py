@@ -13,7 +13,7 @@ forward reads or writes must keep its shape and storage from step to step:
 
 On a CUDA device (``decode.backend=cuda-graphs``) each (batch, bucket, capacity) is captured
 once with :class:`torch.cuda.CUDAGraph` after a warm-up on a side stream; all graphs share one
-memory pool. On any other device the same buffers feed an eager forward (``capture=False``),
+memory pool. :meth:`StaticVerifier.prepare` captures a call's graphs before it, largest first. On any other device the same buffers feed an eager forward (``capture=False``),
 which is how the tests check this path against the DynamicCache one.
 
 The buffers outlive a ``generate`` call (a graph holds their addresses), pooled by (lease,
@@ -101,6 +101,16 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
         r = reach.float()
         reach = (r @ r) > 0
     return reach
+
+
+def hidden_request(layers: tuple[int, ...] | bool) -> list[int] | bool:
+    """The ``output_hidden_states`` a forward passes to keep only ``layers`` of the target's
+    ``hidden_states`` tuple: transformers (5.24+) then records those indices and leaves None at
+    the others, the tuple's length and indexing unchanged; a model that reads the flag as a bool
+    returns every state, which indexes the same. No layers: False; a bool passes as it is."""
+    if isinstance(layers, bool):
+        return layers
+    return sorted(set(layers)) or False
 
 
 def static_mask(kv_valid: torch.Tensor, anc: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
@@ -272,8 +282,17 @@ class Verified:
 
 
 @dataclass
+class Warmup:
+    """The part of a decoding state a verify call reads, for :meth:`StaticVerifier.prepare`."""
+
+    cache: object
+    kv_valid: torch.Tensor
+    pos: torch.Tensor
+
+
+@dataclass
 class Entry:
-    """Static inputs of one (batch, bucket, capacity, hidden states) shape, and its graph."""
+    """Static inputs of one (batch, bucket, capacity, hidden layers, lease) shape, and its graph."""
 
     ids: torch.Tensor
     pos: torch.Tensor
@@ -288,8 +307,9 @@ class StaticVerifier:
     """The target's verify forward on static shapes; ``capture`` records CUDA graphs (CUDA only).
 
     It holds the target weakly, so the model-level registry (:func:`shared`) does not keep a
-    model alive. Inputs, outputs and graphs are per (batch, bucket, capacity, hidden states,
-    lease): a graph reads and writes its lease's buffers only.
+    model alive. Inputs, outputs and graphs are per (batch, bucket, capacity, hidden layers,
+    lease): a graph reads and writes its lease's buffers only, and returns the requested layers'
+    states alone (:func:`hidden_request`).
     """
 
     def __init__(self, target: nn.Module, capture: bool | None = None) -> None:
@@ -310,8 +330,9 @@ class StaticVerifier:
     def target(self) -> nn.Module:
         return self._target()
 
-    def __call__(self, state, tree: Tree, anc: torch.Tensor, hidden: bool) -> Verified:
+    def __call__(self, state, tree: Tree, anc: torch.Tensor, layers: tuple[int, ...] = ()) -> Verified:
         """Verify ``tree`` for the active rows of ``state``; ``state.cache`` becomes a StaticKV.
+        ``layers``: the indices of the target's ``hidden_states`` to return (None at the others).
 
         After the call the cache holds ``S + bucket`` filled slots (the tree's entries after the
         ``S`` old ones), as a DynamicCache would hold ``S + T``; compaction then keeps the path.
@@ -325,7 +346,8 @@ class StaticVerifier:
         if S + size > cache.capacity:
             self.pool.capacity = capacity_for(S + size)
             cache.resize(self.pool.capacity)
-        entry = self._entry(B, size, cache.capacity, hidden, cache.lease)
+        layers = tuple(sorted(set(layers)))
+        entry = self._entry(B, size, cache.capacity, layers, cache.lease)
         padded = pad_tree(tree, size)
         entry.ids.copy_(padded.tokens)
         entry.pos.copy_(state.pos[:, None] + padded.depths)
@@ -333,16 +355,16 @@ class StaticVerifier:
         entry.write.copy_(torch.arange(S, S + size, device=self.device))
         cache.write_index = entry.write
         if self.capture:
-            out = self._replay(entry, cache, hidden)
+            out = self._replay(entry, cache, layers)
         else:
-            out = self.forward(entry, cache, hidden)
+            out = self.forward(entry, cache, layers)
         entry.runs += 1
         cache.set_length(S + size)
-        states = tuple(h[:, :T] for h in out.hidden_states) if hidden else None
+        states = tuple(h if h is None else h[:, :T] for h in out.hidden_states) if layers else None
         return Verified(out.logits[:, :T], states)
 
-    def _entry(self, B: int, size: int, capacity: int, hidden: bool, lease: int) -> Entry:
-        key = (B, size, capacity, hidden, lease)
+    def _entry(self, B: int, size: int, capacity: int, layers: tuple[int, ...] | bool, lease: int) -> Entry:
+        key = (B, size, capacity, layers, lease)
         if key not in self.entries:
             dev = self.device
             self.entries[key] = Entry(
@@ -353,29 +375,30 @@ class StaticVerifier:
             )
         return self.entries[key]
 
-    def forward(self, entry: Entry, cache: StaticKV, hidden: bool):
-        """The target's forward on this entry's static inputs: what a graph captures."""
+    def forward(self, entry: Entry, cache: StaticKV, layers: tuple[int, ...] | bool):
+        """The target's forward on this entry's static inputs: what a graph captures (``layers``
+        as :func:`hidden_request` takes them)."""
         return self.target(
             input_ids=entry.ids,
             attention_mask=entry.mask,
             position_ids=entry.pos,
             cache=cache,
             use_cache=True,
-            output_hidden_states=hidden,
+            output_hidden_states=hidden_request(layers),
         )
 
-    def _replay(self, entry: Entry, cache: StaticKV, hidden: bool):
+    def _replay(self, entry: Entry, cache: StaticKV, layers: tuple[int, ...] | bool):
         """Capture this shape's graph the first time (after a warm-up), then replay it."""
         if entry.graph is None:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(WARMUP):
-                    self.forward(entry, cache, hidden)
+                    self.forward(entry, cache, layers)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.mempool):
-                entry.out = self.forward(entry, cache, hidden)
+                entry.out = self.forward(entry, cache, layers)
             entry.graph = graph
         entry.graph.replay()
         return entry.out
@@ -383,6 +406,34 @@ class StaticVerifier:
     def graphs(self) -> int:
         """CUDA graphs captured so far."""
         return sum(e.graph is not None for e in self.entries.values())
+
+    def prepare(self, batch: int, context: int, layers: tuple[int, ...] = ()) -> int:
+        """Make the verify entries (and, with ``capture``, their graphs) a call of up to ``context``
+        tokens (prompt and new ones) over ``batch`` rows will use, before it runs: every bucket,
+        largest first, for ``batch`` rows down to one (rows leave the batch as they finish), at
+        the capacity such a call verifies at, on the lease the next call takes. Largest first: a
+        smaller graph's private memory then comes out of the pool a larger one left. Returns
+        how many entries it made."""
+        from transformers import DynamicCache
+
+        before = len(self.entries)
+        # adopt() makes the prompt's capacity at least capacity_for(prompt + BUCKETS[-1] + 1);
+        # a step verifies at most BUCKETS[-1] nodes after at most ``context`` - 1 slots
+        self.pool.capacity = max(self.pool.capacity, capacity_for(context + BUCKETS[-1] + 1))
+        for rows in range(batch, 0, -1):
+            prompt = DynamicCache()
+            ids = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+            self.target(input_ids=ids, cache=prompt, use_cache=True, logits_to_keep=1)
+            state = Warmup(prompt, torch.ones_like(ids, dtype=torch.bool), torch.ones_like(ids[:, 0]))
+            for size in sorted(BUCKETS, reverse=True):
+                parents = torch.zeros(rows, size, dtype=torch.long, device=self.device)
+                depths = torch.ones_like(parents)
+                depths[:, 0] = 0
+                ones = torch.ones(rows, size, device=self.device)
+                tree = Tree(parents, parents, depths, ones, ones.bool())
+                self(state, tree, ancestors(parents), layers)
+                state.cache.set_length(1)
+        return len(self.entries) - before
 
 
 class Graphs:

@@ -112,8 +112,8 @@ class Oracle:
         self.step = 0
 
     @property
-    def needs_hidden_states(self):
-        return self.inner.needs_hidden_states
+    def hidden_layers(self):
+        return self.inner.hidden_layers
 
     def prefill(self, batch):
         self.rows = list(range(batch.input_ids.shape[0]))

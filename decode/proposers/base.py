@@ -29,8 +29,9 @@ from draftheads.decode.tree import Tree
 class Prefill:
     """What the target's prompt forward gives a proposer.
 
-    ``hidden_states``: the target's per-layer hidden states ``[B, P, H]`` (None when no proposer
-    asked for them); ``input_ids``/``valid``/``positions`` ``[B, P]`` (left padding is not valid);
+    ``hidden_states``: the target's ``hidden_states`` tuple ``[B, P, H]`` per entry, holding the
+    proposer's ``hidden_layers`` and None at every other index (None when it asks for none);
+    ``input_ids``/``valid``/``positions`` ``[B, P]`` (left padding is not valid);
     ``root [B]``: the first new token, the root of the first tree.
     """
 
@@ -49,7 +50,7 @@ class Accepted:
     ``n_keep``); ``tokens [B, A]``: the tokens that follow them (accepted drafts, then the
     bonus); ``n_keep [B]`` (and ``n_cpu``, the same on the host): tokens emitted = path nodes
     kept; ``pos [B]``: the root's position; ``hidden_states``: the target's states at the tree
-    nodes (None when no proposer asked for them); ``tokens_cpu``: each row's emitted tokens on
+    nodes, as in :class:`Prefill`; ``tokens_cpu``: each row's emitted tokens on
     the host (the decoder has read them already, so a proposer need not read the device again).
     """
 
@@ -93,9 +94,11 @@ class Plan:
 
 @runtime_checkable
 class Proposer(Protocol):
-    """A drafting method. ``needs_hidden_states``: whether prefill/update read target states."""
+    """A drafting method. ``hidden_layers``: the indices of the target's ``hidden_states`` tuple
+    that prefill/update read (index i is the input of layer i, index num_layers the final normed
+    state); the target keeps only those. Empty: none."""
 
-    needs_hidden_states: bool
+    hidden_layers: tuple[int, ...]
 
     def prefill(self, batch: Prefill) -> None: ...
 

@@ -21,7 +21,7 @@ class WithLookup:
 
     def __init__(self, proposer: Proposer, lookup: LookupProposer) -> None:
         self.proposer, self.lookup = proposer, lookup
-        self.needs_hidden_states = proposer.needs_hidden_states
+        self.hidden_layers = proposer.hidden_layers
 
     @property
     def passes(self) -> int:

@@ -44,7 +44,6 @@ Context = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class DFlashProposer:
-    needs_hidden_states = True
     passes = 1  # drafter forwards per propose (the decoder's cost model reads it)
 
     def __init__(
@@ -53,6 +52,7 @@ class DFlashProposer:
         from transformers import DynamicCache
 
         self.drafter, self.static, self.cfg = drafter, static, cfg
+        self.hidden_layers = tuple(drafter.feature_layers())
         if graphs is None and cfg.backend == "cuda-graphs":
             graphs = drafter_graphs(drafter, capture=True)
         self.graphs = graphs  # fixed-capacity context and one captured call per step, when set

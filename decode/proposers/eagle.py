@@ -36,14 +36,13 @@ from draftheads.heads.masks import additive_mask, padded_causal
 
 
 class EagleProposer:
-    needs_hidden_states = True
-
     def __init__(
         self, drafter, static: StaticTree | None, cfg: DecodeConfig, graphs: Graphs | None = None
     ) -> None:
         from transformers import DynamicCache
 
         self.drafter, self.static, self.cfg = drafter, static, cfg
+        self.hidden_layers = tuple(drafter.feature_layers())
         if graphs is None and static is None and cfg.backend == "cuda-graphs":
             graphs = drafter_graphs(drafter, capture=True)
         self.graphs = graphs if static is None else None  # fixed-shape drafting of dynamic trees

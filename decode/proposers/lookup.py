@@ -48,7 +48,7 @@ class NgramIndex:
 class LookupProposer:
     """Drafts from n-gram matches in each row's own text; no model involved."""
 
-    needs_hidden_states = False
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, max_tokens: int, ngram: int) -> None:
         self.max_tokens, self.ngram = max_tokens, ngram

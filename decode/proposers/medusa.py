@@ -15,11 +15,10 @@ from draftheads.decode.tree import StaticTree, ancestor_mask, levels
 
 
 class MedusaProposer:
-    needs_hidden_states = True
-
     def __init__(self, drafter, static: StaticTree) -> None:
         self.drafter, self.static = drafter, static
         self.layer = drafter.feature_layers()[0]
+        self.hidden_layers = (self.layer,)
         self.topk = static.topk_per_depth()
         self.levels = levels(static, ancestor_mask(static.parents, static.depth))
         self.hidden: torch.Tensor | None = None
