@@ -194,10 +194,28 @@ class DFlashDrafter(Drafter):
         self.layers = nn.ModuleList(DFlashLayer(self.layer_config) for _ in range(num_decoder_layers))
         self.norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
         self.rotary = LlamaRotaryEmbedding(self.layer_config)  # inv_freq is not persistent: never saved
+        # float32 copies outside the module tree: no cast reaches them (see _apply)
+        self._inv_freq = (
+            self.rotary.inv_freq.detach().clone(),
+            self.rotary.original_inv_freq.detach().clone(),
+        )
         # target id = draft id + d2t[draft id]; t2d[target id] is True when it is in the draft vocab
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))
         self.set_vocab(torch.arange(self.draft_vocab_size))
+
+    def _apply(self, fn, recurse: bool = True):
+        """Every move or cast, then the rotary frequencies back to float32 on the new device.
+
+        ``.to(bfloat16)`` (the decoder casts the drafter to the target's dtype, DeepSpeed's bf16
+        casts it to train) would round them too: a frequency off by up to 2^-9 turns the phase
+        between positions d apart by up to d * f * 2^-9, so an fp32-trained drafter decoded in
+        bfloat16 would rotate by other angles than it learnt. Computed in float32 they are the
+        reference's (transformers keeps ``inv_freq`` float32 when it loads a bfloat16 model)."""
+        super()._apply(fn, recurse)
+        device = self.rotary.inv_freq.device
+        self.rotary.inv_freq, self.rotary.original_inv_freq = (f.to(device) for f in self._inv_freq)
+        return self
 
     # ---- interface -------------------------------------------------------------------
     def spec(self) -> dict[str, Any]:
