@@ -3,7 +3,8 @@
 One step, for every active row of the batch at once::
 
     tree  = proposer.propose(root, pos, plan)           # Medusa, EAGLE, lookup, or a mix
-    tree  = prune(tree, n*)                             # only the nodes that pay (cost.py)
+    tree  = prune(tree, n*)                             # only the nodes that pay (cost.py);
+                                                        # not cost-aware: drop_padding(tree)
     out   = target(tree.tokens, 4-D tree mask, position_ids = pos + depth, cache)
     best, bonus = accept(out.logits, tree)              # greedy / rejection sampling / typical
     compact the target's KV: keep root + accepted path, drop the rest
@@ -45,7 +46,7 @@ from draftheads.decode.kv import tree_mask
 from draftheads.decode.processing import Processing, check_lossless, resolve
 from draftheads.decode.proposers import build_proposer
 from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Prefill, Proposer, Tree, single_node
-from draftheads.decode.select import prune
+from draftheads.decode.select import drop_padding, prune
 from draftheads.decode.stats import DecodeStats
 from draftheads.decode.stop import Stopper, as_set
 from draftheads.decode.tree import (
@@ -407,6 +408,8 @@ class SpeculativeGenerator:
             kept = torch.where(valid, scores, 0.0)[:, 1:].sort(dim=-1, descending=True).values[:, :n]
             predicted = float(kept.sum())  # Σ p of the nodes prune keeps: each row's n best valid ones
             tree = prune(tree, n)
+        else:  # nothing prunes: drop the columns no row uses (a lookup chain's shared tokens, capped nodes)
+            tree = drop_padding(tree, tree.valid.any(0).tolist())  # the step's one read of the tree
         t1 = self._now()
         stats.draft_time_s += t1 - t0
         best, bonus, out = self._verify(state, tree, how)

@@ -1,4 +1,5 @@
-"""Pure tree surgery on a step's :class:`Tree`: keep the best nodes, pad rows, append chains.
+"""Pure tree surgery on a step's :class:`Tree`: keep the best nodes, pad rows, append chains,
+drop the columns no row uses.
 
 Every function keeps the tree invariants: node 0 is the root, parents precede their children,
 a node's score never exceeds its parent's, and padding nodes (``valid`` False) hang from the
@@ -52,6 +53,27 @@ def prune(tree: Tree, n: int) -> Tree:
         tree.depths.gather(1, keep),
         tree.scores.gather(1, keep),
         tree.valid.gather(1, keep),
+    )
+
+
+def drop_padding(tree: Tree, used: list[bool]) -> Tree:
+    """The tree without the columns that are padding in every row: ``used[i]`` (read on the
+    host) says whether column i holds a valid node in some row. The root stays; a valid node's
+    parent is valid in its row, so its column stays too; parents are re-indexed (a padding node
+    hangs from the root, which stays at 0). Nothing is copied when every column is used."""
+    cols = [i for i, u in enumerate(used) if u or i == 0]
+    if len(cols) == tree.size:
+        return tree
+    device = tree.tokens.device
+    keep = torch.tensor(cols, dtype=torch.long, device=device)
+    node_of = torch.zeros(tree.size, dtype=torch.long, device=device)
+    node_of[keep] = torch.arange(len(cols), device=device)  # old column -> new column
+    return Tree(
+        tree.tokens[:, keep],
+        node_of[tree.parents[:, keep]],
+        tree.depths[:, keep],
+        tree.scores[:, keep],
+        tree.valid[:, keep],
     )
 
 

@@ -12,13 +12,15 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode import backend as backends
+from draftheads.decode.context import cap_depth
 from draftheads.decode.cost import CostCurve, Planner, cached_curve, curve_key, next_depth
-from draftheads.decode.proposers import Accepted, LookupProposer, Prefill, Tree
+from draftheads.decode.proposers import Accepted, LookupProposer, Prefill, Tree, combined
 from draftheads.decode.proposers.lookup import NgramIndex
-from draftheads.decode.select import add_chains, from_rows, monotone, prune
+from draftheads.decode.select import add_chains, drop_padding, from_rows, monotone, prune
 from draftheads.heads import fingerprint
 from tests.conftest import get_target
-from tests.test_decode import PROMPTS, check_rows, drafter
+from tests.test_decode import PROMPTS, Oracle, check_rows, drafter, reference
+from tests.test_decode_dflash import dflash
 
 REPEATS = [
     "a b c d e f a b c d e f a b c",
@@ -66,6 +68,26 @@ def test_add_chains_shares_prefixes_on_the_device_and_scores_stay_monotone():
     # a score above its parent's is lowered to it, down the whole path
     t = tree_of([([9, 1, 3, 8, 8], [0, 0, 1, 2, 3], [0, 1, 2, 3, 4], [1.0, 0.2, 0.5, 0.4, 0.3])])
     assert monotone(t.scores, t.parents)[0].tolist() == pytest.approx([1.0, 0.2, 0.2, 0.2, 0.2])
+
+
+def test_drop_padding_removes_the_columns_no_row_uses_and_reindexes_parents():
+    drafted = ([9, 1, 2, 3], [0, 0, 0, 1], [0, 1, 1, 2], [1.0, 0.6, 0.3, 0.2])
+    chains = torch.tensor([[1, 3, 8, 8], [2, 5, -1, -1]])
+    merged = add_chains(tree_of([drafted, drafted]), chains, torch.rand(2, 4))
+    used = merged.valid.any(0).tolist()
+    assert used == [True] * 6 + [False] * 2  # the chains' shared tokens left two columns unused
+    dropped = drop_padding(merged, used)
+    for field in ("tokens", "parents", "depths", "scores", "valid"):
+        assert torch.equal(getattr(dropped, field), getattr(merged, field)[:, :6])
+    # a capped node in the middle: the columns after it move left, and so do their children's parents
+    t = tree_of(
+        [([9, 1, 2, 3, 4, 5], [0, 0, 1, 2, 0, 4], [0, 1, 2, 3, 1, 2], [1.0, 0.9, 0.8, 0.7, 0.5, 0.4])]
+    )
+    capped = cap_depth(t, torch.tensor([2]))
+    dropped = drop_padding(capped, capped.valid.any(0).tolist())
+    assert dropped.tokens.tolist() == [[9, 1, 2, 4, 5]] and dropped.parents.tolist() == [[0, 0, 1, 0, 3]]
+    assert dropped.depths.tolist() == [[0, 1, 2, 1, 2]] and dropped.valid.all()
+    assert drop_padding(t, [True] * 6) is t
 
 
 def test_ngram_index_finds_the_latest_earlier_continuation():
@@ -240,6 +262,56 @@ def test_lookup_decoding_accepts_text_that_repeats():
     assert torch.equal(out, ref)
     s = gen.last_stats
     assert max(s.accepted_lengths) >= 3 and s.target_forwards < 120
+
+
+class SharedChainGenerator(SpeculativeGenerator):
+    """The drafter's deepest branch holds the target's continuation (:class:`Oracle`) before the
+    lookup chain is merged in, so where the text repeats the chain shares the drafted nodes and
+    ``add_chains`` leaves the columns it did not need as padding."""
+
+    def __init__(self, *a, continuations, prompt_lens, **kw):
+        super().__init__(*a, **kw)
+        self.cont, self.plen = continuations, prompt_lens
+
+    def make_proposer(self):
+        proposer = super().make_proposer()
+        proposer.proposer = Oracle(proposer.proposer, self.cont, self.plen)
+        return proposer
+
+
+@pytest.mark.parametrize("prompts", [REPEATS[:1], REPEATS], ids=["one-row", "three-rows"])
+def test_without_cost_aware_pruning_the_verified_width_is_the_real_nodes(monkeypatch, prompts):
+    """With ``decode.cost_aware=false`` nothing prunes the merged tree, so the decoder drops the
+    columns that are padding in every row: every verified column holds a real node in some row
+    (one row: the width is its real nodes' count), steps that shared chain tokens verify fewer
+    columns than the merge made, and the output is still the target's."""
+    model, tok = get_target("llama")
+    new = 30
+    cont = [reference("llama", p, new) for p in prompts]
+    plen = [len(tok(p).input_ids) for p in prompts]
+    cfg = DecodeConfig(cost_aware=False, lookup=True, top_k_draft=2, total_tokens=8)
+    gen = SharedChainGenerator(model, dflash(), tok, cfg, continuations=cont, prompt_lens=plen)
+    merged, verified = [], []
+    real_add, real_verify = combined.add_chains, SpeculativeGenerator._verify
+
+    def add(*args):
+        tree = real_add(*args)
+        merged.append(tree.size)
+        return tree
+
+    def verify(self, state, tree, how):
+        verified.append((merged.pop() if merged else None, tree.size, tree.valid.clone()))
+        return real_verify(self, state, tree, how)
+
+    monkeypatch.setattr(combined, "add_chains", add)
+    monkeypatch.setattr(SpeculativeGenerator, "_verify", verify)
+    check_rows("llama", gen, prompts, new=new)
+    assert [size for _, size, _ in verified] == gen.last_stats.tree_tokens
+    for _, size, valid in verified:
+        assert valid.shape[1] == size and valid.any(0).all()
+        assert len(prompts) > 1 or size == int(valid.sum())
+    shrunk = [m - size for m, size, _ in verified if m is not None]
+    assert len(shrunk) > 3 and min(shrunk) >= 0 and max(shrunk) > 0
 
 
 def test_no_drafter_and_no_lookup_is_refused():
