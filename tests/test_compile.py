@@ -135,6 +135,24 @@ def test_the_eagle_draft_step_compiles_as_one_graph(version):
         assert a.shape == (B, n + 1) and torch.allclose(a.float(), b.float())
 
 
+@torch.no_grad()
+def test_the_medusa_draft_step_compiles_as_one_graph():
+    """Medusa's step (its heads on the last state, each depth's top-k into a static tree) is one graph."""
+    from draftheads.decode.proposers.medusa import MedusaProposer
+    from draftheads.decode.tree import tree_from_choices
+
+    model, tok = get_target("llama")
+    d = drafter("medusa", model, fingerprint(model, tok))
+    tree = tree_from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    p = MedusaProposer(d, tree)
+    torch.manual_seed(0)
+    p.hidden = torch.randn(2, model.config.hidden_size)
+    root, pos = torch.tensor([11, 12]), torch.tensor([6, 6])
+    eager, compiled = p.propose(root, pos), strict(p.propose)(root, pos)
+    assert torch.equal(eager.tokens, compiled.tokens) and torch.equal(eager.parents, compiled.parents)
+    assert torch.allclose(eager.scores, compiled.scores)
+
+
 # ---- host reads per decoding step -------------------------------------------------------------
 READS = {ATEN._local_scalar_dense.default, ATEN.nonzero.default, ATEN.masked_select.default}
 
