@@ -35,7 +35,8 @@ ABLATIONS: dict[str, list[str]] = {
     "eagle3 vocab 16k": ["draft.draft_vocab_size=16384"],
     "eagle3 vocab 32k": ["draft.draft_vocab_size=32768"],
     "eagle3 full labels": ["train.soft_labels=full"],
-    "eagle3 no lookup": ["decode.lookup=false"],
+    # the drafter's own tree, every step: no lookup branch, no cost-aware pruning or skipping
+    "eagle3 drafter only": ["decode.lookup=false", "decode.cost_aware=false"],
     "medusa": ["draft=medusa"],
     "medusa 3 heads": ["draft=medusa", "draft.num_heads=3"],
     "medusa 2 resblocks": ["draft=medusa", "draft.num_layers=2"],
@@ -47,7 +48,7 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],
     "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
     "dflash chain": ["draft=dflash", "decode.tree=chain"],
-    "dflash no lookup": ["draft=dflash", "decode.lookup=false"],
+    "dflash drafter only": ["draft=dflash", "decode.lookup=false", "decode.cost_aware=false"],
 }
 
 
