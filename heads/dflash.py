@@ -38,6 +38,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.heads import dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.base import Drafter
+from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.target import TargetFingerprint
 
 # GPT-2-style names of the same shapes.
@@ -291,6 +292,18 @@ class DFlashDrafter(Drafter):
     def runtime_modules(self) -> list[nn.Module]:
         """Frozen modules the drafter computes with that live outside its module tree."""
         return [self.head()] if self.reduced_vocab else []
+
+    @torch.no_grad()
+    def init_from_target(self, target: nn.Module) -> None:
+        """Start the drafter layers as the target's last ones (``draft.init_from_target``): layer
+        i of n copies target layer ``L - n + i``'s projections, MLP and norms, where the target's
+        layer has this layout (a Llama-like one); the q/k norms the target lacks stay identity."""
+        for mine, theirs in zip(self.layers, last_layers(target, len(self.layers))):
+            if not copy_layer(mine, theirs):
+                raise UserError(
+                    f"draft.init_from_target=true: {type(theirs).__name__} shares no weights with a DFlash "
+                    "layer (a Llama-like layout); use draft.init_from_target=false"
+                )
 
     # ---- compute ---------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
