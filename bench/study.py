@@ -347,13 +347,18 @@ def heldout_tau(
         return json.loads(path.read_text())
     drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok)
     gen = SpeculativeGenerator(target, drafter, tokenizer=tok, config=decode_with(cfg.decode, list(decode)))
-    accepted, steps, prompts = 0, 0, eval_prompts("heldout", b, tok)
+    accepted, steps, drafted, draft_s, prompts = 0, 0, 0, 0.0, eval_prompts("heldout", b, tok)
     for p in prompts:
         ids = encode_prompt(tok, p.turns[0]).to(next(target.parameters()).device)
         gen.generate(ids, max_new_tokens=b.eval_new_tokens)
-        accepted += sum(gen.last_stats.accepted_lengths)
-        steps += len(gen.last_stats.accepted_lengths)
+        s = gen.last_stats
+        accepted += sum(s.accepted_lengths)
+        steps += len(s.accepted_lengths)
+        drafted += s.steps - s.undrafted_steps
+        draft_s += s.draft_time_s
     result = {"tau": accepted / max(steps, 1), "prompts": len(prompts)}
+    if drafted:  # drafting time per drafting step, in 1-token steps of the measured cost curve
+        result["draft_greedy_steps"] = draft_s / drafted / gen.cost_curve()(1)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result) + "\n")
     return result
