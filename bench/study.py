@@ -72,6 +72,9 @@ ABLATIONS: dict[str, list[str]] = {
         "train.warmup_ratio=0.04",
     ],
     "dflash init from target": ["draft=dflash", "draft.init_from_target=true"],
+    "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
+    "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],
+    "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],
     # EAGLE-3's levers on the same data
     "eagle3 regenerated": ["bench.data=regenerated"],
     "eagle3 regenerated drafter only": [
