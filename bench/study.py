@@ -72,6 +72,8 @@ ABLATIONS: dict[str, list[str]] = {
         "train.warmup_ratio=0.04",
     ],
     "dflash init from target": ["draft=dflash", "draft.init_from_target=true"],
+    "dflash qk gain 2": ["draft=dflash", "draft.qk_gain=2"],
+    "dflash qk gain 3": ["draft=dflash", "draft.qk_gain=3"],
     "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
     "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],
     "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],

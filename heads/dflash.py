@@ -305,6 +305,14 @@ class DFlashDrafter(Drafter):
                     "layer (a Llama-like layout); use draft.init_from_target=false"
                 )
 
+    @torch.no_grad()
+    def set_qk_gain(self, gain: float) -> None:
+        """Start every layer's q and k norm gains at ``gain`` (``draft.qk_gain``): logits
+        q·k/sqrt(D) of unit-RMS heads scale by gain², so the attention can be sharp from the start."""
+        for layer in self.layers:
+            layer.self_attn.q_norm.weight.fill_(gain)
+            layer.self_attn.k_norm.weight.fill_(gain)
+
     # ---- compute ---------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.shared("embed")(input_ids)

@@ -126,6 +126,25 @@ def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, row
         )
 
 
+def test_qk_gain_starts_the_attention_sharper_by_its_square(tmp_path, rows):
+    out = train(config(tmp_path, *DFLASH, "draft.qk_gain=3", "train.lr=1e-12", "train.max_steps=1"), rows)
+    model, tok = get_target("llama")
+    attn = Drafter.from_pretrained(out, target=model, tokenizer=tok).layers[0].self_attn
+    for norm in (attn.q_norm, attn.k_norm):
+        torch.testing.assert_close(norm.weight, torch.full_like(norm.weight, 3.0), rtol=0, atol=1e-6)
+    # unit-RMS heads times the gain: every logit q·k/sqrt(D) is gain² = 9 times the gain-1 one
+    x = torch.randn(1, 5, attn.q_proj.in_features)
+    heads = [(attn.q_norm, attn.q_proj), (attn.k_norm, attn.k_proj)]
+    gained = tuple(n(p(x).unflatten(-1, (-1, attn.head_dim))) for n, p in heads)
+    for norm in (attn.q_norm, attn.k_norm):
+        norm.weight.data.fill_(1.0)
+    plain = tuple(n(p(x).unflatten(-1, (-1, attn.head_dim))) for n, p in heads)
+    for a, b in zip(gained, plain):
+        torch.testing.assert_close(a, 3.0 * b)
+    with pytest.raises(UserError, match=r"draft.qk_gain=0.0 must be positive"):
+        DraftConfig(kind="dflash", qk_gain=0.0)
+
+
 def test_warmup_ratio_warms_up_over_that_share_of_the_steps(tmp_path, rows):
     def lrs(*extra, name):
         out = train(config(tmp_path, *DFLASH, "train.max_steps=10", *extra, name=name), rows)

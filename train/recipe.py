@@ -292,6 +292,8 @@ class TrainRecipe:
         if self.cfg.draft.kind in ("eagle", "dflash") and self.cfg.draft.init_from_target:
             with gathered(list(self.target.parameters()), self.stage):
                 d.init_from_target(self.target)
+        if isinstance(d, DFlashDrafter) and self.cfg.draft.qk_gain != 1.0:
+            d.set_qk_gain(self.cfg.draft.qk_gain)
 
     def set_draft_vocab(self, d: Drafter) -> None:
         """The ``draft_vocab_size`` most frequent answer tokens of the training rows as the draft vocabulary."""

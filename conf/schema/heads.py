@@ -223,6 +223,10 @@ class DraftConfig:
     # three, so one feature cache serves both drafters) or spread (the reference's rule: one
     # target layer per drafter layer, L//2 for one, else evenly from 1 to L-3)
     feature_rule: str = "eagle3"
+    # DFlash: the starting gain of every layer's q and k norms (trained from there). Attention
+    # logits scale with its square: at 1 they stay within +-sqrt(head_dim), too flat for a block
+    # row to single out its anchor among hundreds of context keys early in training
+    qk_gain: float = 1.0
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""
@@ -290,6 +294,8 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     if d.feature_rule not in FEATURE_RULES:
         return f"draft.feature_rule={d.feature_rule!r} is unknown; use one of {', '.join(FEATURE_RULES)}"
     if d.kind == "dflash":
+        if d.qk_gain <= 0:
+            return f"draft.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
         if d.loss_gamma <= 0:
             return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
         if d.mask_token_id is not None and d.mask_token_id < 0:
