@@ -64,7 +64,7 @@ def export(args: ExportArgs) -> Path:
     from draftheads.heads.export import export as export_checkpoint
 
     if not args.heads or not args.format or not args.out:
-        raise UserError("draftheads export needs heads=DIR format=vllm|sglang out_dir=DIR")
+        raise UserError("draftheads export needs heads=DIR format=vllm|sglang|speculators out_dir=DIR")
     out = writable_dir(args.out, "out_dir")
     heads = Path(args.heads).expanduser()
     if heads.is_dir() and out.exists() and out.resolve() == heads.resolve():

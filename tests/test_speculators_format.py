@@ -1,0 +1,217 @@
+"""vLLM's speculators format: EAGLE-3 and DFlash exports import back as the same drafter (equal
+logits), bad speculators checkpoints and unexpressible drafters are refused in one line, and,
+when the ``speculators`` package is installed, its own config and model classes accept our
+export and compute the same logits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema import Config
+from draftheads.conf.schema.heads import TargetConfig
+from draftheads.heads import Drafter, EagleDrafter
+from draftheads.heads.export import export, export_drafter
+from tests.test_dflash_formats import BLOCK, LAYERS, MASK, block_logits, dflash
+from tests.test_export import eagle
+
+
+@torch.no_grad()
+def eagle3_logits(d: EagleDrafter, model, length: int = 7) -> torch.Tensor:
+    """One EAGLE-3 pass over ``length`` positions of fused target features (the decoder's arithmetic)."""
+    ids = torch.arange(5, 5 + length)[None] * 11 % 250
+    hidden = model(ids, output_hidden_states=True).hidden_states
+    positions = torch.arange(length)[None]
+    return d.logits(d(ids, d.fuse(d.select_features(hidden)), positions))
+
+
+def read(out) -> tuple[dict, dict[str, torch.Tensor]]:
+    return json.loads((out / "config.json").read_text()), load_file(str(out / "model.safetensors"))
+
+
+def write_config(out, cfg: dict) -> None:
+    (out / "config.json").write_text(json.dumps(cfg))
+
+
+def cli(heads, out) -> Config:
+    cfg = Config(heads=str(heads), format="speculators", out=str(out))
+    cfg.target = TargetConfig(name_or_path="tiny-llama", tiny="llama")
+    return cfg
+
+
+def test_eagle3_export_writes_speculators_names_and_imports_back(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    d = eagle(model, fp, 3, feature_layers=[1, 2, 3])
+    out = export_drafter(d, "speculators", tmp_path / "e3")
+    cfg, sd = read(out)
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3Speculator"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and cfg["draft_vocab_size"] == 300
+    assert cfg["target_hidden_size"] == 64 and cfg["norm_before_residual"] is False
+    assert cfg["transformer_layer_config"]["model_type"] == "llama"
+    section = cfg["speculators_config"]
+    assert section["algorithm"] == "eagle3" and section["default_proposal_method"] == "greedy"
+    assert section["proposal_methods"][0]["speculative_tokens"] == 3
+    assert section["verifier"] == {"name_or_path": fp.name, "architectures": [fp.architecture]}
+    own = d.state_dict()
+    assert torch.equal(sd["layers.0.hidden_norm.weight"], own["hidden_norm.weight"])
+    assert not any(k.startswith("midlayer.") for k in sd) and "embed_tokens.weight" not in sd
+    back = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    assert back.feature_layers() == [1, 2, 3]
+    assert back.provenance["imported_from"]["layout"] == "speculators-eagle3"
+    assert torch.equal(eagle3_logits(back, model), eagle3_logits(d, model))
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 50])
+def test_dflash_export_writes_speculators_fields_and_imports_back(tmp_path, tiny_llama, draft_vocab):
+    model, tok, fp = tiny_llama
+    d = dflash(model, fp, draft_vocab)
+    out = export_drafter(d, "speculators", tmp_path / "df")
+    cfg, sd = read(out)
+    assert cfg["speculators_model_type"] == "dflash" and cfg["architectures"] == ["DFlashSpeculator"]
+    assert cfg["aux_hidden_state_layer_ids"] == LAYERS and cfg["mask_token_id"] == MASK
+    assert cfg["block_size"] == BLOCK and cfg["sample_from_anchor"] is False
+    assert cfg["draft_vocab_size"] == (draft_vocab or fp.vocab_size)
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == BLOCK - 1
+    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
+    reduced = {"lm_head.weight", "d2t", "t2d"}
+    assert reduced <= set(sd) if draft_vocab else not reduced & set(sd)
+    back = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    assert back.feature_layers() == LAYERS and back.block_size == BLOCK
+    assert torch.equal(block_logits(back, model), block_logits(d, model))
+
+
+def test_a_speculators_import_re_exports_to_the_same_files(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    first = export_drafter(dflash(model, fp, 50), "speculators", tmp_path / "first")
+    again = export(cli(first, tmp_path / "again"))
+    (cfg_a, sd_a), (cfg_b, sd_b) = read(first), read(again)
+    assert cfg_a == cfg_b and sd_a.keys() == sd_b.keys()
+    assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle1"])
+def test_export_of_a_drafter_speculators_cannot_express_is_refused_before_writing(tmp_path, tiny_llama, kind):
+    model, tok, fp = tiny_llama
+    src = tmp_path / "src"
+    if kind == "medusa":
+        from draftheads.heads import MedusaHeads
+
+        MedusaHeads(fp, num_heads=2).save_pretrained(src)
+    else:
+        eagle(model, fp, 1).save_pretrained(src)
+    with pytest.raises(UserError, match="speculators has no model type for"):
+        export(cli(src, tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def exported(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    return export_drafter(dflash(model, fp), "speculators", tmp_path / "spec")
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (
+            lambda c: c["speculators_config"]["verifier"].update(name_or_path="org/Other-7B"),
+            "its verifier is org/Other-7B",
+        ),
+        (
+            lambda c: c["speculators_config"]["verifier"].update(architectures=["GPT2LMHeadModel"]),
+            "its verifier is",
+        ),
+        (lambda c: c.update(speculators_model_type="medusa9"), "unknown speculators_model_type 'medusa9'"),
+        (lambda c: c.update(speculators_model_type="mtp"), "speculators_model_type 'mtp' cannot be run"),
+        (lambda c: c["speculators_config"].update(default_proposal_method="tree"), "'tree' is not one of"),
+        (lambda c: c.update(sample_from_anchor=True), "sample_from_anchor=true"),
+    ],
+)
+def test_bad_speculators_checkpoints_are_refused_in_one_line(tmp_path, tiny_llama, change, match):
+    model, tok, _ = tiny_llama
+    out = exported(tmp_path, tiny_llama)
+    cfg, _ = read(out)
+    change(cfg)
+    write_config(out, cfg)
+    with pytest.raises(UserError, match=match) as err:
+        Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    assert "\n" not in str(err.value)
+
+
+def test_a_hub_name_and_its_local_copy_are_one_verifier(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    out = exported(tmp_path, tiny_llama)
+    cfg, _ = read(out)
+    cfg["speculators_config"]["verifier"]["name_or_path"] = f"/models/{fp.name}/"
+    write_config(out, cfg)
+    assert Drafter.from_pretrained(out, target=model, tokenizer=tok).block_size == BLOCK
+
+
+# ---- oracle: speculators' own classes ---------------------------------------------------------
+def speculators_model(out):
+    """speculators' model class built from our config.json, our weights loaded into it, and the
+    keys it left missing (its verifier-owned ones, which we must not write)."""
+    pytest.importorskip(
+        "speculators", reason="speculators is not installed (pip install draftheads[interop])"
+    )
+    from speculators import SpeculatorModel, SpeculatorModelConfig
+
+    config = SpeculatorModelConfig.from_pretrained(str(out))
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = SpeculatorModel.registered_model_class_from_config(config)(config)
+    result = model.load_state_dict(load_file(str(out / "model.safetensors")), strict=False)
+    assert not result.unexpected_keys
+    assert set(result.missing_keys) <= set(model._keys_to_ignore_on_load_missing)
+    return config, model.eval()
+
+
+def share_target(spec, model) -> None:
+    """What speculators' ``load_verifier_weights`` does: the verifier's embedding (and full lm_head)."""
+    spec.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight)
+    if not spec.use_draft_vocab:
+        spec.lm_head.weight.data.copy_(model.get_output_embeddings().weight)
+
+
+@torch.no_grad()
+def test_speculators_runs_our_dflash_export_with_equal_block_logits(tmp_path, tiny_llama):
+    model, _, fp = tiny_llama
+    d = dflash(model, fp, 50)
+    config, spec = speculators_model(export_drafter(d, "speculators", tmp_path / "df"))
+    assert type(config).__name__ == "DFlashSpeculatorConfig" and config.block_size == BLOCK
+    share_target(spec, model)
+    context = 9  # block_logits' setup: 9 context positions, then a block at positions 9..12
+    ids = torch.arange(3, 3 + context)[None] * 7 % 200
+    hidden = model(ids, output_hidden_states=True).hidden_states
+    ctx = spec.hidden_norm(spec.fc(torch.cat([hidden[i] for i in config.aux_hidden_state_layer_ids], -1)))
+    x = spec.embed_tokens(torch.tensor([[int(ids[0, -1])] + [MASK] * (BLOCK - 1)]))
+    cos_sin = spec.rotary_emb(x, torch.arange(context + BLOCK)[None])
+    for layer in spec.layers:
+        x = layer(hidden_states=x, target_hidden=ctx, attention_mask=None, position_embeddings=cos_sin)
+    theirs = spec.lm_head(spec.norm(x))
+    assert torch.allclose(theirs, block_logits(d, model), atol=1e-5)
+
+
+@torch.no_grad()
+def test_speculators_runs_our_eagle3_export_with_equal_logits(tmp_path, tiny_llama):
+    model, _, fp = tiny_llama
+    d = eagle(model, fp, 3, feature_layers=[1, 2, 3]).eval()
+    config, spec = speculators_model(export_drafter(d, "speculators", tmp_path / "e3"))
+    assert type(config).__name__ == "Eagle3SpeculatorConfig" and config.draft_vocab_size == 300
+    share_target(spec, model)
+    length = 7
+    ids = torch.arange(5, 5 + length)[None] * 11 % 250
+    hidden = model(ids, output_hidden_states=True).hidden_states
+    g = spec.fc(torch.cat([hidden[i] for i in config.eagle_aux_hidden_state_layer_ids], -1))
+    x = torch.cat([spec.embed_tokens(ids), g], -1)
+    positions = torch.arange(length)[None]
+    causal = torch.full((length, length), float("-inf")).triu(1)[None, None]
+    out = spec.layers[0](
+        x, attention_mask=causal, position_ids=positions, position_embeddings=spec.rotary_emb(x, positions)
+    )
+    theirs = spec.lm_head(spec.norm(out))
+    assert torch.allclose(theirs, eagle3_logits(d, model), atol=1e-5)
+    mapped = torch.arange(300) + spec.d2t
+    assert torch.equal(mapped, torch.arange(0, 3000, 10)) and int(spec.t2d.sum()) == 300
