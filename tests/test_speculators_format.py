@@ -155,7 +155,7 @@ def speculators_model(out):
     """speculators' model class built from our config.json, our weights loaded into it, and the
     keys it left missing (its verifier-owned ones, which we must not write)."""
     pytest.importorskip(
-        "speculators", reason="speculators is not installed (pip install draftheads[interop])"
+        "speculators", reason="speculators is not installed (see the interop extra in pyproject.toml)"
     )
     from speculators import SpeculatorModel, SpeculatorModelConfig
 
@@ -169,39 +169,33 @@ def speculators_model(out):
 
 
 def share_target(spec, model) -> None:
-    """What speculators' ``load_verifier_weights`` does: the verifier's embedding (and full lm_head)."""
+    """What speculators' ``load_verifier_weights`` does: the verifier's embedding and lm_head (its
+    draft-vocabulary rows when the file holds none)."""
     spec.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight)
+    head = model.get_output_embeddings().weight
     if not spec.use_draft_vocab:
-        spec.lm_head.weight.data.copy_(model.get_output_embeddings().weight)
+        spec.lm_head.weight.data.copy_(head)
+    elif spec.lm_head.weight.isnan().any():  # not in a file: the verifier's rows of the draft vocabulary
+        spec.lm_head.weight.data.copy_(head[spec.t2d])
 
 
 @torch.no_grad()
-def test_speculators_runs_our_dflash_export_with_equal_block_logits(tmp_path, tiny_llama):
-    model, _, fp = tiny_llama
-    d = dflash(model, fp, 50)
-    config, spec = speculators_model(export_drafter(d, "speculators", tmp_path / "df"))
-    assert type(config).__name__ == "DFlashSpeculatorConfig" and config.block_size == BLOCK
-    share_target(spec, model)
-    context = 9  # block_logits' setup: 9 context positions, then a block at positions 9..12
+def their_block_logits(spec, config, model, context: int = 9) -> torch.Tensor:
+    """speculators' DFlash layers on :func:`block_logits`' setup: 9 context positions, then a
+    block (the last context token and masks) at positions 9..12."""
     ids = torch.arange(3, 3 + context)[None] * 7 % 200
     hidden = model(ids, output_hidden_states=True).hidden_states
     ctx = spec.hidden_norm(spec.fc(torch.cat([hidden[i] for i in config.aux_hidden_state_layer_ids], -1)))
-    x = spec.embed_tokens(torch.tensor([[int(ids[0, -1])] + [MASK] * (BLOCK - 1)]))
+    x = spec.embed_tokens(torch.tensor([[int(ids[0, -1])] + [config.mask_token_id] * (BLOCK - 1)]))
     cos_sin = spec.rotary_emb(x, torch.arange(context + BLOCK)[None])
     for layer in spec.layers:
         x = layer(hidden_states=x, target_hidden=ctx, attention_mask=None, position_embeddings=cos_sin)
-    theirs = spec.lm_head(spec.norm(x))
-    assert torch.allclose(theirs, block_logits(d, model), atol=1e-5)
+    return spec.lm_head(spec.norm(x))
 
 
 @torch.no_grad()
-def test_speculators_runs_our_eagle3_export_with_equal_logits(tmp_path, tiny_llama):
-    model, _, fp = tiny_llama
-    d = eagle(model, fp, 3, feature_layers=[1, 2, 3]).eval()
-    config, spec = speculators_model(export_drafter(d, "speculators", tmp_path / "e3"))
-    assert type(config).__name__ == "Eagle3SpeculatorConfig" and config.draft_vocab_size == 300
-    share_target(spec, model)
-    length = 7
+def their_eagle3_logits(spec, config, model, length: int = 7) -> torch.Tensor:
+    """speculators' EAGLE-3 first layer on :func:`eagle3_logits`' setup (causal, positions 0..)."""
     ids = torch.arange(5, 5 + length)[None] * 11 % 250
     hidden = model(ids, output_hidden_states=True).hidden_states
     g = spec.fc(torch.cat([hidden[i] for i in config.eagle_aux_hidden_state_layer_ids], -1))
@@ -211,7 +205,107 @@ def test_speculators_runs_our_eagle3_export_with_equal_logits(tmp_path, tiny_lla
     out = spec.layers[0](
         x, attention_mask=causal, position_ids=positions, position_embeddings=spec.rotary_emb(x, positions)
     )
-    theirs = spec.lm_head(spec.norm(out))
-    assert torch.allclose(theirs, eagle3_logits(d, model), atol=1e-5)
+    return spec.lm_head(spec.norm(out))
+
+
+def test_speculators_runs_our_dflash_export_with_equal_block_logits(tmp_path, tiny_llama):
+    model, _, fp = tiny_llama
+    d = dflash(model, fp, 50)
+    config, spec = speculators_model(export_drafter(d, "speculators", tmp_path / "df"))
+    assert type(config).__name__ == "DFlashSpeculatorConfig" and config.block_size == BLOCK
+    share_target(spec, model)
+    assert torch.allclose(their_block_logits(spec, config, model), block_logits(d, model), atol=1e-5)
+
+
+def test_speculators_runs_our_eagle3_export_with_equal_logits(tmp_path, tiny_llama):
+    model, _, fp = tiny_llama
+    d = eagle(model, fp, 3, feature_layers=[1, 2, 3]).eval()
+    config, spec = speculators_model(export_drafter(d, "speculators", tmp_path / "e3"))
+    assert type(config).__name__ == "Eagle3SpeculatorConfig" and config.draft_vocab_size == 300
+    share_target(spec, model)
+    assert torch.allclose(their_eagle3_logits(spec, config, model), eagle3_logits(d, model), atol=1e-5)
     mapped = torch.arange(300) + spec.d2t
     assert torch.equal(mapped, torch.arange(0, 3000, 10)) and int(spec.t2d.sum()) == 300
+
+
+def saved_by_speculators(out, kind: str, model, fp):
+    """A random-weight speculator of ``kind`` for ``model``, built and saved by speculators itself."""
+    pytest.importorskip(
+        "speculators", reason="speculators is not installed (see the interop extra in pyproject.toml)"
+    )
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.dflash import DFlashSpeculatorConfig
+    from speculators.models.dflash.core import DFlashDraftModel
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig, Qwen3Config
+
+    section = SpeculatorsConfig(
+        algorithm=kind,
+        proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+        default_proposal_method="greedy",
+        verifier=VerifierConfig(name_or_path=fp.name, architectures=[fp.architecture]),
+    )
+    tc = model.config.to_dict()
+    if kind == "eagle3":
+        layers = LlamaConfig(**{**tc, "num_hidden_layers": 1})
+        layers._attn_implementation = "eager"
+        config = Eagle3SpeculatorConfig(
+            transformer_layer_config=layers,
+            draft_vocab_size=300,
+            eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+            speculators_config=section,
+        )
+        spec = Eagle3DraftModel(config)
+        ids = torch.arange(0, 3000, 10)
+        t2d = torch.zeros(fp.vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        spec.load_vocab_mappings(t2d, ids - torch.arange(300))
+    else:
+        keys = (
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "vocab_size",
+        )
+        layers = Qwen3Config(**{k: tc[k] for k in keys}, num_hidden_layers=2, head_dim=tc["head_dim"])
+        layers._attn_implementation = "eager"
+        config = DFlashSpeculatorConfig(
+            transformer_layer_config=layers,
+            draft_vocab_size=fp.vocab_size,
+            block_size=BLOCK,
+            aux_hidden_state_layer_ids=LAYERS,
+            mask_token_id=MASK,
+            speculators_config=section,
+        )
+        spec = DFlashDraftModel(config)
+    share_target(spec, model)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in spec.named_parameters():
+            if (
+                not name.startswith(("embed_tokens", "verifier_", "lm_head"))
+                or kind == "eagle3"
+                and name == "lm_head.weight"
+            ):
+                p.copy_(p + torch.randn(p.shape, generator=g) * 0.05)
+    spec.eval().save_pretrained(str(out))
+    return config, spec
+
+
+def test_an_eagle3_saved_by_speculators_imports_with_equal_logits(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    config, spec = saved_by_speculators(tmp_path / "e3", "eagle3", model, fp)
+    ours = Drafter.from_pretrained(tmp_path / "e3", target=model, tokenizer=tok).eval()
+    assert ours.feature_layers() == [1, 2, 3] and ours.draft_vocab_size == 300
+    assert torch.allclose(eagle3_logits(ours, model), their_eagle3_logits(spec, config, model), atol=1e-5)
+
+
+def test_a_dflash_saved_by_speculators_imports_with_equal_block_logits(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    config, spec = saved_by_speculators(tmp_path / "df", "dflash", model, fp)
+    ours = Drafter.from_pretrained(tmp_path / "df", target=model, tokenizer=tok).eval()
+    assert ours.feature_layers() == LAYERS and ours.block_size == BLOCK and ours.num_decoder_layers == 2
+    assert torch.allclose(block_logits(ours, model), their_block_logits(spec, config, model), atol=1e-5)
