@@ -309,3 +309,22 @@ def test_a_dflash_saved_by_speculators_imports_with_equal_block_logits(tmp_path,
     ours = Drafter.from_pretrained(tmp_path / "df", target=model, tokenizer=tok).eval()
     assert ours.feature_layers() == LAYERS and ours.block_size == BLOCK and ours.num_decoder_layers == 2
     assert torch.allclose(block_logits(ours, model), their_block_logits(spec, config, model), atol=1e-5)
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 50])
+def test_the_model_card_shows_a_speculators_export_that_parses_with_its_target(tiny_llama, draft_vocab):
+    from draftheads.conf.cli import parse
+    from draftheads.conf.commands.args import ExportArgs
+    from draftheads.heads.card import model_card
+
+    model, _, fp = tiny_llama
+    text = str(model_card(dflash(model, fp, draft_vocab).config_dict(), repo_id="org/df"))
+    exports = [line for line in text.splitlines() if line.startswith("draftheads export")]
+    assert any("format=speculators out_dir=./df-speculators" in line for line in exports)
+    assert "vllm serve ./df-speculators\n" in text
+    for line in exports:  # a reduced vocabulary writes the target's lm_head rows: the target is named
+        assert ("target.name_or_path=tiny-llama" in line) == (draft_vocab is not None)
+        inv = parse(line.split()[1:])
+        assert isinstance(inv.args, ExportArgs) and inv.args.format in ("vllm", "sglang", "speculators")
+        if draft_vocab:
+            assert inv.args.target.name_or_path == "tiny-llama"
