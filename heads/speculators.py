@@ -93,11 +93,6 @@ def eagle3_to_speculators(
 
     A full draft vocabulary has no ``d2t``/``t2d`` there (the model class builds none).
     """
-    if "fc.bias" in sd:
-        raise UserError(
-            "speculators builds the EAGLE-3 fc layer without a bias, but this drafter has one; retrain it "
-            "with draft.fc_bias=false, or export it with format=sglang"
-        )
     vocab, draft_vocab = engine_cfg["vocab_size"], engine_cfg["draft_vocab_size"]
     tensors = {
         ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in sd.items()

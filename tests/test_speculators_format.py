@@ -84,10 +84,11 @@ def test_dflash_export_writes_speculators_fields_and_imports_back(tmp_path, tiny
     assert torch.equal(block_logits(back, model), block_logits(d, model))
 
 
-def test_a_speculators_import_re_exports_to_the_same_files(tmp_path, tiny_llama):
+def test_a_speculators_import_re_exports_to_the_same_files(tmp_path, tiny_llama, capsys):
     model, tok, fp = tiny_llama
     first = export_drafter(dflash(model, fp, 50), "speculators", tmp_path / "first")
     again = export(cli(first, tmp_path / "again"))
+    assert capsys.readouterr().out.splitlines()[-1] == f"  vllm serve {again}"
     (cfg_a, sd_a), (cfg_b, sd_b) = read(first), read(again)
     assert cfg_a == cfg_b and sd_a.keys() == sd_b.keys()
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
