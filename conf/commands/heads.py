@@ -59,8 +59,8 @@ def own_report(heads: Path, out_dir: str | None) -> Path | None:
 
 
 def export(args: ExportArgs) -> Path:
-    """Write ``heads`` for vLLM or SGLang into ``out_dir``: a new or empty folder, or an earlier
-    export (never the checkpoint itself, never inside a training run)."""
+    """Write ``heads`` for vLLM or SGLang, or in vLLM's speculators format, into ``out_dir``: a new
+    or empty folder, or an earlier export (never the checkpoint itself, never inside a training run)."""
     from draftheads.heads.export import export as export_checkpoint
 
     if not args.heads or not args.format or not args.out:
