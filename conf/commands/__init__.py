@@ -87,7 +87,7 @@ COMMANDS: dict[str, Command] = {
     "export": Command(
         "draftheads.conf.commands.heads:export",
         a.ExportArgs,
-        "export a checkpoint for vLLM or SGLang",
+        "export a checkpoint for vLLM or SGLang, or in vLLM's speculators format",
         "draftheads export heads=outputs/train format=vllm out_dir=outputs/vllm",
     ),
     "info": Command(
