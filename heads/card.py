@@ -51,11 +51,14 @@ def serve_command(engine: str, method: str, target: str, draft: str, k: int) -> 
 
     ``k`` is :func:`num_speculative_tokens`. SGLang's three EAGLE tuning flags are left to its
     auto choice (set all three or none); its DFLASH block is ``--speculative-num-draft-tokens``,
-    the root and the ``k`` drafted tokens.
+    the root and the ``k`` drafted tokens. vLLM's DFlash runs on a non-causal attention backend.
     """
     if engine == "vllm":
         spec = json.dumps({"method": method, "model": draft, "num_speculative_tokens": k})
-        return f"vllm serve {target} --speculative-config '{spec}'"
+        # DFlash's block attends both ways, which few of vLLM's attention backends support;
+        # FlashAttention is the one vLLM's DFlash drafter is built and tested on (z-lab pins it)
+        backend = " --attention-backend FLASH_ATTN" if method == "dflash" else ""
+        return f"vllm serve {target} --speculative-config '{spec}'{backend}"
     block = f" --speculative-num-draft-tokens {k + 1}" if method == "DFLASH" else ""
     return (
         f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {method} "

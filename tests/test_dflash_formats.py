@@ -330,6 +330,7 @@ def test_export_prints_the_serve_command_for_the_block(tmp_path, tiny_llama, eng
     printed = capsys.readouterr().out
     if engine == "vllm":
         assert '"method": "dflash"' in printed and f'"num_speculative_tokens": {BLOCK - 1}' in printed
+        assert "--attention-backend FLASH_ATTN" in printed  # the block's non-causal attention
     else:
         assert "--speculative-algorithm DFLASH" in printed
         assert f"--speculative-num-draft-tokens {BLOCK}" in printed
