@@ -93,8 +93,9 @@ COMMANDS: dict[str, Command] = {
     "info": Command(
         "draftheads.conf.commands.heads:info",
         a.InfoArgs,
-        "print a checkpoint's kind, shapes and target fingerprint",
-        "draftheads info heads=outputs/train",
+        "print a checkpoint's kind, shapes and target fingerprint; an export, a speculators or z-lab "
+        "DFlash directory is imported onto target= first",
+        "draftheads info heads=outputs/train  |  draftheads info heads=exports/dflash-vllm target=smollm2",
     ),
     "demo": Command(
         "draftheads.conf.commands.bench:demo",
