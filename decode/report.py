@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode.backend_choice import as_record, choose_target
 from draftheads.decode.cost import device_name
 from draftheads.decode.evaluate import TurnResult
 
@@ -106,6 +107,8 @@ def environment(target: nn.Module, decode: DecodeConfig) -> dict[str, Any]:
             "python": platform.python_version(),
         },
         "decode": dict(vars(decode)),
+        # the target's backend and every candidate's measured step (cached by the generator)
+        "backend_choice": as_record(choose_target(decode.backend, target, decode.cost_cache)),
     }
 
 

@@ -58,6 +58,8 @@ def generate(args: GenerateArgs) -> None:
     if note:
         print(note, file=sys.stderr)
     gen = SpeculativeGenerator(target, drafter, tok, args.decode, tree_dir=directory and str(directory))
+    for line in gen.backend_lines():
+        print(line, file=sys.stderr)
     torch.manual_seed(args.decode.seed)
     streamer = TextStreamer(tok, skip_special_tokens=True)
     for step in gen.stream(ids.to(target.device), max_new_tokens=max_new):

@@ -51,8 +51,9 @@ class DecodeConfig:
     likeliest paths over each block position's ``top_k_draft`` candidates, as deep as the block. ``typical`` opts into Medusa's typical acceptance: faster under
     sampling, NOT lossless.
 
-    ``backend``: how the target's and the drafter's linear layers run: ``auto`` (``onednn`` on a
-    CPU that has it, ``eager`` elsewhere), ``eager`` (stock PyTorch), ``onednn`` (pre-packed
+    ``backend``: how the target's and the drafter's linear layers run: ``auto`` (on a float32 CPU
+    with oneDNN, ``eager`` or ``onednn``, whichever was measured faster for the target and for the
+    drafter here; ``eager`` elsewhere), ``eager`` (stock PyTorch), ``onednn`` (pre-packed
     oneDNN weights, CPU), ``cuda-graphs`` (static shapes captured as CUDA graphs, GPU).
     ``cost_aware``: each step verifies only as many drafted tokens as pay for themselves, judged
     by the backend's measured verify-cost curve (cached under ``cost_cache``) and the drafts'
