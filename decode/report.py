@@ -150,6 +150,11 @@ def write_markdown(report: dict[str, Any], baselines: list[str], path: Path) -> 
     lines.append(row("**all**", report))
     for cat, r in report.get("per_category", {}).items():
         lines.append(row(cat, r))
+    if report.get("sampling"):
+        from draftheads.decode.sampling_eval import format_rows
+
+        note = "Sampling, each prompt's first turn (lossless rejection sampling; against sampling `generate` on that backend):"
+        lines += ["", note, "", format_rows(report["sampling"])]
     path.write_text("\n".join(lines) + "\n")
 
 

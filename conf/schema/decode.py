@@ -138,7 +138,8 @@ class EvalConfig:
     ``eval.fields.prompt=question``). ``per_category``: keep only the first N prompts of every
     category (e.g. one Spec-Bench question per category), before ``max_prompts``.
     ``baselines``: ``pld`` (transformers' prompt lookup decoding); ``assisted`` is added when
-    ``assistant_model`` is set. ``output_dir`` (``eval.out_dir``) unset: a folder of the
+    ``assistant_model`` is set. ``temperatures``: speed and τ under sampling at each of them,
+    beside greedy, on each prompt's first turn (``[]``: greedy alone). ``output_dir`` (``eval.out_dir``) unset: a folder of the
     drafter's own, ``<heads>/eval-<prompts>`` (``outputs/eval/<name>-<prompts>`` for a hub id
     or ``heads=none``), so one drafter's report never replaces another's.
     """
@@ -152,6 +153,7 @@ class EvalConfig:
     baselines: list[str] | None = None
     assistant_model: str | None = None
     warmup: int = 1
+    temperatures: list[float] = field(default_factory=lambda: [0.7, 1.0])
 
     def __post_init__(self) -> None:
         """Refuse prompt counts and baselines the evaluation cannot run, before it starts."""
@@ -161,6 +163,12 @@ class EvalConfig:
         at_least("eval.max_prompts", self.max_prompts, 1, 20)
         at_least("eval.per_category", self.per_category, 1, 1)
         at_least("eval.warmup", self.warmup, 0, 1)
+        for t in self.temperatures:
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+                raise UserError(
+                    f"eval.temperatures has {t!r}; use temperatures > 0 (e.g. eval.temperatures=[0.7,1.0]), "
+                    "or eval.temperatures=[] for greedy alone"
+                )
         for name in self.baselines or []:
             one_of("eval.baselines", name, BASELINES)
         if "assisted" in (self.baselines or []) and not self.assistant_model:
