@@ -11,7 +11,7 @@ from draftheads.conf.schema.data import check_fields, check_format
 
 BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 BASELINES = ("pld", "assisted")
-PROMPT_SETS = ("heldout", "humaneval", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
+PROMPT_SETS = ("heldout", "humaneval", "long", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 
 
@@ -132,7 +132,8 @@ class DecodeConfig:
 class EvalConfig:
     """``draftheads eval``: which prompts, which baselines, where the report goes.
 
-    ``prompts``: ``heldout`` (embedded held-out prompts), ``humaneval``, ``spec_bench``,
+    ``prompts``: ``heldout`` (embedded held-out prompts), ``humaneval``, ``long`` (1-2k token
+    prompts over standard-library source), ``spec_bench``,
     ``gsm8k_test``, or any path / dataset id the data pipeline reads; ``format`` and ``fields``
     read a file whose columns have other names (as ``data.format`` / ``data.fields`` do, e.g.
     ``eval.fields.prompt=question``). ``per_category``: keep only the first N prompts of every
