@@ -127,7 +127,10 @@ def stage_features(cfg: BenchArgs, b: BenchConfig, target, tok, data_dirs: list[
     out = Path(b.out_dir) / "features"
     # beside a teacher-forced cache, the same label columns (top-k), so the two train as one
     topk = b.topk if b.teacher_tokens else 0
-    made = {"data": [d.name for d in data_dirs], "topk": topk}
+    # every layer the drafters and ablation rows read (EAGLE-3's: a superset of Medusa's final
+    # state), so one cache serves them all
+    layers = study.row_layers(list(b.ablations), list(b.drafters), fingerprint(target).num_layers)
+    made = {"data": [d.name for d in data_dirs], "topk": topk, "layers": layers}
     if done(out, made):
         return out
     parts = []
@@ -136,11 +139,10 @@ def stage_features(cfg: BenchArgs, b: BenchConfig, target, tok, data_dirs: list[
         log(f"features: {d.name}: {len(ds)} rows, {sum(map(sum, ds['loss_mask']))} answer tokens")
         parts.append(ds.select_columns(["input_ids", "loss_mask"]))
     ds = datasets.concatenate_datasets(parts)
-    # EAGLE-3's training layers: a superset of Medusa's (the final state), so one cache serves both
-    layers = DraftConfig(kind="eagle", version=3).training_layers(fingerprint(target).num_layers)
     log(f"features: {len(ds)} rows, layers {layers}")
     t0 = time.perf_counter()
     build_feature_cache(target, tok, ds, out, layers, dtype="bfloat16", topk=topk, batch_tokens=2048)
+    study.write_answer_tokens(out, [sum(m) for m in ds["loss_mask"]])
     answer = sum(map(sum, ds["loss_mask"]))
     mark_done(out, {"rows": len(ds), "answer_tokens": answer, "seconds": time.perf_counter() - t0}, made)
     return out
@@ -363,7 +365,7 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
     ablation row or an output folder the guard refuses stops it before the first stage."""
     from draftheads.heads.target import fingerprint, load_target
 
-    study.ablation_rows(list(b.ablations))
+    study.check_ablations(b)
     guard_out_dir(b.out_dir, "bench", "bench.out_dir")
     t0 = time.perf_counter()
     target, tok = load_target(cfg.target)
@@ -417,7 +419,7 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
         # the main drafter is a point of the equal-compute curve unless distilled data was added
         main = eagle == "eagle3" and distilled is None
         results["scaling"] = points + (main_point(results, eagle) if main else [])
-        results["ablations"] = study.stage_ablations(cfg, b, target, tok, cache)
+        results["ablations"] = study.stage_ablations(cfg, b, target, tok, cache, distilled)
     elif eagle and b.scaling_tokens:
         results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle) + main_point(results, eagle)
     results["stage_minutes"] = stage_minutes(b)

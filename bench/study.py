@@ -49,7 +49,48 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
     "dflash chain": ["draft=dflash", "decode.tree=chain"],
     "dflash drafter only": ["draft=dflash", "decode.lookup=false", "decode.cost_aware=false"],
+    # the reference DFlash recipe's levers, one at a time on the bench's DFlash recipe
+    "dflash regenerated": ["draft=dflash", "bench.data=regenerated"],
+    "dflash regenerated drafter only": [
+        "draft=dflash",
+        "bench.data=regenerated",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
+    "dflash spread": ["draft=dflash", "draft.feature_rule=spread"],
+    "dflash 2 layers spread": ["draft=dflash", "draft.num_decoder_layers=2", "draft.feature_rule=spread"],
+    "dflash 3 layers spread": ["draft=dflash", "draft.num_decoder_layers=3", "draft.feature_rule=spread"],
+    "dflash 5 layers spread": ["draft=dflash", "draft.num_decoder_layers=5", "draft.feature_rule=spread"],
+    "dflash 128 anchors": ["draft=dflash", "draft.anchors_per_row=128"],
+    "dflash every anchor": ["draft=dflash", "draft.anchors_per_row=0"],
+    "dflash 2 passes": ["draft=dflash", "bench.epochs=2"],
+    "dflash 4 passes": ["draft=dflash", "bench.epochs=4"],
+    "dflash reference lr": [
+        "draft=dflash",
+        "train.lr=6e-4",
+        "train.warmup_steps=0",
+        "train.warmup_ratio=0.04",
+    ],
+    "dflash init from target": ["draft=dflash", "draft.init_from_target=true"],
+    "dflash qk gain 2": ["draft=dflash", "draft.qk_gain=2"],
+    "dflash qk gain 3": ["draft=dflash", "draft.qk_gain=3"],
+    "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
+    "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],
+    "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],
+    # EAGLE-3's levers on the same data
+    "eagle3 regenerated": ["bench.data=regenerated"],
+    "eagle3 regenerated drafter only": [
+        "bench.data=regenerated",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
+    "eagle3 2 passes": ["bench.epochs=2"],
+    "eagle3 ttt 2": ["draft.ttt_steps=2"],
+    "eagle3 lr 6e-4": ["train.lr=6e-4"],
 }
+# the data a row trains on: the teacher-forced cache, or the target's own regenerated answers
+# (the distilled cache, ``bench.distill_prompts`` of them)
+ROW_DATA = ("teacher", "regenerated")
 
 
 def ablation_rows(names: list[str]) -> dict[str, list[str]]:
@@ -64,9 +105,59 @@ def ablation_rows(names: list[str]) -> dict[str, list[str]]:
     return {n: ABLATIONS[n] for n in names}
 
 
+def check_ablations(b: BenchConfig) -> None:
+    """Refuse unknown ablation rows, and rows on regenerated answers when the bench writes none,
+    before the first stage."""
+    from draftheads.conf.errors import UserError
+
+    for name, extra in ablation_rows(list(b.ablations)).items():
+        if row_settings(split_overrides(extra)[0])[1] == "regenerated" and not (
+            b.distill_prompts and b.teacher_tokens
+        ):
+            raise UserError(
+                f"bench.ablations row {name!r} trains on the target's regenerated answers, which a bench run "
+                "writes with bench.distill_prompts > 0 beside teacher-forced text (bench.teacher_tokens > 0); "
+                "set both (e.g. bench.distill_prompts=320 bench.teacher_tokens=40000), or leave the row out"
+            )
+
+
 def split_overrides(extra: list[str]) -> tuple[list[str], list[str]]:
     """(training overrides, ``decode.*`` overrides) of an ablation row."""
     return [o for o in extra if not o.startswith("decode.")], [o for o in extra if o.startswith("decode.")]
+
+
+def row_settings(trained: list[str]) -> tuple[list[str], str, float | None]:
+    """A row's training overrides split into (``train``/``draft`` overrides, its data: ``teacher``
+    or ``regenerated``, its passes or None for ``bench.ablation_epochs``): the ``bench.data`` and
+    ``bench.epochs`` keys are the bench's own, not the trainer's."""
+    data, epochs, rest = "teacher", None, []
+    for o in trained:
+        key, _, value = o.partition("=")
+        if key == "bench.data":
+            data = value
+        elif key == "bench.epochs":
+            epochs = float(value)
+        else:
+            rest.append(o)
+    if data not in ROW_DATA:
+        raise ValueError(f"ablation row data {data!r} is not one of {ROW_DATA}")
+    return rest, data, epochs
+
+
+def row_layers(names: list[str], drafters: list[str], num_layers: int) -> list[int]:
+    """Every target layer that the bench's drafters and the named ablation rows read: the one
+    feature cache each data source gets holds their union, so every row trains from it."""
+    from draftheads.bench.stages import compose
+
+    layers: set[int] = set(DraftConfig(kind="eagle", version=3).training_layers(num_layers))
+    overrides = [["draft=dflash"] if k == "dflash" else [] for k in drafters]
+    overrides += [split_overrides(ablation_rows(names)[n])[0] for n in ablation_rows(names)] if names else []
+    for extra in overrides:
+        draft = [o for o in row_settings(extra)[0] if o.startswith("draft")]
+        if any(o.startswith("draft=medusa") for o in draft):
+            continue
+        layers.update(compose(draft).draft.training_layers(num_layers))
+    return sorted(layers)
 
 
 def drafter_row(name: str) -> str:
@@ -132,23 +223,31 @@ def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok):
 def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
     """The feature cache of the teacher-forced rows: EAGLE-3's layers and the target's top-k."""
     from draftheads.bench.stages import done, log, mark_done
-    from draftheads.data.cache import build_feature_cache, read_manifest
+    from draftheads.data.cache import build_feature_cache
     from draftheads.heads.target import fingerprint
 
     out = Path(b.out_dir) / "teacher"
+    L = fingerprint(target).num_layers
     made = {"teacher_tokens": b.teacher_tokens, "topk": b.topk, "max_rows": cfg.data.max_rows}
+    made["layers"] = row_layers(list(b.ablations), list(b.drafters), L)
     if done(out, made):
         return out
     t0 = time.perf_counter()
     ds, tokens = teacher_dataset(cfg, b, tok)
     log(f"teacher: {len(ds)} rows, {tokens} distinct answer tokens, top-{b.topk} logits")
-    layers = DraftConfig(kind="eagle", version=3).training_layers(fingerprint(target).num_layers)
+    layers = row_layers(list(b.ablations), list(b.drafters), fingerprint(target).num_layers)
     build_feature_cache(target, tok, ds, out, layers, topk=b.topk, shard_mb=b.shard_mb, batch_tokens=2048)
-    loss = [sum(m) for m in ds["loss_mask"]]
-    shards = read_manifest(out)["shards"]
-    (out / ANSWER_TOKENS).write_text(json.dumps([sum(loss[a:z]) for a, z in (s["rows"] for s in shards)]))
+    write_answer_tokens(out, [sum(m) for m in ds["loss_mask"]])
     mark_done(out, {"rows": len(ds), "answer_tokens": tokens, "seconds": time.perf_counter() - t0}, made)
     return out
+
+
+def write_answer_tokens(cache: Path, loss: list[int]) -> None:
+    """Each shard's answer tokens beside the cache (what :func:`cache_view` cuts views by)."""
+    from draftheads.data.cache import read_manifest
+
+    shards = read_manifest(cache)["shards"]
+    (cache / ANSWER_TOKENS).write_text(json.dumps([sum(loss[a:z]) for a, z in (s["rows"] for s in shards)]))
 
 
 def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
@@ -220,10 +319,22 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
         "answer_tokens": tokens,
         "epochs": epochs,
         "overrides": list(extra),
+        "eval": last_evaluation(out),
         **(note or {}),
     }
     mark_done(out, info, made)
     return info
+
+
+def last_evaluation(out: Path) -> dict[str, float]:
+    """The run's last held-out evaluation in ``metrics.jsonl`` (simulated τ, per-position
+    accuracy), without the ``eval/`` prefix; empty when it evaluated nothing."""
+    from draftheads.train.metrics import read_metrics
+
+    rows = [r for r in read_metrics(out) if any(k.startswith("eval/") for k in r)] if out.is_dir() else []
+    if not rows:
+        return {}
+    return {k.removeprefix("eval/"): v for k, v in rows[-1].items() if k.startswith("eval/")}
 
 
 def heldout_tau(
@@ -241,13 +352,18 @@ def heldout_tau(
         return json.loads(path.read_text())
     drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok)
     gen = SpeculativeGenerator(target, drafter, tokenizer=tok, config=decode_with(cfg.decode, list(decode)))
-    accepted, steps, prompts = 0, 0, eval_prompts("heldout", b, tok)
+    accepted, steps, drafted, draft_s, prompts = 0, 0, 0, 0.0, eval_prompts("heldout", b, tok)
     for p in prompts:
         ids = encode_prompt(tok, p.turns[0]).to(next(target.parameters()).device)
         gen.generate(ids, max_new_tokens=b.eval_new_tokens)
-        accepted += sum(gen.last_stats.accepted_lengths)
-        steps += len(gen.last_stats.accepted_lengths)
+        s = gen.last_stats
+        accepted += sum(s.accepted_lengths)
+        steps += len(s.accepted_lengths)
+        drafted += s.steps - s.undrafted_steps
+        draft_s += s.draft_time_s
     result = {"tau": accepted / max(steps, 1), "prompts": len(prompts)}
+    if drafted:  # drafting time per drafting step, in 1-token steps of the measured cost curve
+        result["draft_greedy_steps"] = draft_s / drafted / gen.cost_curve()(1)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result) + "\n")
     return result
@@ -291,10 +407,13 @@ def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> l
     return points
 
 
-def stage_ablations(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> dict[str, dict]:
-    """One row per recipe switch, all on the same ``bench.ablation_tokens`` answer tokens and
-    ``bench.ablation_epochs`` passes (equal data, equal compute). A row that only decodes
-    differently reuses the drafter of :func:`drafter_row`."""
+def stage_ablations(
+    cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path, regenerated: Path | None = None
+) -> dict[str, dict]:
+    """One row per recipe switch, all on ``bench.ablation_tokens`` answer tokens of the
+    teacher-forced ``cache`` (or of the ``regenerated`` answers' cache, for a row that asks for
+    them: equal data) and ``bench.ablation_epochs`` passes unless the row sets its own. A row
+    that only decodes differently reuses the drafter of :func:`drafter_row`."""
     from draftheads.bench.stages import log
 
     rows = {}
@@ -302,10 +421,13 @@ def stage_ablations(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) ->
     for name, extra in ablation_rows(list(b.ablations)).items():
         folder = root / name.replace(" ", "-")
         trained, decode = split_overrides(extra)
-        compute = round(b.ablation_tokens * b.ablation_epochs)
+        trained, data, epochs = row_settings(trained)
+        source = regenerated if data == "regenerated" else cache
+        compute = round(b.ablation_tokens * (epochs or b.ablation_epochs))
         trained_in = root / drafter_row(name).replace(" ", "-")
         rows[name] = point(
-            cfg, b, target, tok, cache, trained_in, b.ablation_tokens, compute, trained, decode, folder
+            cfg, b, target, tok, source, trained_in, b.ablation_tokens, compute, trained, decode, folder
         )
+        rows[name]["data"] = data
         log(f"ablation {name}: tau {rows[name]['tau']:.2f}")
     return rows

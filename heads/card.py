@@ -25,6 +25,11 @@ EAGLE_SPECULATIVE_TOKENS = 3  # a chain length the engines serve well; any value
 LOCAL = "<this directory>"  # the repo id a card written beside a local checkpoint uses
 
 
+def natural_key(name: str) -> list:
+    """Sort key reading digit runs as numbers: ``pos2`` before ``pos10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def num_speculative_tokens(conf: dict[str, Any]) -> int:
     """``num_speculative_tokens`` for serving the drafter with config ``conf``.
 
@@ -128,7 +133,8 @@ def describe(conf: dict[str, Any]) -> str:
 
 def metrics_section(metrics: dict[str, Any] | None) -> str:
     """Held-out training metrics (accuracies, simulated τ) as a table; empty without any."""
-    rows = [f"| `{k}` | {v:.4f} |" for k, v in sorted((metrics or {}).items()) if isinstance(v, float)]
+    ordered = sorted((metrics or {}).items(), key=lambda kv: natural_key(kv[0]))
+    rows = [f"| `{k}` | {v:.4f} |" for k, v in ordered if isinstance(v, float)]
     if not rows:
         return ""
     return (

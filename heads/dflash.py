@@ -38,6 +38,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.heads import dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.base import Drafter
+from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.target import TargetFingerprint
 
 # GPT-2-style names of the same shapes.
@@ -291,6 +292,26 @@ class DFlashDrafter(Drafter):
     def runtime_modules(self) -> list[nn.Module]:
         """Frozen modules the drafter computes with that live outside its module tree."""
         return [self.head()] if self.reduced_vocab else []
+
+    @torch.no_grad()
+    def init_from_target(self, target: nn.Module) -> None:
+        """Start the drafter layers as the target's last ones (``draft.init_from_target``): layer
+        i of n copies target layer ``L - n + i``'s projections, MLP and norms, where the target's
+        layer has this layout (a Llama-like one); the q/k norms the target lacks stay identity."""
+        for mine, theirs in zip(self.layers, last_layers(target, len(self.layers))):
+            if not copy_layer(mine, theirs):
+                raise UserError(
+                    f"draft.init_from_target=true: {type(theirs).__name__} shares no weights with a DFlash "
+                    "layer (a Llama-like layout); use draft.init_from_target=false"
+                )
+
+    @torch.no_grad()
+    def set_qk_gain(self, gain: float) -> None:
+        """Start every layer's q and k norm gains at ``gain`` (``draft.qk_gain``): logits
+        q·k/sqrt(D) of unit-RMS heads scale by gain², so the attention can be sharp from the start."""
+        for layer in self.layers:
+            layer.self_attn.q_norm.weight.fill_(gain)
+            layer.self_attn.k_norm.weight.fill_(gain)
 
     # ---- compute ---------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import eagle_input_layers, feature_layers_problem
 from draftheads.heads.base import Drafter
+from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal
 from draftheads.heads.target import TargetFingerprint
 
@@ -189,27 +190,19 @@ class EagleDrafter(Drafter):
         embedding half is 0 (or N(0, ``embed_scale``)); ``hidden_norm`` starts as the target
         layer's input norm. EAGLE-1's first layer keeps no input norm.
         """
-        base = target.base_model
-        stack = getattr(base, "layers", None) or getattr(base, "h", None)
-        if stack is None:
-            raise UserError(
-                f"{type(target).__name__} exposes no decoder layers; use draft.init_from_target=false"
-            )
         H = self.target_fingerprint.hidden_size
-        for mine, theirs in zip(self.layers, list(stack)[-len(self.layers) :]):
-            src = {k: v.detach() for k, v in theirs.state_dict().items()}
-            own = mine.state_dict()
-            for name, value in own.items():
-                if name not in src:
-                    continue
-                w = src[name].to(value.dtype)
-                if w.shape != value.shape and value.dim() == 2 and value.shape[1] == 2 * H:
-                    half = torch.randn_like(w) * embed_scale if embed_scale > 0 else torch.zeros_like(w)
-                    w = torch.cat([half, w], dim=1)  # [embedding half, feature half]
-                if w.shape == value.shape:
-                    value.copy_(w)
+        sources = last_layers(target, len(self.layers))
+
+        def widen(value: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+            if value.dim() == 2 and value.shape[1] == 2 * H:  # [embedding half, feature half]
+                half = torch.randn_like(w) * embed_scale if embed_scale > 0 else torch.zeros_like(w)
+                return torch.cat([half, w], dim=1)
+            return None
+
+        for mine, theirs in zip(self.layers, sources):
+            copy_layer(mine, theirs, widen)
         if self.version == 3:
-            norm = _input_norm(list(stack)[-len(self.layers)])
+            norm = _input_norm(sources[0])
             self.hidden_norm.load_state_dict(
                 {
                     k: v.to(p.dtype)

@@ -332,3 +332,19 @@ def test_export_refuses_an_unusable_out_before_loading_anything(tmp_path, tiny_l
     assert "\n" not in str(e.value)
     if where == "a-file":
         assert out.read_text() == "keep me"
+
+
+def test_the_training_card_lists_block_positions_in_order(tiny_llama):
+    from draftheads.train.card import model_card as training_card
+
+    _, _, fp = tiny_llama
+    metrics = {f"eval/pos{k}/acc_top1": 1.0 / k for k in (10, 2, 1, 15)} | {"eval/tau": 1.5}
+    card = training_card(MedusaHeads(fp, num_heads=2), {}, metrics)
+    rows = [line.split("`")[1] for line in card.splitlines() if line.startswith("| `eval/")]
+    assert rows == [
+        "eval/pos1/acc_top1",
+        "eval/pos2/acc_top1",
+        "eval/pos10/acc_top1",
+        "eval/pos15/acc_top1",
+        "eval/tau",
+    ]

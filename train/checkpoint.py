@@ -268,7 +268,7 @@ def load(engine, ckpt: Path, rank: int) -> int:
 # listed (output and logging cadence, stop_at, max_steps to extend a run) may change.
 RESUME_SECTIONS = ("target", "draft", "data", "deepspeed")
 RESUME_TRAIN_KEYS = (
-    "lr", "weight_decay", "betas", "lr_schedule", "warmup_steps", "micro_batch_size", "grad_accum",
+    "lr", "weight_decay", "betas", "lr_schedule", "warmup_steps", "warmup_ratio", "micro_batch_size", "grad_accum",
     "grad_clip", "precision", "seed", "features", "feature_cache", "rows", "eval_rows",
 )  # fmt: skip
 # where the target runs, and data settings that only other commands read

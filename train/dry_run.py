@@ -120,7 +120,7 @@ def meta_drafter(d: DraftConfig, shape: TargetShape, name: str) -> nn.Module:
                 mask_token_id=shape.vocab_size - 1 if d.mask_token_id is None else d.mask_token_id,
                 block_size=d.block_size,
                 num_decoder_layers=d.num_decoder_layers,
-                feature_layers=d.feature_layers,
+                feature_layers=d.training_layers(shape.num_hidden_layers),
                 draft_vocab_size=d.draft_vocab_size,
             )
         return EagleDrafter(
@@ -191,7 +191,7 @@ def dflash_cost(drafter, d: DraftConfig, S: int, element: int) -> DraftCost:
     H, b = drafter.target_fingerprint.hidden_size, d.block_size
     A, KV = attention_widths(drafter.layer_config)
     n = len(drafter.layers)
-    q = d.anchors_per_row * b / S
+    q = d.anchors_per_row * b / S if d.anchors_per_row else b  # 0: a block at every position (at most)
     context = count(drafter.fc) + 2 * H * KV * n
     query = 6 * count(drafter.layers) + 12 * n * (S / 2 + b) * A + 4 * H * drafter.draft_vocab_size
     flops = 6 * context + q * query
@@ -298,9 +298,12 @@ def check_devices(cfg: Config) -> None:
 # ---- the tiny run ----------------------------------------------------------------------------
 def tiny_layers(d: DraftConfig) -> tuple[int, list[int] | None]:
     """(layers of the tiny target, the drafter's feature layers on it): the recipe's number of
-    feature layers, as the first ones, and at least 4 layers (EAGLE-3's three distinct ones)."""
+    feature layers, as the first ones, and at least 4 layers (EAGLE-3's three distinct ones; the
+    spread rule needs depth + 3)."""
     if not d.feature_layers:
-        return 4, None
+        return (
+            max(4, d.num_decoder_layers + 3) if d.kind == "dflash" and d.feature_rule == "spread" else 4
+        ), None
     k = len(d.feature_layers)
     return max(4, k + 1), list(range(1, k + 1))
 

@@ -75,7 +75,8 @@ def build_engine(module: torch.nn.Module, ds: dict[str, Any], train: TrainConfig
     optimizer = torch.optim.AdamW(
         groups, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay
     )
-    schedule = partial(lr_factor, train.lr_schedule, warmup=train.warmup_steps, total=total_steps)
+    warmup = max(train.warmup_steps, round(train.warmup_ratio * total_steps))
+    schedule = partial(lr_factor, train.lr_schedule, warmup=warmup, total=total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     engine, _, _, _ = deepspeed.initialize(
         model=module,

@@ -306,6 +306,8 @@ class DFlashObjective(Objective):
 
     # evaluation drafts every answer position's block, this many per row and pass
     EVAL_ANCHORS = 64
+    # training drafts its sampled blocks this many per row and pass (the default 8 or 32: one pass)
+    TRAIN_ANCHORS = 64
 
     def geometry(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(document ids, real-token mask, position ids or None) of the micro-batch's rows."""
@@ -345,12 +347,35 @@ class DFlashObjective(Objective):
         return shift_left(batch["input_ids"], 1)
 
     def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
-        d, bs = self.drafter, self.drafter.block_size
+        """The decayed block loss over the sampled anchors (``draft.anchors_per_row``; 0: every
+        answer position). The blocks go through the drafter :attr:`TRAIN_ANCHORS` per row at a
+        time over one context pass: a block never sees another, so the chunks' losses add up to
+        one pass's, and the attention over other blocks' rows stays bounded."""
         docs, valid, pos = self.geometry(batch)
         candidates = anchor_candidates(batch["loss_mask"], pos)
-        anchors, keep = sample_anchors(candidates, docs, self.cfg.anchors_per_row, token_uniforms(valid))
-        h = self.draft(batch, self.context(self.features(batch), pos), anchors, keep)
-        source, counted = block_targets(anchors, keep, bs, batch["loss_mask"], pos)
+        per_doc = self.cfg.anchors_per_row or candidates.shape[1]
+        anchors, keep = sample_anchors(candidates, docs, per_doc, token_uniforms(valid))
+        context = self.context(self.features(batch), pos)
+        total, weight, stats, counted_rows = None, None, {}, 0
+        for c in range(0, anchors.shape[1], self.TRAIN_ANCHORS):
+            part = (anchors[:, c : c + self.TRAIN_ANCHORS], keep[:, c : c + self.TRAIN_ANCHORS])
+            loss_sum, w, chunk_stats, n = self.block_loss(batch, context, *part)
+            total = loss_sum if total is None else total + loss_sum
+            weight = w if weight is None else weight + w
+            stats = {k: stats[k] + v if k in stats else v for k, v in chunk_stats.items()}
+            counted_rows += n
+        B, N = anchors.shape
+        gflop = self.flops(B, batch["input_ids"].shape[1], N, counted_rows) / 1e9
+        stats.update({"cost/gflop_sum": total.new_tensor(gflop).double(), "cost/n": valid.sum().double()})
+        return total / weight.clamp(min=1), stats
+
+    def block_loss(
+        self, batch: dict, context: list, anchors: torch.Tensor, keep: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Stats, int]:
+        """The blocks at ``anchors``: (sum of w_k CE, sum of w_k, summed stats, counted rows)."""
+        d, bs = self.drafter, self.drafter.block_size
+        h = self.draft(batch, context, anchors, keep)
+        source, counted = block_targets(anchors, keep, bs, batch["loss_mask"], batch.get("position_ids"))
         b, n, k = counted.nonzero(as_tuple=True)
         src = source[b, n, k]
         reference = self.next_tokens(batch)[b, src]
@@ -363,17 +388,12 @@ class DFlashObjective(Objective):
         else:
             ce = F.cross_entropy(logits, labels, reduction="none")
         weight = block_decay(bs, self.cfg.loss_gamma, ce.device)[k] * in_vocab
-        loss = masked_mean(ce, weight)
         stats = self.position_stats(ce, logits, labels, k, in_vocab)
         correct = torch.zeros_like(counted)
         correct[b, n, k] = d.draft_to_target(logits.argmax(-1)) == reference
-        blocks = counted[..., 1]
-        tau = block_acceptance(correct, counted)[blocks].double()
+        tau = block_acceptance(correct, counted)[counted[..., 1]].double()
         stats.update({"block/tau_sum": tau.sum(), "block/n": tau.new_tensor(float(tau.numel()))})
-        B, N = anchors.shape
-        gflop = self.flops(B, batch["input_ids"].shape[1], N, b.numel()) / 1e9
-        stats.update({"cost/gflop_sum": tau.new_tensor(gflop), "cost/n": valid.sum().double()})
-        return loss, stats
+        return (ce * weight).sum(), weight.sum(), stats, b.numel()
 
     def flops(self, batch_rows: int, T: int, anchors: int, counted: int) -> float:
         """Matmul FLOPs of a micro-batch of ``batch_rows`` rows of ``T`` positions with ``anchors``

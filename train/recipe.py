@@ -69,7 +69,7 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer) -> Drafter:
             mask_token_id=d.mask_token_id if d.mask_token_id is not None else choose_mask_token(tokenizer),
             block_size=d.block_size,
             num_decoder_layers=d.num_decoder_layers,
-            feature_layers=d.feature_layers,
+            feature_layers=d.training_layers(fp.num_layers),
             draft_vocab_size=d.draft_vocab_size,
         )
     else:
@@ -94,6 +94,17 @@ def check_mask_token(mask_id: int, rows: Any) -> None:
         raise UserError(
             f"draft.mask_token_id={mask_id} occurs {count} time(s) in the training rows (first in row {first}); "
             "set draft.mask_token_id to a token id that never occurs in the data (e.g. an unused special token)"
+        )
+
+
+def check_anchor_count(anchors: int, rows: Any) -> None:
+    """Refuse ``draft.anchors_per_row`` above every row's answer tokens: no row could hold that
+    many blocks, so the count is a mistake (0 asks for a block at every answer position)."""
+    most = max((int(sum(r["loss_mask"])) for r in rows), default=0)
+    if anchors > most:
+        raise UserError(
+            f"draft.anchors_per_row={anchors} is above the most answer tokens of any training row ({most}); "
+            f"use at most {most}, or 0 for a block at every answer position"
         )
 
 
@@ -155,6 +166,7 @@ class TrainRecipe:
         rows, tokens = self.load_rows()
         if isinstance(self.drafter, DFlashDrafter):
             check_mask_token(self.drafter.mask_token_id, tokens)
+            check_anchor_count(cfg.draft.anchors_per_row, tokens)
         if self.rank == 0:  # the data is accepted: from here on the run changes its folder
             checkpoint.remove_partials(self.ckpt_root)
         train_idx, held_idx = split_heldout(len(rows), t.eval_rows, t.seed)
@@ -239,7 +251,8 @@ class TrainRecipe:
 
             dflash = self.cfg.draft.kind == "dflash"
             fp, layers = self.drafter.target_fingerprint, self.module.layers()
-            cache = FeatureCache(t.feature_cache, fp, layers, subset=dflash)
+            # a cache of more layers (one built for several drafters) serves the ones read here
+            cache = FeatureCache(t.feature_cache, fp, layers, subset=True)
             soft = dflash_topk(cache, t) if dflash else use_topk(cache, t, self.cfg.draft)
             names = ["input_ids", "loss_mask", "features"]
             names += ["topk_ids", "topk_logits"] if soft else []
@@ -254,7 +267,9 @@ class TrainRecipe:
             source = datasets.load_from_disk(t.rows)
         else:
             from draftheads.data.prepare import prepare_dataset
+            from draftheads.data.regenerated import check_regenerated_by
 
+            check_regenerated_by(self.cfg.data, self.drafter.target_fingerprint)
             source, _ = prepare_dataset(self.cfg.data, self.tokenizer, split="train")
         keep = ("input_ids", "loss_mask", "position_ids", "features")
         rows = [{k: r[k] for k in keep if k in r} for r in source]
@@ -274,9 +289,11 @@ class TrainRecipe:
             elif isinstance(d, EagleDrafter) and d.version == 3:
                 self.set_draft_vocab(d)
                 d.init_lm_head_from_target()
-        if self.cfg.draft.kind == "eagle" and self.cfg.draft.init_from_target:
+        if self.cfg.draft.kind in ("eagle", "dflash") and self.cfg.draft.init_from_target:
             with gathered(list(self.target.parameters()), self.stage):
                 d.init_from_target(self.target)
+        if isinstance(d, DFlashDrafter) and self.cfg.draft.qk_gain != 1.0:
+            d.set_qk_gain(self.cfg.draft.qk_gain)
 
     def set_draft_vocab(self, d: Drafter) -> None:
         """The ``draft_vocab_size`` most frequent answer tokens of the training rows as the draft vocabulary."""

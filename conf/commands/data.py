@@ -68,7 +68,8 @@ def features(cfg: FeaturesArgs) -> None:
     """Build the offline feature cache of the configured data set for the configured drafter."""
     from draftheads.data.cache import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
-    from draftheads.heads.target import decoder_layers, load_target
+    from draftheads.data.regenerated import check_regenerated_by
+    from draftheads.heads.target import decoder_layers, fingerprint, load_target
 
     if cfg.data.packing:
         raise UserError(
@@ -78,6 +79,7 @@ def features(cfg: FeaturesArgs) -> None:
     f = cfg.data.features
     guard_out_dir(f.out_dir, "features", "data.features.out_dir")
     model, tok = load_target(cfg.target)
+    check_regenerated_by(cfg.data, fingerprint(model, tok))
     ds, report = prepare_dataset(cfg.data, tok, "train")
     print(report.format(), file=sys.stderr)
     with claimed(f.out_dir, "features", "data.features.out_dir"):

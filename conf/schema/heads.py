@@ -216,8 +216,17 @@ class DraftConfig:
     mask_token_id: int | None = None
     # loss weight of block position k (1-based): exp(-(k - 1) / gamma)
     loss_gamma: float = 7.0
-    # blocks per training row, anchored at random answer positions
+    # blocks per training row (per packed document), anchored at random answer positions;
+    # 0: a block at every answer position
     anchors_per_row: int = 8
+    # the target layers a DFlash drafter reads when draft.feature_layers is null: eagle3 (EAGLE-3's
+    # three, so one feature cache serves both drafters) or spread (the reference's rule: one
+    # target layer per drafter layer, L//2 for one, else evenly from 1 to L-3)
+    feature_rule: str = "eagle3"
+    # DFlash: the starting gain of every layer's q and k norms (trained from there). Attention
+    # logits scale with its square: at 1 they stay within +-sqrt(head_dim), too flat for a block
+    # row to single out its anchor among hundreds of context keys early in training
+    qk_gain: float = 1.0
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""
@@ -232,10 +241,15 @@ class DraftConfig:
         is its regression and distillation target (see ``Drafter.training_layers``).
         """
         if self.kind == "dflash":
-            return dflash_feature_layers(self.feature_layers, num_layers)
+            return dflash_feature_layers(
+                self.feature_layers, num_layers, self.feature_rule, self.num_decoder_layers
+            )
         if self.kind != "eagle":
             return [num_layers]
         return eagle_input_layers(self.version, self.feature_layers, num_layers) + [num_layers]
+
+
+FEATURE_RULES = ("eagle3", "spread")
 
 
 def draft_config_problem(d: DraftConfig) -> str | None:
@@ -253,7 +267,7 @@ def draft_config_problem(d: DraftConfig) -> str | None:
         "ttt_steps": (d.ttt_steps, 1),
         "lora_r": (d.lora_r, 1),
         "block_size": (d.block_size, 2),
-        "anchors_per_row": (d.anchors_per_row, 1),
+        "anchors_per_row": (d.anchors_per_row, 0),
     }
     for key, (value, low) in at_least.items():
         if value < low:
@@ -277,7 +291,11 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     for key in weights:
         if getattr(d, key) < 0:
             return f"draft.{key}={getattr(d, key)} must not be negative"
+    if d.feature_rule not in FEATURE_RULES:
+        return f"draft.feature_rule={d.feature_rule!r} is unknown; use one of {', '.join(FEATURE_RULES)}"
     if d.kind == "dflash":
+        if d.qk_gain <= 0:
+            return f"draft.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
         if d.loss_gamma <= 0:
             return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
         if d.mask_token_id is not None and d.mask_token_id < 0:
@@ -317,10 +335,31 @@ def layer_ids_problem(layers: list[int], num_layers: int | None, top: int | None
     return None
 
 
-def dflash_feature_layers(feature_layers: list[int] | None, num_layers: int) -> list[int]:
-    """The target layers a DFlash drafter reads: the given ones, else EAGLE-3's three (so one
-    feature cache serves both drafters)."""
-    return list(feature_layers) if feature_layers else default_eagle3_layers(num_layers)
+def spread_layers(num_layers: int, depth: int) -> list[int]:
+    """The reference DFlash rule (z-lab's ``build_target_layer_ids``), one target layer per drafter
+    layer: ``[L // 2]`` for one, else ``round(1 + i (L - 4) / (depth - 1))`` for i < depth, evenly
+    from layer 1 to L - 3. Refuses a depth whose ids would not be distinct layers of the target."""
+    if depth == 1:
+        return [num_layers // 2]
+    span = num_layers - 4
+    ids = [round(1 + i * span / (depth - 1)) for i in range(depth)]
+    if span < 1 or len(set(ids)) != depth:
+        raise UserError(
+            f"draft.num_decoder_layers={depth} with draft.feature_rule=spread needs {depth} distinct target "
+            f"layers in 1..{num_layers - 3}, and the target has {num_layers} layers; use at most "
+            f"{max(1, num_layers - 3)} drafter layers, or draft.feature_rule=eagle3"
+        )
+    return ids
+
+
+def dflash_feature_layers(
+    feature_layers: list[int] | None, num_layers: int, rule: str = "eagle3", depth: int = 1
+) -> list[int]:
+    """The target layers a DFlash drafter reads: the given ones, else those of ``rule``: EAGLE-3's
+    three (``eagle3``: one feature cache serves both drafters) or :func:`spread_layers`."""
+    if feature_layers:
+        return list(feature_layers)
+    return spread_layers(num_layers, depth) if rule == "spread" else default_eagle3_layers(num_layers)
 
 
 def feature_layers_problem(

@@ -26,7 +26,7 @@ DERIVED_DS_KEYS = {
     "gradient_accumulation_steps": "train.grad_accum",
     "gradient_clipping": "train.grad_clip",
     "optimizer": "train.lr / train.weight_decay / train.betas",
-    "scheduler": "train.lr_schedule / train.warmup_steps",
+    "scheduler": "train.lr_schedule / train.warmup_steps / train.warmup_ratio",
     "fp16": "train.precision",
     "bf16": "train.precision",
 }
@@ -42,6 +42,9 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     lr_schedule: str = "cosine"
     warmup_steps: int = 0
+    # warm-up as a share of the run's optimizer steps (the reference DFlash recipe: 0.04); the
+    # longer of this and warmup_steps applies
+    warmup_ratio: float = 0.0
     # Optimizer steps. With ``epochs`` set, max_steps is derived from the data size instead.
     max_steps: int = 200
     epochs: float | None = None
@@ -121,6 +124,10 @@ def validate_train(t: TrainConfig) -> None:
     if t.epochs is not None and not t.epochs > 0:
         raise UserError(f"train.epochs={t.epochs} must be > 0, or null to use train.max_steps")
     _at_least("train.warmup_steps", t.warmup_steps, 0)
+    if not 0 <= t.warmup_ratio < 1:
+        raise UserError(
+            f"train.warmup_ratio={t.warmup_ratio} must be in [0, 1), e.g. 0.04 for 4% of the steps"
+        )
     for key in ("micro_batch_size", "grad_accum", "log_every", "topk", "eval_rows"):
         _at_least(f"train.{key}", getattr(t, key), 1)
     for key in ("eval_every", "save_every", "grad_clip", "keep_checkpoints"):

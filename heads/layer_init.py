@@ -1,0 +1,60 @@
+"""Drafter layers started as the target's own (``draft.init_from_target``).
+
+A drafter decoder layer that shares the target's layout (names and shapes of its q/k/v/o,
+MLP and norms) can start from a trained target layer instead of random weights: EAGLE's and
+DFlash's layers copy the target's last ones. Parameters the target has no counterpart for (DFlash's
+q/k norms) keep their initialisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from draftheads.conf.errors import UserError
+
+# (the drafter's tensor, the target's) -> the target's weight reshaped to fit, or None to skip it
+Adapt = Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
+
+
+def target_decoder_layers(target: nn.Module) -> list[nn.Module]:
+    """The target's decoder layers in order (``layers`` of Llama-likes, ``h`` of GPT-2)."""
+    base = target.base_model
+    stack = getattr(base, "layers", None) or getattr(base, "h", None)
+    if stack is None:
+        raise UserError(
+            f"{type(target).__name__} exposes no decoder layers; use draft.init_from_target=false"
+        )
+    return list(stack)
+
+
+def last_layers(target: nn.Module, n: int) -> list[nn.Module]:
+    """The target's last ``n`` layers: drafter layer i starts as target layer L - n + i. Refuses a
+    drafter deeper than the target."""
+    stack = target_decoder_layers(target)
+    if n > len(stack):
+        raise UserError(
+            f"draft.num_decoder_layers={n} with draft.init_from_target=true: the target has only "
+            f"{len(stack)} layers to copy; use at most {len(stack)} drafter layers, or draft.init_from_target=false"
+        )
+    return stack[len(stack) - n :]
+
+
+@torch.no_grad()
+def copy_layer(mine: nn.Module, theirs: nn.Module, adapt: Adapt | None = None) -> list[str]:
+    """Copy every tensor of ``theirs`` into the same-named tensor of ``mine`` whose shape matches
+    (after ``adapt``, which may reshape a weight); returns the names copied."""
+    src = {k: v.detach() for k, v in theirs.state_dict().items()}
+    copied = []
+    for name, value in mine.state_dict().items():
+        if name not in src:
+            continue
+        w = src[name].to(value.dtype)
+        if w.shape != value.shape and adapt is not None:
+            w = adapt(value, w)
+        if w is not None and w.shape == value.shape:
+            value.copy_(w)
+            copied.append(name)
+    return copied
