@@ -35,6 +35,15 @@ def check_prompt_source(key: str, source: str) -> None:
         )
 
 
+def check_temperatures(key: str, temperatures: list) -> None:
+    """Every temperature of ``key`` is a finite number above 0 (sampling needs one)."""
+    for t in temperatures:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise UserError(
+                f"{key} has {t!r}; use temperatures > 0 (e.g. {key}=[0.7,1.0]), or {key}=[] for greedy alone"
+            )
+
+
 @dataclass
 class DecodeConfig:
     """Speculative decoding (``draftheads generate``, ``draftheads tree``, the Python generator).
@@ -164,12 +173,7 @@ class EvalConfig:
         at_least("eval.max_prompts", self.max_prompts, 1, 20)
         at_least("eval.per_category", self.per_category, 1, 1)
         at_least("eval.warmup", self.warmup, 0, 1)
-        for t in self.temperatures:
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
-                raise UserError(
-                    f"eval.temperatures has {t!r}; use temperatures > 0 (e.g. eval.temperatures=[0.7,1.0]), "
-                    "or eval.temperatures=[] for greedy alone"
-                )
+        check_temperatures("eval.temperatures", self.temperatures)
         for name in self.baselines or []:
             one_of("eval.baselines", name, BASELINES)
         if "assisted" in (self.baselines or []) and not self.assistant_model:
