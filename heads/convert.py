@@ -60,6 +60,7 @@ from draftheads.heads.layouts import (
     iter_tensors,
     read_tensors,
 )
+from draftheads.heads.speculators import check_verifier
 from draftheads.heads.target import TargetFingerprint
 
 __all__ = ["OfficialCheckpoint", "convert_official", "detect_layout", "import_provenance"]
@@ -265,6 +266,8 @@ def build_eagle(
             f"{ckpt.where()}: a draft hidden size different from the target's ({target_hidden}) is not supported"
         )
     lm = sd.get("lm_head.weight")
+    if ckpt.origin == "speculators" and lm is not None and lm.shape[0] == fp.vocab_size:
+        sd.setdefault("d2t", torch.zeros(fp.vocab_size, dtype=torch.long))  # a full vocabulary has no maps
     if lm is None or "d2t" not in sd:
         raise UserError(
             f"{ckpt.where()}: an EAGLE-3 checkpoint needs lm_head.weight and d2t; it is incomplete"
@@ -527,6 +530,8 @@ def convert_official(
             f"{ckpt.where()} is an official checkpoint; importing it needs its target model: "
             "Drafter.from_pretrained(path, target=model, tokenizer=tok), or target=... on the command line"
         )
+    if ckpt.origin == "speculators":
+        check_verifier(ckpt.source_config, fp.name, fp.architecture, ckpt.where())
     kind = "medusa" if ckpt.layout.startswith("medusa") else "dflash" if ckpt.layout == "dflash" else "eagle"
     if expected_kind and expected_kind != kind:
         raise UserError(
@@ -537,12 +542,15 @@ def convert_official(
 
 def import_provenance(ckpt: OfficialCheckpoint, source: str | None, revision: str | None) -> dict[str, Any]:
     """What an imported drafter records about where it came from."""
+    speculators = ckpt.origin == "speculators"
     return {
         "imported_from": {
-            "layout": ckpt.layout,
+            "layout": f"speculators-{ckpt.source_config['speculators_model_type']}"
+            if speculators
+            else ckpt.layout,
             "source": source or str(ckpt.directory),
             "revision": revision,
             "files": [f.name for f in ckpt.files],
-            "config": ckpt.config,
+            "config": ckpt.source_config if speculators else ckpt.config,
         }
     }

@@ -481,8 +481,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "dflash-rope-theta",
         DFLASH_METHODS,
-        "rope_theta is written: both engines default a missing one to 1e6 (vLLM set_default_rope_theta, "
-        "SGLang getattr), which silently rotates the drafter's q/k differently from training",
+        "rope_theta is written: a missing one becomes transformers' config default (10000) before the "
+        "engines' own fallbacks (vLLM set_default_rope_theta, SGLang getattr) are reached, which silently "
+        "rotates the drafter's q/k differently from training",
         ("vllm/model_executor/models/qwen3_dflash.py", "sglang/srt/models/dflash.py"),
         _check_dflash_rope,
     ),

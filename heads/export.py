@@ -1,4 +1,7 @@
-"""``draftheads export heads=DIR format=vllm|sglang out=DIR``: write a drafter in a serving engine's format.
+"""``draftheads export heads=DIR format=vllm|sglang|speculators out=DIR``: write a drafter for serving.
+
+``format=speculators`` writes vLLM's ``speculators`` layout (:mod:`draftheads.heads.speculators`),
+built from the vLLM layout below and served with ``vllm serve DIR`` alone.
 
 What each engine's loader reads, and the rules it imposes, are in :mod:`draftheads.heads.engines`
 (the spec table :data:`~draftheads.heads.engines.FORMATS` and the rule list
@@ -49,10 +52,13 @@ from draftheads.heads.checkpoint import (
 from draftheads.heads.convert import detect_layout
 from draftheads.heads.engines import ENGINES, FORMATS, RULES, validate_export
 from draftheads.heads.layouts import DFLASH_ARCHITECTURE
+from draftheads.heads.speculators import dflash_to_speculators, eagle3_to_speculators, speculators_section
 from draftheads.heads.target import load_target
 
 __all__ = ["ENGINES", "FORMATS", "RULES", "export", "export_drafter", "validate_export"]
 
+SPECULATORS = "speculators"
+FORMAT_NAMES = (*ENGINES, SPECULATORS)
 LLAMA_LAYER_TYPES = ("llama", "mistral")  # decoder layers the engines' Llama EAGLE drafters can load
 EXPORT_RECORD = "export.json"  # marks a directory draftheads exported into (it may be rewritten)
 
@@ -164,7 +170,7 @@ def export_eagle3(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[s
 def dflash_config(drafter: Drafter) -> dict[str, Any]:
     """The Qwen3 config both engines' ``DFlashDraftModel`` loaders read, for ``drafter``'s layers.
 
-    ``rope_theta`` is always written: both engines default a missing one to 1e6.
+    ``rope_theta`` is always written, so no loader falls back to a default of its own.
     """
     fp, shape, n = drafter.target_fingerprint, drafter.layer_shape, drafter.num_decoder_layers
     rope = dict(shape["rope_parameters"])
@@ -306,11 +312,13 @@ def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source
     ``source`` (the drafter's directory) is never written to.
     """
     engine = engine.lower()
-    if engine not in ENGINES:
-        raise UserError(f"format={engine} is not supported; use one of {', '.join(ENGINES)}")
+    if engine not in FORMAT_NAMES:
+        raise UserError(f"format={engine} is not supported; use one of {', '.join(FORMAT_NAMES)}")
     out = Path(out)
     check_out_dir(out, source if source is not None else drafter.source_dir)
-    if drafter.kind == "medusa":
+    if engine == SPECULATORS:
+        cfg, sd = export_speculators(drafter)
+    elif drafter.kind == "medusa":
         cfg, sd = export_medusa(drafter, engine)
     elif drafter.kind == "dflash":
         cfg, sd = export_dflash(drafter, engine)
@@ -329,8 +337,38 @@ def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source
     atomic_write(out / CONFIG_NAME, lambda p: p.write_text(json.dumps(cfg, indent=2) + "\n"))
     record = {"draftheads_version": package_version(), "engine": engine, "source": str(source or "")}
     atomic_write(out / EXPORT_RECORD, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
-    validate_export(out, engine, drafter.target_fingerprint.num_layers)
+    if engine != SPECULATORS:
+        validate_export(out, engine, drafter.target_fingerprint.num_layers)
     return out
+
+
+def export_speculators(drafter: Drafter) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """EAGLE-3 and DFlash in speculators' layout, from their vLLM layout (same checks, same weights).
+
+    The verifier is the drafter's target; the default proposal is the greedy chain the model
+    card names (``block_size - 1`` tokens for DFlash). Speculators has no EAGLE-1 or Medusa type.
+    """
+    refusal = speculators_refusal(drafter.kind, drafter.spec().get("version"))
+    if refusal:
+        raise UserError(refusal)
+    fp = drafter.target_fingerprint
+    k = num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
+    if drafter.kind == "dflash":
+        section = speculators_section("dflash", k, fp.name, fp.architecture)
+        return dflash_to_speculators(*export_dflash(drafter, "vllm"), section)
+    section = speculators_section("eagle3", k, fp.name, fp.architecture)
+    return eagle3_to_speculators(*export_eagle3(drafter, "vllm"), section)
+
+
+def speculators_refusal(kind: str, version: int | None) -> str | None:
+    """Why speculators cannot hold a drafter of ``kind`` (EAGLE ``version``), or None."""
+    if kind == "medusa" or (kind == "eagle" and version == 1):
+        what = "Medusa heads" if kind == "medusa" else "an EAGLE-1 drafter"
+        return (
+            f"speculators has no model type for {what} (it defines eagle3 and dflash drafters); "
+            "export it with format=vllm"
+        )
+    return None
 
 
 def needs_target(directory: Path) -> bool:
@@ -356,17 +394,19 @@ def check_engine_fits(directory: Path, engine: str) -> None:
         return
     conf = read_config(directory)
     refusal = sglang_refusal(conf) if conf["kind"] == "dflash" and engine == "sglang" else None
+    if engine == SPECULATORS:
+        refusal = speculators_refusal(conf["kind"], conf["spec"].get("version"))
     if refusal:
         raise UserError(refusal)
 
 
 def export(cfg) -> Path:
-    """CLI entry: ``draftheads export heads=DIR format=vllm|sglang out=DIR [target=...]``."""
+    """CLI entry: ``draftheads export heads=DIR format=vllm|sglang|speculators out=DIR [target=...]``."""
     if not cfg.heads or not cfg.format or not cfg.out:
-        raise UserError("draftheads export needs heads=DIR format=vllm|sglang out=DIR")
+        raise UserError("draftheads export needs heads=DIR format=vllm|sglang|speculators out=DIR")
     engine = cfg.format.lower()
-    if engine not in ENGINES:
-        raise UserError(f"format={cfg.format} is not supported; use one of {', '.join(ENGINES)}")
+    if engine not in FORMAT_NAMES:
+        raise UserError(f"format={cfg.format} is not supported; use one of {', '.join(FORMAT_NAMES)}")
     directory = resolve_checkpoint_dir(cfg.heads, cfg.revision)
     check_out_dir(Path(cfg.out), directory)  # before loading anything
     check_engine_fits(directory, engine)
@@ -376,6 +416,10 @@ def export(cfg) -> Path:
     else:
         drafter = Drafter.from_pretrained(directory)
     out = export_drafter(drafter, engine, cfg.out, source=directory)
+    if engine == SPECULATORS:
+        print(f"exported {drafter.kind} drafter to {out} (speculators); serve it with:")
+        print(f"  vllm serve {out}")
+        return out
     fmt = validate_export(out, engine, drafter.target_fingerprint.num_layers)
     target_name = drafter.target_fingerprint.name
     if drafter.requires_adapters:

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import CONFIG_NAME
+from draftheads.heads.speculators import is_speculators_config, speculators_layout
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -28,16 +29,23 @@ DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's class name, also what vLLM a
 
 @dataclass
 class OfficialCheckpoint:
-    """An official checkpoint found in ``directory``: its layout, weight files and raw config."""
+    """An official checkpoint found in ``directory``: its layout, weight files and config.
+
+    A speculators checkpoint has ``origin="speculators"``, its own config in ``source_config``
+    and, in ``config``, the engine-layout config of the same drafter (what the builders read).
+    """
 
     layout: str
     directory: Path
     files: list[Path]
     config: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""
+    source_config: dict[str, Any] = field(default_factory=dict)
 
     def where(self) -> str:
         names = ", ".join(f.name for f in self.files[:2]) + ("…" if len(self.files) > 2 else "")
-        return f"{self.directory} ({self.layout}: {names})"
+        layout = f"{self.origin} {self.layout}" if self.origin else self.layout
+        return f"{self.directory} ({layout}: {names})"
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -182,6 +190,8 @@ def detect_layout(directory: Path) -> OfficialCheckpoint | None:
     if cfg_path.is_file() and (config is None or "kind" in config):
         return None
     config = config or {}
+    if is_speculators_config(config):
+        return speculators_checkpoint(directory, config)
     if is_dflash_config(config):
         files = weight_files(directory)
         if not files:
@@ -208,6 +218,19 @@ def detect_layout(directory: Path) -> OfficialCheckpoint | None:
             f"naming {DFLASH_ARCHITECTURE}) in {files[0].name}"
         )
     return OfficialCheckpoint(layout, directory, files, config)
+
+
+def speculators_checkpoint(directory: Path, config: dict[str, Any]) -> OfficialCheckpoint:
+    """A speculators directory as the official layout of the same drafter (see
+    :mod:`draftheads.heads.speculators`); its config is checked before any weight is read."""
+    layout, engine_config = speculators_layout(config, str(directory / CONFIG_NAME))
+    files = weight_files(directory)
+    if not files:
+        raise UserError(
+            f"{directory / CONFIG_NAME} describes a speculators {config['speculators_model_type']} drafter but "
+            f"{directory} holds no model.safetensors; the download is incomplete"
+        )
+    return OfficialCheckpoint(layout, directory, files, engine_config, "speculators", config)
 
 
 MEDUSA_KEY = re.compile(r"^(\d+)\.(\d+)\.(?:(linear)\.)?(weight|bias)$")

@@ -35,7 +35,7 @@ def test_cfg_job_prints_the_resolved_config(capsys):
         (["train", "train.lrr=1"], "unknown config key train.lrr"),
         (["train", "train.lr=abc"], "bad value for train.lr"),
         (["train", "draft=nope"], "draft=nope is not a draft option; use one of "),
-        (["info", "draft=eagle"], "info does not read draft; it reads heads, revision"),
+        (["info", "draft=eagle"], "info does not read draft; it reads target, heads, revision"),
         (["info", "heads=/nonexistent/dir"], "no such checkpoint directory"),
         (["info"], "needs heads=DIR"),
         (["frobnicate"], "unknown command"),

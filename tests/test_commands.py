@@ -36,7 +36,7 @@ def medusa_dir(tmp_path_factory):
             ["generate", "max_new_tokens=5"],
             "generate does not read max_new_tokens; use decode.max_new_tokens=5",
         ),
-        (["info", "target=tiny-llama"], "info does not read target; it reads heads, revision"),
+        (["info", "decode.depth=3"], "info does not read decode.depth; it reads target, heads, revision"),
         (["export", "out=x"], "out is now out_dir; use out_dir=x"),
         (["eval", "eval.output_dir=x"], "eval.output_dir is now eval.out_dir; use eval.out_dir=x"),
         (["train", "train.output_dir=x"], "train.output_dir is now train.out_dir; use train.out_dir=x"),
@@ -45,7 +45,7 @@ def medusa_dir(tmp_path_factory):
             "tree measures on held-out prompts; set how many with decode.tree_prompts=3",
         ),
         (["eval", "prompt=hi"], "eval reads its prompts from eval.prompts; use eval.prompts=FILE_OR_NAME"),
-        (["info", "target=tiny-lama"], "info does not read target"),
+        (["info", "target=tiny-lama"], "target=tiny-lama is not a target option"),
         (
             ["train", "target=tiny-lama"],
             "target=tiny-lama is not a target option; use one of hf|smollm2|tiny-gpt2",

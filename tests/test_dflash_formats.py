@@ -330,6 +330,7 @@ def test_export_prints_the_serve_command_for_the_block(tmp_path, tiny_llama, eng
     printed = capsys.readouterr().out
     if engine == "vllm":
         assert '"method": "dflash"' in printed and f'"num_speculative_tokens": {BLOCK - 1}' in printed
+        assert "--attention-backend FLASH_ATTN" in printed  # the block's non-causal attention
     else:
         assert "--speculative-algorithm DFLASH" in printed
         assert f"--speculative-num-draft-tokens {BLOCK}" in printed
@@ -374,3 +375,16 @@ def test_card_of_a_reduced_vocabulary_drafter_names_vllm_only(tiny_llama):
     text = model_card(dflash(model, fp, draft_vocab=40).config_dict(), "org/x").text
     assert "draft vocabulary 40" in text and '"method": "dflash"' in text
     assert "--speculative-algorithm DFLASH" not in text and "draft.draft_vocab_size=null" in text
+
+
+def test_info_imports_an_export_onto_the_named_target(tmp_path, tiny_llama, capsys):
+    from draftheads.conf.cli import main
+
+    model, tok, fp = tiny_llama
+    heads = dflash(model, fp).save_pretrained(tmp_path / "heads")
+    export(export_config(heads, "vllm", tmp_path / "out"))
+    capsys.readouterr()
+    assert main(["info", f"heads={tmp_path / 'out'}", "target=tiny-llama"]) == 0
+    out = capsys.readouterr().out
+    assert "as kind: dflash" in out and f'"block_size": {BLOCK}' in out and fp.tokenizer_hash in out
+    assert "layers.0.self_attn.q_proj.weight" in out

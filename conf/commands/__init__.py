@@ -87,14 +87,15 @@ COMMANDS: dict[str, Command] = {
     "export": Command(
         "draftheads.conf.commands.heads:export",
         a.ExportArgs,
-        "export a checkpoint for vLLM or SGLang",
+        "export a checkpoint for vLLM or SGLang, or in vLLM's speculators format",
         "draftheads export heads=outputs/train format=vllm out_dir=outputs/vllm",
     ),
     "info": Command(
         "draftheads.conf.commands.heads:info",
         a.InfoArgs,
-        "print a checkpoint's kind, shapes and target fingerprint",
-        "draftheads info heads=outputs/train",
+        "print a checkpoint's kind, shapes and target fingerprint; an export, a speculators or z-lab "
+        "DFlash directory is imported onto target= first",
+        "draftheads info heads=outputs/train  |  draftheads info heads=exports/dflash-vllm target=smollm2",
     ),
     "demo": Command(
         "draftheads.conf.commands.bench:demo",

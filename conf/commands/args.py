@@ -131,8 +131,10 @@ class ExportArgs:
 
 @dataclass
 class InfoArgs:
-    """``draftheads info``: what a checkpoint holds."""
+    """``draftheads info``: what a checkpoint holds (an engine's or z-lab's layout is imported
+    onto ``target``: the drafter it becomes)."""
 
+    target: TargetConfig = field(default_factory=TargetConfig)
     heads: str | None = None
     revision: str | None = None
 

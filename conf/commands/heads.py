@@ -59,12 +59,12 @@ def own_report(heads: Path, out_dir: str | None) -> Path | None:
 
 
 def export(args: ExportArgs) -> Path:
-    """Write ``heads`` for vLLM or SGLang into ``out_dir``: a new or empty folder, or an earlier
-    export (never the checkpoint itself, never inside a training run)."""
+    """Write ``heads`` for vLLM or SGLang, or in vLLM's speculators format, into ``out_dir``: a new
+    or empty folder, or an earlier export (never the checkpoint itself, never inside a training run)."""
     from draftheads.heads.export import export as export_checkpoint
 
     if not args.heads or not args.format or not args.out:
-        raise UserError("draftheads export needs heads=DIR format=vllm|sglang out_dir=DIR")
+        raise UserError("draftheads export needs heads=DIR format=vllm|sglang|speculators out_dir=DIR")
     out = writable_dir(args.out, "out_dir")
     heads = Path(args.heads).expanduser()
     if heads.is_dir() and out.exists() and out.resolve() == heads.resolve():

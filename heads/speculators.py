@@ -1,0 +1,274 @@
+"""vLLM's ``speculators`` format: EAGLE-3 and DFlash drafters written and read as its model classes do.
+
+A speculators directory is ``config.json`` + ``model.safetensors``. The config is the drafter
+model's own (``speculators_model_type``, ``architectures``, a ``transformer_layer_config``
+describing its decoder layers, and the type's fields) plus a ``speculators_config``: the
+``algorithm``, the ``proposal_methods`` (``greedy`` with ``speculative_tokens``), the
+``default_proposal_method`` and the ``verifier`` (``name_or_path``, ``architectures``).
+``vllm serve DIR`` reads the speculative settings from it, so the directory needs no flags.
+
+=========  ====================================================  ======================================
+type       fields                                                tensors (speculators' model class)
+=========  ====================================================  ======================================
+eagle3     ``draft_vocab_size``, ``target_hidden_size``,         ``fc`` [H,3H] (no bias), ``layers.0.*``
+           ``eagle_aux_hidden_state_layer_ids``,                 with ``layers.0.hidden_norm``, ``norm``,
+           ``norm_before_residual`` (and the norm flags)         ``lm_head`` [Vd,H]; ``d2t``/``t2d`` when
+                                                                 Vd < V
+dflash     ``block_size``, ``mask_token_id``,                    ``layers.{i}.*`` (q/k norms), ``fc``,
+           ``aux_hidden_state_layer_ids``, ``draft_vocab_size``  ``hidden_norm``, ``norm``; ``lm_head``,
+           ``sample_from_anchor``, ``target_hidden_size``        ``d2t``, ``t2d`` only when Vd < V
+=========  ====================================================  ======================================
+
+Layer ids in both types index the target's ``hidden_states`` (id ``i`` is the input of layer
+``i``), as draftheads' ``feature_layers`` do; z-lab's ``target_layer_ids`` are those minus one.
+The embedding (and a full-vocabulary DFlash lm_head) is the verifier's, never stored.
+
+This module translates between that layout and the engine layouts the rest of
+:mod:`draftheads.heads` already writes (:mod:`~draftheads.heads.export`) and reads
+(:mod:`~draftheads.heads.convert`), so an import checks every tensor exactly as those paths
+do. Types that draftheads cannot run (``dflash2``, ``dspark``, ``xpress``, ``peagle``,
+``mtp``) are refused naming the type and why.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any
+
+import torch
+
+from draftheads.conf.errors import UserError
+
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config and model classes this follows
+PROPOSAL = "greedy"  # the only proposal method speculators defines: one chain of drafted tokens
+TYPES = {"eagle3": "eagle-3", "dflash": "dflash"}  # speculators_model_type -> our layout
+UNMAPPED = {
+    "dflash2": "its sliding-window layers attend causally inside the block",
+    "dspark": "it samples from the anchor and adds Markov and confidence heads",
+    "xpress": "its drafter has no draftheads counterpart",
+    "peagle": "it drafts every position in parallel, which draftheads' EAGLE does not",
+    "mtp": "it reuses the target's own multi-token-prediction layers",
+}
+EAGLE3_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# Keys of an engine-layout config that are the drafter's, not its decoder layers'.
+NOT_LAYER_KEYS = (
+    "architectures",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "norm_before_residual",
+    "block_size",
+    "num_target_layers",
+    "dflash_config",
+)
+
+
+# ---- export ------------------------------------------------------------------------------------
+def speculators_section(algorithm: str, tokens: int, verifier: str, architecture: str) -> dict[str, Any]:
+    """The ``speculators_config``: one greedy chain of ``tokens`` drafted tokens, for ``verifier``."""
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [
+            {
+                "proposal_type": PROPOSAL,
+                "speculative_tokens": tokens,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0,
+            }
+        ],
+        "default_proposal_method": PROPOSAL,
+        "verifier": {"name_or_path": verifier, "architectures": [architecture]},
+    }
+
+
+def layer_config(engine_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The ``transformer_layer_config``: an engine-layout config without the drafter's own keys."""
+    return {k: v for k, v in engine_cfg.items() if k not in NOT_LAYER_KEYS}
+
+
+def eagle3_to_speculators(
+    engine_cfg: dict[str, Any], sd: dict[str, torch.Tensor], section: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """vLLM's EAGLE-3 layout (``midlayer.*``) -> speculators' ``Eagle3DraftModel`` (``layers.0.*``).
+
+    A full draft vocabulary has no ``d2t``/``t2d`` there (the model class builds none).
+    """
+    vocab, draft_vocab = engine_cfg["vocab_size"], engine_cfg["draft_vocab_size"]
+    tensors = {
+        ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in sd.items()
+    }
+    if draft_vocab == vocab:
+        tensors = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
+    cfg = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer_config(engine_cfg),
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": engine_cfg["target_hidden_size"],
+        "eagle_aux_hidden_state_layer_ids": engine_cfg["eagle_aux_hidden_state_layer_ids"],
+        **dict.fromkeys(EAGLE3_FLAGS, False),
+        "embed_requires_grad": False,
+        "speculators_config": section,
+    }
+    return cfg, tensors
+
+
+def dflash_to_speculators(
+    engine_cfg: dict[str, Any], sd: dict[str, torch.Tensor], section: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """vLLM's DFlash layout (z-lab's names) -> speculators' ``DFlashDraftModel``.
+
+    The tensor names are the same; a reduced vocabulary adds ``t2d`` beside ``d2t`` and the
+    lm_head rows (the model class holds both maps as buffers).
+    """
+    vocab = engine_cfg["vocab_size"]
+    draft_vocab = engine_cfg.get("draft_vocab_size") or vocab
+    tensors = dict(sd)
+    if "d2t" in tensors:
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[torch.arange(draft_vocab) + tensors["d2t"]] = True
+        tensors["t2d"] = t2d
+    nested = engine_cfg["dflash_config"]
+    cfg = {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer_config(engine_cfg),
+        "draft_vocab_size": draft_vocab,
+        "block_size": engine_cfg["block_size"],
+        "target_hidden_size": engine_cfg["hidden_size"],
+        "aux_hidden_state_layer_ids": [i + 1 for i in nested["target_layer_ids"]],
+        "mask_token_id": nested["mask_token_id"],
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": False,
+        "speculators_config": section,
+    }
+    return cfg, tensors
+
+
+# ---- import ------------------------------------------------------------------------------------
+def is_speculators_config(config: dict[str, Any]) -> bool:
+    """True for a speculators ``config.json``: it names a ``speculators_model_type``."""
+    return "speculators_model_type" in config
+
+
+def speculators_layout(config: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
+    """(our layout, the equivalent engine-layout config) of a speculators config, checked first.
+
+    Refused in one line: a type draftheads cannot run (named), a ``speculators_config``
+    whose default proposal method it does not define, and drafter options draftheads lacks.
+    """
+    kind = config.get("speculators_model_type")
+    if kind in UNMAPPED:
+        raise UserError(
+            f"{where}: speculators_model_type {kind!r} cannot be run by draftheads ({UNMAPPED[kind]}); "
+            "draftheads reads eagle3 and dflash speculators"
+        )
+    if kind not in TYPES:
+        raise UserError(
+            f"{where}: unknown speculators_model_type {kind!r}; draftheads reads eagle3 and dflash "
+            f"speculators (and refuses {', '.join(UNMAPPED)})"
+        )
+    check_section(config.get("speculators_config"), where)
+    layers = full_layer_config(config.get("transformer_layer_config") or {}, where)
+    if kind == "eagle3":
+        return TYPES[kind], eagle3_engine_config(config, layers, where)
+    return TYPES[kind], dflash_engine_config(config, layers, where)
+
+
+def check_section(section: Any, where: str) -> None:
+    """A ``speculators_config`` with a verifier and a default proposal method it defines."""
+    if not isinstance(section, dict) or not isinstance(section.get("verifier"), dict):
+        raise UserError(
+            f"{where}: config.json has no speculators_config with a verifier; it is not a complete "
+            "speculators checkpoint"
+        )
+    methods = [m.get("proposal_type") for m in section.get("proposal_methods") or [] if isinstance(m, dict)]
+    default = section.get("default_proposal_method")
+    if default not in methods:
+        raise UserError(
+            f"{where}: speculators_config.default_proposal_method {default!r} is not one of its "
+            f"proposal_methods {methods}; set it to one of them"
+        )
+
+
+def full_layer_config(given: dict[str, Any], where: str) -> dict[str, Any]:
+    """``transformer_layer_config`` with its class defaults filled in, as speculators reads it
+    (it is saved as a diff against its class: Qwen3 unless ``model_type`` says otherwise)."""
+    from transformers import AutoConfig
+
+    model_type = given.get("model_type", "qwen3")
+    try:
+        full = AutoConfig.for_model(model_type, **{k: v for k, v in given.items() if k != "model_type"})
+    except (ValueError, TypeError, KeyError) as e:
+        raise UserError(
+            f"{where}: transformer_layer_config is not a valid {model_type} config ({e}); it is damaged"
+        ) from None
+    return full.to_dict()
+
+
+def eagle3_engine_config(config: dict[str, Any], layers: dict[str, Any], where: str) -> dict[str, Any]:
+    """An eagle3 speculators config as vLLM's EAGLE-3 config (layer inputs as ids, as ours)."""
+    flags = [f for f in EAGLE3_FLAGS if config.get(f)]
+    if flags:
+        raise UserError(
+            f"{where}: {', '.join(flags)} set; draftheads' EAGLE-3 drafter has none of these norm "
+            "variants, so this speculator cannot be loaded"
+        )
+    if layers.get("num_hidden_layers", 1) != 1:
+        raise UserError(
+            f"{where}: this eagle3 speculator has {layers['num_hidden_layers']} decoder layers; draftheads' "
+            "EAGLE-3 drafter (like the engines') has one"
+        )
+    return {
+        **layers,
+        "draft_vocab_size": config.get("draft_vocab_size"),
+        "target_hidden_size": config.get("target_hidden_size"),
+        "eagle_aux_hidden_state_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
+    }
+
+
+def dflash_engine_config(config: dict[str, Any], layers: dict[str, Any], where: str) -> dict[str, Any]:
+    """A dflash speculators config as z-lab's config (``target_layer_ids`` = our ids minus one)."""
+    if config.get("sample_from_anchor"):
+        raise UserError(
+            f"{where}: sample_from_anchor=true (every block row predicts); draftheads' DFlash drafter, like "
+            "z-lab's, predicts from the mask rows only, so this speculator cannot be loaded"
+        )
+    ids = config.get("aux_hidden_state_layer_ids")
+    if not isinstance(ids, list) or not ids:
+        raise UserError(
+            f"{where}: aux_hidden_state_layer_ids={ids!r}; a dflash speculator must list the target layers "
+            "its fc reads"
+        )
+    return {
+        **layers,
+        "architectures": ["DFlashDraftModel"],
+        "block_size": config.get("block_size"),
+        "draft_vocab_size": config.get("draft_vocab_size"),
+        "dflash_config": {
+            "mask_token_id": config.get("mask_token_id"),
+            "target_layer_ids": [i - 1 if isinstance(i, int) else i for i in ids],
+        },
+    }
+
+
+def same_model(name: str, other: str) -> bool:
+    """Whether two model names are one model: equal, or the same final path component (a Hub id
+    and a local copy of it)."""
+    a, b = name.rstrip("/"), other.rstrip("/")
+    return a == b or PurePosixPath(a).name.lower() == PurePosixPath(b).name.lower()
+
+
+def check_verifier(config: dict[str, Any], name: str, architecture: str, where: str) -> None:
+    """The speculator's verifier must be the target: same name (or final path component) and
+    architecture. Another verifier is refused, naming it."""
+    verifier = config["speculators_config"]["verifier"]
+    wanted = verifier.get("name_or_path") or ""
+    archs = verifier.get("architectures") or []
+    if (wanted and not same_model(wanted, name)) or (archs and architecture not in archs):
+        raise UserError(
+            f"{where}: its verifier is {wanted or '?'} ({', '.join(archs) or 'any architecture'}), but the "
+            f"target is {name} ({architecture}); load it with its verifier: target.name_or_path={wanted}"
+        )
