@@ -12,6 +12,7 @@ batch (left-padded), greedy; the table also says whether the outputs were identi
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 
@@ -61,6 +62,8 @@ def measure_speed(
     """One row per batch size: stock, same-backend greedy and speculative tokens/s, speedups, τ,
     and whether the outputs were identical (to same-backend greedy, and to stock)."""
     gen = SpeculativeGenerator(target, drafter, tok, config, tree_dir=tree_dir)
+    for line in gen.backend_lines():
+        print(line, file=sys.stderr)
     dev = next(target.parameters()).device
     warm, warm_mask = next(_batches(tok, prompts[:1], 1))  # first calls pay one-off setup costs
     for name in ("eager", gen.backend):

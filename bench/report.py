@@ -305,8 +305,12 @@ def check_docs(path: Path) -> None:
 
 
 def write_figures(results: dict[str, Any], settings: dict[str, Any], path: Path) -> None:
-    """``docs/benchmarks.json``: the figures of ``docs/benchmarks.md`` with the command and settings."""
+    """``docs/benchmarks.json``: the figures of ``docs/benchmarks.md`` with the command and settings
+    (the ``workloads`` rows that ``draftheads speed speed.workloads=true`` wrote there are kept)."""
     record = {"command": results.get("command", "draftheads bench"), "settings": settings, **figures(results)}
+    earlier = read_json(path) if path.exists() else None
+    if isinstance(earlier, dict) and "workloads" in earlier:
+        record["workloads"] = earlier["workloads"]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
 

@@ -4,6 +4,8 @@ Sources:
 
 * ``heldout``: the user turns of the embedded held-out split (never trained on);
 * ``humaneval``: the 164 HumanEval problems, phrased as the embedded set phrases them;
+* ``long``: long-context prompts (about 1-2k tokens) over standard-library source
+  (:mod:`draftheads.data.long_prompts`);
 * ``spec_bench``: ``../shared/data/spec_bench/question.jsonl`` (or any path to a Spec-Bench
   ``question.jsonl``), one or two turns per question;
 * ``gsm8k_test``: ``../shared/data/gsm8k/test.jsonl``;
@@ -29,6 +31,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import check_prompt_source
 from draftheads.data.embedded import embedded_items, humaneval_items
 from draftheads.data.formats import RowError, check_format, detect_format, to_example
+from draftheads.data.long_prompts import long_items
 from draftheads.data.sources import SourceSpec, embedded_rows, raw_rows
 
 if TYPE_CHECKING:
@@ -126,6 +129,8 @@ def load_prompts(
         rows = [PromptRow(it.id, it.component, [it.prompt]) for it in embedded_items("all", "heldout")]
     elif source == "humaneval":
         rows = [PromptRow(it.id, "humaneval", [it.prompt]) for it in humaneval_items()]
+    elif source == "long":
+        rows = [PromptRow(i, category, [text]) for i, category, text in long_items()]
     elif source in SHARED:
         rows = _from_rows(str(shared_path(source)), fmt, fields, source.split("_")[0])
     else:

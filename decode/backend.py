@@ -12,7 +12,10 @@ pre-packing does under ``torch.compile`` with freezing) keeps a 2-16 row call cl
   ``torch.ops.mkldnn._reorder_linear_weight``. CPU, float32, inference only.
 * ``cuda-graphs``: on a CUDA device, the target's forward for each tree size is captured as a
   CUDA graph over a static KV cache (see :mod:`draftheads.decode.static`).
-* ``auto``: ``onednn`` on a float32 CPU model when oneDNN is available, ``eager`` otherwise.
+* ``auto``: for the decoder, the candidate measured fastest on this machine
+  (:mod:`draftheads.decode.backend_choice`); :func:`resolve`, which times nothing (batched
+  distillation), takes ``onednn`` on a float32 CPU model when oneDNN is available, ``eager``
+  otherwise.
 
 Lifetime. A :class:`Backend` is one call's: it packs the weights when it is made (a weight
 replaced or changed in place through autograd during the call is packed again, a write through

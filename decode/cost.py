@@ -75,10 +75,12 @@ class CostCurve:
     key: dict = field(default_factory=dict)
 
     def __call__(self, n: int) -> float:
-        """c(n), linear between measured sizes and beyond the last one."""
+        """c(n), linear between measured sizes and beyond the last one; below the first size (a
+        batch's curve once rows have finished) the first size's cost: a forward's fixed costs do
+        not shrink with its rows."""
         s, t = self.sizes, self.seconds
         if n <= s[0]:
-            return t[0] * n / s[0] if n < s[0] else t[0]
+            return t[0]
         for i in range(1, len(s)):
             if n <= s[i]:
                 w = (n - s[i - 1]) / (s[i] - s[i - 1])

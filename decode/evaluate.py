@@ -264,6 +264,8 @@ def run_eval(
         name: SpeculativeGenerator(target, d, tokenizer=tokenizer, config=decode)
         for name, d in drafters.items()
     }
+    for line in dict.fromkeys(line for g in generators.values() for line in g.backend_lines()):
+        print(line, file=sys.stderr)  # each choice once
     for _ in range(warmup):  # first calls pay one-off costs (allocation, packing, the cost curve)
         ids = encode_prompt(tokenizer, "Hello").to(device)
         for name in dict.fromkeys(["eager", *(g.backend for g in generators.values())]):

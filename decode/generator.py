@@ -39,7 +39,7 @@ from transformers import GenerationConfig
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import backend as backends
-from draftheads.decode import kv, static
+from draftheads.decode import backend_choice, kv, static
 from draftheads.decode.context import cap_depth, check_request, depth_caps, position_limit
 from draftheads.decode.cost import CostCurve, Planner, cached_curve, context_bucket
 from draftheads.decode.kv import tree_mask
@@ -140,6 +140,7 @@ class SpeculativeGenerator:
         if drafter is not None:
             drafter.to(device=self.device, dtype=self.dtype)
             drafter.eval()
+        self.choices = self._choose_backends()
         self.static = (
             drafter_tree(drafter, self.config, tree_dir, self.device) if drafter is not None else None
         )
@@ -307,11 +308,32 @@ class SpeculativeGenerator:
         proposer.prefill(Prefill(out.hidden_states, ids, valid, torch.zeros_like(ids), root))
         proposer.propose(root, torch.ones_like(root))
 
+    def _drafter_modules(self) -> list[nn.Module]:
+        if self.drafter is None:
+            return []
+        return [self.drafter, *getattr(self.drafter, "runtime_modules", list)()]  # a reduced draft head, say
+
+    def _choose_backends(self) -> list[backend_choice.Choice]:
+        """Set ``backend`` and ``drafter_backend`` by measurement (decode/backend_choice.py)."""
+        self.drafter_layers = backend_choice.own_layers(self._drafter_modules(), self.target)
+        picked = backend_choice.pick(
+            self.config.backend,
+            self.backend,
+            self.target,
+            self.drafter_layers,
+            self.config.cost_cache,
+            self.packs,
+        )
+        self.backend, self.drafter_backend, choices = picked
+        return choices
+
+    def backend_lines(self) -> list[str]:
+        """One line per part saying which backend runs it and what each candidate's call cost."""
+        return [c.line() for c in self.choices]
+
     def _run_backend(self) -> backends.Backend:
         """This call's backend over the target and the drafter (packed weights, checked)."""
-        modules = [m for m in (self.target, self.drafter) if m is not None]
-        modules += getattr(self.drafter, "runtime_modules", list)()  # a reduced draft head, say
-        return backends.Backend(self.backend, *modules, cache=self.packs)
+        return backend_choice.run_backend(self, self._drafter_modules())
 
     # -- the three phases ---------------------------------------------------------------------
     def prefill(

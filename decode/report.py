@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode.backend_choice import as_record, choose_target
 from draftheads.decode.cost import device_name
 from draftheads.decode.evaluate import TurnResult
 
@@ -106,6 +107,8 @@ def environment(target: nn.Module, decode: DecodeConfig) -> dict[str, Any]:
             "python": platform.python_version(),
         },
         "decode": dict(vars(decode)),
+        # the target's backend and every candidate's measured step (cached by the generator)
+        "backend_choice": as_record(choose_target(decode.backend, target, decode.cost_cache)),
     }
 
 
@@ -147,6 +150,11 @@ def write_markdown(report: dict[str, Any], baselines: list[str], path: Path) -> 
     lines.append(row("**all**", report))
     for cat, r in report.get("per_category", {}).items():
         lines.append(row(cat, r))
+    if report.get("sampling"):
+        from draftheads.decode.sampling_eval import format_rows
+
+        note = "Sampling, each prompt's first turn (lossless rejection sampling; against sampling `generate` on that backend):"
+        lines += ["", note, "", format_rows(report["sampling"])]
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -94,8 +94,18 @@ def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind, capsys):
         "eval.warmup=0",
     ]
     assert main(argv) == 0
-    assert "τ" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "τ" in printed.out and "sampling: T=0.7: τ" in printed.out and "T=1.0: τ" in printed.out
     on_disk = json.loads((tmp_path / "eval" / "report.json").read_text())
+    # sampling beside greedy, at the default temperatures, on the same backend
+    assert [r["temperature"] for r in on_disk["sampling"]] == [0.7, 1.0]
+    for r in on_disk["sampling"]:
+        assert r["tau"] >= 1.0 and r["tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0
+        assert r["backend"] == on_disk["backend"] and r["num_new_tokens"] > 0
+    choice = on_disk["environment"]["backend_choice"]
+    if choice is not None:  # a float32 CPU with oneDNN: the target's backend was timed, and printed
+        assert choice["name"] == on_disk["backend"] and set(choice["seconds"]) == {"eager", "onednn"}
+        assert "backend for the target:" in printed.err
     assert on_disk["greedy_identical"] == 1.0 and on_disk["num_prompts"] == 2 and on_disk["tau"] >= 1.0
     assert on_disk["environment"]["versions"]["torch"] and "pld" in on_disk
     for key in (
@@ -117,6 +127,7 @@ def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind, capsys):
     for png in ("accepted_length_hist.png", "per_position_acceptance.png", "per_category.png"):
         assert (tmp_path / "eval" / png).stat().st_size > 1000
     assert "| **all** |" in (tmp_path / "eval" / "report.md").read_text()
+    assert "| 0.7 |" in (tmp_path / "eval" / "report.md").read_text()
 
 
 def test_plots_put_integer_ticks_on_the_draft_position_axis(tmp_path, monkeypatch):
@@ -141,6 +152,15 @@ def test_plots_put_integer_ticks_on_the_draft_position_axis(tmp_path, monkeypatc
     hist, positions = ticks[0], ticks[1]
     assert len(positions) >= 2 and all(float(t).is_integer() for t in positions), positions
     assert len(hist) >= 2 and all(float(t).is_integer() for t in hist), hist
+
+
+def test_temperatures_that_cannot_sample_are_refused_in_one_line():
+    from draftheads.conf.cli import parse
+
+    assert parse(["eval", "heads=x", "eval.temperatures=[]"]).args.eval.temperatures == []
+    for bad in ("[0]", "[-0.5]", "[inf]"):
+        with pytest.raises(Exception, match="eval.temperatures has .* use temperatures > 0"):
+            parse(["eval", "heads=x", f"eval.temperatures={bad}"])
 
 
 def test_per_category_keeps_the_first_prompts_of_every_category():

@@ -15,7 +15,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig, Config
 from draftheads.conf.schema.checks import at_least, backend_fits, one_of
 from draftheads.conf.schema.data import STORE_DTYPES, DataConfig
-from draftheads.conf.schema.decode import DecodeConfig, EvalConfig
+from draftheads.conf.schema.decode import PROMPT_SETS, DecodeConfig, EvalConfig, check_temperatures
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.conf.schema.recipe import RecipeConfig
 from draftheads.conf.schema.train import LoggerConfig, TrainConfig, validate
@@ -183,6 +183,13 @@ class DecodeSpeedOptions:
     dynamic: list[list[int]] = field(default_factory=list)
     # also print the verify-cost curve (1..64 new tokens) of eager and of decode.backend
     curve: bool = False
+    # the workload rows (bench/workloads.py): backend choice, batches, long prompts, sampling
+    workloads: bool = False
+    long_prompts: int = 8
+    temperatures: list[float] = field(default_factory=lambda: [0.7, 1.0])
+    sampling_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench"])
+    # with workloads: the JSON file (docs/benchmarks.json) whose ``workloads`` key gets the rows
+    figures: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse batch sizes, prompt counts and tree settings no measurement can use, before the
@@ -201,6 +208,12 @@ class DecodeSpeedOptions:
             )
         for setting in self.dynamic:
             check_dynamic(list(setting))
+        at_least("speed.long_prompts", self.long_prompts, 1, 8)
+        check_temperatures("speed.temperatures", list(self.temperatures))
+        for source in self.sampling_sets:
+            one_of("speed.sampling_sets", source, PROMPT_SETS)
+        if self.figures is not None and not self.workloads:
+            raise UserError("speed.figures is written by the workload rows; add speed.workloads=true")
 
 
 @dataclass

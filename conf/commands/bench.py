@@ -20,8 +20,12 @@ def demo(args: DemoArgs) -> None:
 
 
 def speed(args: SpeedArgs) -> None:
-    """Speculative against plain greedy decoding, tokens/s per batch size."""
-    from draftheads.bench.decode_speed import speed as run
+    """Speculative against plain greedy decoding, tokens/s per batch size; with
+    ``speed.workloads=true``, the workload rows (backend, batches, long prompts, sampling)."""
+    if args.speed.workloads:
+        from draftheads.bench.workloads import run
+    else:
+        from draftheads.bench.decode_speed import speed as run
 
     run(args)
 

@@ -58,6 +58,8 @@ def generate(args: GenerateArgs) -> None:
     if note:
         print(note, file=sys.stderr)
     gen = SpeculativeGenerator(target, drafter, tok, args.decode, tree_dir=directory and str(directory))
+    for line in gen.backend_lines():
+        print(line, file=sys.stderr)
     torch.manual_seed(args.decode.seed)
     streamer = TextStreamer(tok, skip_special_tokens=True)
     for step in gen.stream(ids.to(target.device), max_new_tokens=max_new):
@@ -182,6 +184,7 @@ def measure(args: EvalArgs, baselines: list[str], out: Path) -> dict:
     """Decode ``eval.prompts`` with the drafter and the baselines; write the report into ``out``."""
     from draftheads.decode.evaluate import run_eval
     from draftheads.decode.report import environment, summarize, summary_line, write_report
+    from draftheads.decode.sampling_eval import run_sampling, summary
 
     e = args.eval
     target, tok, drafter, directory = load(args.heads, args.revision, args.target, "eval")
@@ -194,6 +197,7 @@ def measure(args: EvalArgs, baselines: list[str], out: Path) -> dict:
     runs = run_eval(target, tok, {"heads": drafter}, prompts, args.decode, baselines, assistant, e.warmup)
     results = runs["heads"]
     report = summarize(results, baselines)
+    report["sampling"] = run_sampling(target, tok, drafter, prompts, args.decode, e.temperatures)
     env = environment(target, args.decode)
     report.update(
         prompts=e.prompts,
@@ -204,5 +208,7 @@ def measure(args: EvalArgs, baselines: list[str], out: Path) -> dict:
     )
     write_report(report, results, baselines, out)
     print(summary_line(report, baselines))
+    if report["sampling"]:
+        print(f"sampling: {summary(report['sampling'])}")
     print(f"report: {out / 'report.json'}")
     return report

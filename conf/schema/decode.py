@@ -11,7 +11,7 @@ from draftheads.conf.schema.data import check_fields, check_format
 
 BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 BASELINES = ("pld", "assisted")
-PROMPT_SETS = ("heldout", "humaneval", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
+PROMPT_SETS = ("heldout", "humaneval", "long", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 
 
@@ -35,6 +35,15 @@ def check_prompt_source(key: str, source: str) -> None:
         )
 
 
+def check_temperatures(key: str, temperatures: list) -> None:
+    """Every temperature of ``key`` is a finite number above 0 (sampling needs one)."""
+    for t in temperatures:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise UserError(
+                f"{key} has {t!r}; use temperatures > 0 (e.g. {key}=[0.7,1.0]), or {key}=[] for greedy alone"
+            )
+
+
 @dataclass
 class DecodeConfig:
     """Speculative decoding (``draftheads generate``, ``draftheads tree``, the Python generator).
@@ -51,8 +60,9 @@ class DecodeConfig:
     likeliest paths over each block position's ``top_k_draft`` candidates, as deep as the block. ``typical`` opts into Medusa's typical acceptance: faster under
     sampling, NOT lossless.
 
-    ``backend``: how the target's and the drafter's linear layers run: ``auto`` (``onednn`` on a
-    CPU that has it, ``eager`` elsewhere), ``eager`` (stock PyTorch), ``onednn`` (pre-packed
+    ``backend``: how the target's and the drafter's linear layers run: ``auto`` (on a float32 CPU
+    with oneDNN, ``eager`` or ``onednn``, whichever was measured faster for the target and for the
+    drafter here; ``eager`` elsewhere), ``eager`` (stock PyTorch), ``onednn`` (pre-packed
     oneDNN weights, CPU), ``cuda-graphs`` (static shapes captured as CUDA graphs, GPU).
     ``cost_aware``: each step verifies only as many drafted tokens as pay for themselves, judged
     by the backend's measured verify-cost curve (cached under ``cost_cache``) and the drafts'
@@ -131,13 +141,15 @@ class DecodeConfig:
 class EvalConfig:
     """``draftheads eval``: which prompts, which baselines, where the report goes.
 
-    ``prompts``: ``heldout`` (embedded held-out prompts), ``humaneval``, ``spec_bench``,
+    ``prompts``: ``heldout`` (embedded held-out prompts), ``humaneval``, ``long`` (1-2k token
+    prompts over standard-library source), ``spec_bench``,
     ``gsm8k_test``, or any path / dataset id the data pipeline reads; ``format`` and ``fields``
     read a file whose columns have other names (as ``data.format`` / ``data.fields`` do, e.g.
     ``eval.fields.prompt=question``). ``per_category``: keep only the first N prompts of every
     category (e.g. one Spec-Bench question per category), before ``max_prompts``.
     ``baselines``: ``pld`` (transformers' prompt lookup decoding); ``assisted`` is added when
-    ``assistant_model`` is set. ``output_dir`` (``eval.out_dir``) unset: a folder of the
+    ``assistant_model`` is set. ``temperatures``: speed and τ under sampling at each of them,
+    beside greedy, on each prompt's first turn (``[]``: greedy alone). ``output_dir`` (``eval.out_dir``) unset: a folder of the
     drafter's own, ``<heads>/eval-<prompts>`` (``outputs/eval/<name>-<prompts>`` for a hub id
     or ``heads=none``), so one drafter's report never replaces another's.
     """
@@ -151,6 +163,7 @@ class EvalConfig:
     baselines: list[str] | None = None
     assistant_model: str | None = None
     warmup: int = 1
+    temperatures: list[float] = field(default_factory=lambda: [0.7, 1.0])
 
     def __post_init__(self) -> None:
         """Refuse prompt counts and baselines the evaluation cannot run, before it starts."""
@@ -160,6 +173,7 @@ class EvalConfig:
         at_least("eval.max_prompts", self.max_prompts, 1, 20)
         at_least("eval.per_category", self.per_category, 1, 1)
         at_least("eval.warmup", self.warmup, 0, 1)
+        check_temperatures("eval.temperatures", self.temperatures)
         for name in self.baselines or []:
             one_of("eval.baselines", name, BASELINES)
         if "assisted" in (self.baselines or []) and not self.assistant_model:
