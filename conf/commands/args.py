@@ -83,6 +83,10 @@ class TreeArgs:
     revision: str | None = None
     out: str | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse decoding settings this command cannot use (:func:`decode_fits`)."""
+        decode_fits("tree", self.decode)
+
 
 @dataclass
 class GenerateArgs:
@@ -93,6 +97,10 @@ class GenerateArgs:
     heads: str | None = None
     revision: str | None = None
     prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse decoding settings this command cannot use (:func:`decode_fits`)."""
+        decode_fits("generate", self.decode)
 
 
 @dataclass
@@ -105,6 +113,10 @@ class EvalArgs:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     heads: str | None = None
     revision: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse decoding settings this command cannot use (:func:`decode_fits`)."""
+        decode_fits("eval", self.decode)
 
 
 @dataclass
@@ -150,6 +162,7 @@ class BenchArgs:
     def __post_init__(self) -> None:
         """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
         distill_backend_fits(self.target, self.data)
+        cost_cache_writable(self.decode)
 
 
 @dataclass
@@ -166,6 +179,7 @@ class DemoArgs:
     def __post_init__(self) -> None:
         """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
         distill_backend_fits(self.target, self.data)
+        cost_cache_writable(self.decode)
 
 
 @dataclass
@@ -210,6 +224,10 @@ class SpeedArgs:
     heads: str | None = None
     revision: str | None = None
     speed: DecodeSpeedOptions = field(default_factory=DecodeSpeedOptions)
+
+    def __post_init__(self) -> None:
+        """Refuse a verify-cost cache that cannot be written (batches are ``speed.batch_sizes``)."""
+        cost_cache_writable(self.decode)
 
 
 @dataclass
@@ -281,6 +299,33 @@ class DataSpeedArgs:
     def __post_init__(self) -> None:
         """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
         distill_backend_fits(self.target, self.data)
+
+
+def decode_fits(command: str, decode: DecodeConfig) -> None:
+    """The decoding settings of a command that decodes prompt by prompt: no ``decode.batch_size``
+    (:func:`unbatched`), and a verify-cost cache it can write (:func:`cost_cache_writable`)."""
+    unbatched(command, decode)
+    cost_cache_writable(decode)
+
+
+def cost_cache_writable(decode: DecodeConfig) -> None:
+    """Refuse a ``decode.cost_cache`` that is a file or cannot be created or written: the curve
+    would be measured again on every run. Changes nothing on disk."""
+    from draftheads.data.outdir import writable_dir
+
+    if decode.cost_cache:
+        writable_dir(decode.cost_cache, "decode.cost_cache")
+
+
+def unbatched(command: str, decode: DecodeConfig) -> None:
+    """Refuse ``decode.batch_size`` other than 1 for a command that decodes one prompt at a time
+    (it would be ignored); ``draftheads speed`` measures batches, with ``speed.batch_sizes``."""
+    if decode.batch_size != 1:
+        raise UserError(
+            f"decode.batch_size={decode.batch_size}: {command} decodes one prompt at a time and does not "
+            f"read it; drop decode.batch_size (`draftheads speed speed.batch_sizes=[1,{decode.batch_size}]` "
+            "measures batches)"
+        )
 
 
 def distill_backend_fits(target: TargetConfig, data: DataConfig) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.checks import at_least, fraction, one_of, positive, probability
+from draftheads.conf.schema.checks import BACKENDS, at_least, fraction, one_of, positive, probability
 
 FORMATS = ("sharegpt", "messages", "alpaca", "prompt", "text")
 # canonical field names ``data.fields`` can map to a dataset's own column names
@@ -63,6 +63,7 @@ class DistillConfig:
     def __post_init__(self) -> None:
         """Refuse sizes that cannot generate, before the manifest of ``out_dir`` is written."""
         one_of("data.distill.source", self.source, DISTILL_SOURCES)
+        one_of("data.distill.backend", self.backend, BACKENDS)
         for key, example in (
             ("max_new_tokens", 256),
             ("batch_size", 16),

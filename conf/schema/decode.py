@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.checks import at_least, is_hub_id, one_of, probability
+from draftheads.conf.schema.checks import BACKENDS, at_least, is_hub_id, one_of, probability
 from draftheads.conf.schema.data import check_fields, check_format
 
-BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 BASELINES = ("pld", "assisted")
 PROMPT_SETS = ("heldout", "humaneval", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
@@ -33,6 +32,24 @@ def check_prompt_source(key: str, source: str) -> None:
             f"{key}={source} is not a prompt set, a file or folder, or a dataset id ORG/NAME; "
             f"use one of {', '.join(PROMPT_SETS)}, embedded, a path, or ORG/NAME"
         )
+
+
+def check_assistant_model(key: str, name: str | None) -> None:
+    """``name`` is a model folder (one holding ``config.json``) or a hub id ``ORG/NAME``: a path
+    that does not exist, a folder without a model, and a bare word are refused before the target
+    loads, instead of surfacing as the Hub's error about repository ids."""
+    if name is None:
+        return
+    p = Path(name).expanduser()
+    fix = "give a model folder holding config.json, or a hub model id ORG/NAME"
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise UserError(f"{key}={name} is a folder without config.json, so it holds no model; {fix}")
+        return
+    if p.exists():
+        raise UserError(f"{key}={name} is a file, not a model folder; {fix}")
+    if name.startswith((".", "/", "~")) or not is_hub_id(name):
+        raise UserError(f"{key}={name}: no folder {p.absolute()} and not a hub id; {fix}")
 
 
 @dataclass
@@ -162,6 +179,14 @@ class EvalConfig:
         at_least("eval.warmup", self.warmup, 0, 1)
         for name in self.baselines or []:
             one_of("eval.baselines", name, BASELINES)
+        twice = sorted({b for b in self.baselines or [] if list(self.baselines).count(b) > 1})
+        if twice:
+            once = ",".join(dict.fromkeys(self.baselines))
+            raise UserError(
+                f"eval.baselines={list(self.baselines)} names {', '.join(twice)} twice; "
+                f"list each baseline once, e.g. eval.baselines=[{once}]"
+            )
+        check_assistant_model("eval.assistant_model", self.assistant_model)
         if "assisted" in (self.baselines or []) and not self.assistant_model:
             raise UserError(
                 "eval.baselines has assisted but no eval.assistant_model; set eval.assistant_model=PATH_OR_ID"
