@@ -85,6 +85,19 @@ REFUSED = [
     # the distillation backend is checked with the other keys
     (["distill", "data.distill.backend=onednnn"], "data.distill.backend=onednnn is unknown; use one of auto"),
     (["distill", "decode.backend=onednnn"], "distill runs the target on data.distill.backend"),
+    # generation settings that name no tree or stop at once, and an offload folder that cannot be written
+    (["generate", "heads=h", "prompt=hi", "decode.tree=chain0"], "decode.tree=chain0 is unknown; use auto, chain"),
+    (["generate", "heads=h", "prompt=hi", "decode.tree=chainsaw"], "decode.tree=chainsaw is unknown"),
+    (["generate", "heads=h", "prompt=hi", "decode.tree=[[0],[5,5]]"], "has [5, 5] without its parent [5]"),
+    (["generate", "heads=h", "prompt=hi", "decode.tree=[[0],[0]]"], "decode.tree=[[0],[0]] lists a path twice"),
+    (["eval", "heads=h", "decode.tree=[[0"], "decode.tree=[[0 is not valid JSON"),
+    (["eval", "heads=h", "decode.tree=tree.jsn"], "decode.tree=tree.jsn names no tree and no file"),
+    (["generate", "heads=h", "prompt=hi", "decode.stop=['']"], "has an empty string, which would stop at once"),
+    (
+        ["generate", "heads=h", "prompt=hi", "target.device_map=auto", "target.offload_folder=a-file"],
+        "target.offload_folder=a-file is an existing file",
+    ),
+    (["train", "target.device_map=auto", "target.offload_folder=/proc/x"], "target.offload_folder=/proc/x cannot be written"),
     # an attention implementation that does not exist
     (["generate", "heads=h", "prompt=hi", "target.attn_implementation=sdpaa"], "target.attn_implementation=sdpaa is unknown"),
 ]  # fmt: skip

@@ -356,7 +356,18 @@ def own_keys(args_type: type) -> frozenset[str]:
 def from_config(args_type: type, cfg: Config, options: dict[str, object] | None = None):
     """The command's arguments, taken from the composed root config (and its own options)."""
     values = {f.name: getattr(cfg, f.name) for f in fields(args_type) if f.name in ROOT_FIELDS}
-    return args_type(**values, **(options or {}))
+    args = args_type(**values, **(options or {}))
+    offload_writable(getattr(args, "target", None))
+    return args
+
+
+def offload_writable(target: TargetConfig | None) -> None:
+    """Refuse a ``target.offload_folder`` that is a file or cannot be created or written, before the
+    target loads (accelerate would fail part-way through placing its weights). Changes nothing."""
+    from draftheads.data.outdir import writable_dir
+
+    if target is not None and target.offload_folder:
+        writable_dir(target.offload_folder, "target.offload_folder")
 
 
 def to_config(args) -> Config:

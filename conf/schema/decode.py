@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,44 @@ def check_assistant_model(key: str, name: str | None) -> None:
         raise UserError(f"{key}={name} is a file, not a model folder; {fix}")
     if name.startswith((".", "/", "~")) or not is_hub_id(name):
         raise UserError(f"{key}={name}: no folder {p.absolute()} and not a hub id; {fix}")
+
+
+TREE_WORDS = "auto, chain, chainN, a JSON list like [[0],[1],[0,0]] or a tree.json path"
+
+
+def choices_problem(choices: object) -> str | None:
+    """Why a JSON ``decode.tree`` is no tree of rank paths (each a non-empty list of ranks >= 0
+    whose parent is listed too, none twice), or None."""
+    if not isinstance(choices, list) or not choices:
+        return "is not a non-empty list of rank paths"
+    paths = []
+    for c in choices:
+        if (
+            not isinstance(c, list)
+            or not c
+            or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in c)
+        ):
+            return f"has {c}, which is not a non-empty list of ranks >= 0"
+        paths.append(tuple(c))
+    if len(set(paths)) != len(paths):
+        return "lists a path twice"
+    missing = next((p for p in paths if len(p) > 1 and p[:-1] not in set(paths)), None)
+    return None if missing is None else f"has {list(missing)} without its parent {list(missing[:-1])}"
+
+
+def tree_spec_problem(spec: str) -> str | None:
+    """Why ``decode.tree`` names no tree, or None; a file is only looked for (decoding reads it)."""
+    if spec in ("auto", ""):
+        return None
+    if spec.startswith("chain"):
+        n = spec[len("chain") :]
+        return None if n == "" or (n.isdigit() and int(n) >= 1) else "is unknown"
+    if spec.lstrip().startswith("["):
+        try:
+            return choices_problem(json.loads(spec))
+        except json.JSONDecodeError:
+            return "is not valid JSON"
+    return None if Path(spec).expanduser().is_file() else "names no tree and no file"
 
 
 @dataclass
@@ -142,6 +181,14 @@ class DecodeConfig:
         at_least("decode.typical_epsilon", self.typical_epsilon, 0, 0.09)
         at_least("decode.typical_delta", self.typical_delta, 0, 0.3)
         one_of("decode.backend", self.backend, BACKENDS)
+        problem = tree_spec_problem(str(self.tree))
+        if problem:
+            raise UserError(f"decode.tree={self.tree} {problem}; use {TREE_WORDS}")
+        if any(not str(s) for s in self.stop or []):
+            raise UserError(
+                f"decode.stop={list(self.stop)} has an empty string, which would stop at once; "
+                "list only non-empty stop strings, e.g. decode.stop=['\\n\\n']"
+            )
 
 
 @dataclass
