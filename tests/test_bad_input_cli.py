@@ -85,6 +85,7 @@ REFUSED = [
     # the distillation backend is checked with the other keys
     (["distill", "data.distill.backend=onednnn"], "data.distill.backend=onednnn is unknown; use one of auto"),
     (["distill", "decode.backend=onednnn"], "distill runs the target on data.distill.backend"),
+    (["distill", "data.distill.heads=./nope"], "data.distill.heads=./nope: no such folder, and not a hub id"),
     # generation settings that name no tree or stop at once, and an offload folder that cannot be written
     (["generate", "heads=h", "prompt=hi", "decode.tree=chain0"], "decode.tree=chain0 is unknown; use auto, chain"),
     (["generate", "heads=h", "prompt=hi", "decode.tree=chainsaw"], "decode.tree=chainsaw is unknown"),
