@@ -87,7 +87,7 @@ REFUSED = [
     (["distill", "decode.backend=onednnn"], "distill runs the target on data.distill.backend"),
     (["distill", "data.distill.heads=./nope"], "data.distill.heads=./nope: no such folder, and not a hub id"),
     # generation settings that name no tree or stop at once, and an offload folder that cannot be written
-    (["generate", "heads=h", "prompt=hi", "decode.tree=chain0"], "decode.tree=chain0 is unknown; use auto, chain"),
+    (["generate", "heads=h", "prompt=hi", "decode.tree=chain0"], "decode.tree=chain0 is unknown; use one of auto, chain"),
     (["generate", "heads=h", "prompt=hi", "decode.tree=chainsaw"], "decode.tree=chainsaw is unknown"),
     (["generate", "heads=h", "prompt=hi", "decode.tree=[[0],[5,5]]"], "has [5, 5] without its parent [5]"),
     (["generate", "heads=h", "prompt=hi", "decode.tree=[[0],[0]]"], "decode.tree=[[0],[0]] lists a path twice"),

@@ -53,7 +53,7 @@ def check_assistant_model(key: str, name: str | None) -> None:
         raise UserError(f"{key}={name}: no folder {p.absolute()} and not a hub id; {fix}")
 
 
-TREE_WORDS = "auto, chain, chainN, a JSON list like [[0],[1],[0,0]] or a tree.json path"
+TREE_WORDS = "one of auto, chain, chainN, a JSON list like [[0],[1],[0,0]] or a tree.json path"
 
 
 def choices_problem(choices: object) -> str | None:
