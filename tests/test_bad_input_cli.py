@@ -185,3 +185,19 @@ def test_an_unwritable_cost_cache_is_said_to_python_callers(tiny_llama, capsys):
     model, _, _ = tiny_llama
     cached_curve(model, "eager", "/proc/draftheads-cost")
     assert "cannot be cached in /proc/draftheads-cost" in capsys.readouterr().err
+
+
+def test_generate_measures_a_corrupted_cost_curve_again_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["generate", "heads=none", "target=tiny-llama", "prompt=hi", "decode.max_new_tokens=2"]
+    assert main([*argv, "decode.cost_cache=cc"]) == 0
+    (f,) = (tmp_path / "cc").glob("*.json")
+    data = json.loads(f.read_text())
+    f.write_text(json.dumps({**data, "seconds": [-1.0] + data["seconds"][1:]}))
+    capsys.readouterr()
+    assert main([*argv, "decode.cost_cache=cc"]) == 0
+    assert (
+        f"the verify-cost curve {Path('cc') / f.name} is unusable (seconds are not all finite"
+        in capsys.readouterr().err
+    )
+    assert all(t > 0 for t in json.loads(f.read_text())["seconds"])
