@@ -93,6 +93,8 @@ REFUSED = [
     (["generate", "heads=h", "prompt=hi", "decode.tree=[[0],[0]]"], "decode.tree=[[0],[0]] lists a path twice"),
     (["eval", "heads=h", "decode.tree=[[0"], "decode.tree=[[0 is not valid JSON"),
     (["eval", "heads=h", "decode.tree=tree.jsn"], "decode.tree=tree.jsn names no tree and no file"),
+    (["generate", "heads=h", "prompt=hi", "decode=greedy", "decode.top_p=0.9"], "decode.top_p=0.9 shapes sampling, but decode.do_sample=false"),
+    (["eval", "heads=h", "decode=sample", "decode.do_sample=false"], "decode.temperature=0.7 shapes sampling"),
     (["generate", "heads=h", "prompt=hi", "decode.stop=['']"], "has an empty string, which would stop at once"),
     (
         ["generate", "heads=h", "prompt=hi", "target.device_map=auto", "target.offload_folder=a-file"],

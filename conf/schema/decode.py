@@ -158,6 +158,13 @@ class DecodeConfig:
                 f"decode.temperature={self.temperature} is out of range; use a value > 0 "
                 "(e.g. decode.temperature=0.7); greedy decoding is decode.do_sample=false"
             )
+        if self.do_sample is False:
+            for key in ("temperature", "top_p", "top_k"):
+                if getattr(self, key) is not None:
+                    raise UserError(
+                        f"decode.{key}={getattr(self, key)} shapes sampling, but decode.do_sample=false "
+                        f"decodes greedily and would ignore it; set decode.do_sample=true, or drop decode.{key}"
+                    )
         if self.typical and not self.do_sample:
             raise UserError(
                 "decode.typical=true applies only to sampling (greedy decoding is already exact); "
