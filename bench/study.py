@@ -156,7 +156,8 @@ def row_layers(names: list[str], drafters: list[str], num_layers: int) -> list[i
         draft = [o for o in row_settings(extra)[0] if o.startswith("draft")]
         if any(o.startswith("draft=medusa") for o in draft):
             continue
-        layers.update(compose(draft).draft.training_layers(num_layers))
+        kind = [] if any(o.startswith("draft=") for o in draft) else ["draft=eagle3"]  # a row's base recipe
+        layers.update(compose([*kind, *draft]).draft.training_layers(num_layers))
     return sorted(layers)
 
 

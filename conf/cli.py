@@ -25,7 +25,7 @@ from typing import Any
 
 from draftheads.conf.commands import COMMANDS, OLD_SPELLINGS, SCHEMA_NAMES, USER_NAMES, Command
 from draftheads.conf.commands.args import ROOT_FIELDS, from_config, own_keys
-from draftheads.conf.commands.compose import GROUPS, compose, config_error_line, group_options
+from draftheads.conf.commands.compose import GROUPS, check_booleans, compose, config_error_line, group_options
 from draftheads.conf.errors import UserError
 
 __all__ = ["compose", "main", "parse", "Invocation"]
@@ -85,32 +85,66 @@ def command_help(name: str) -> str:
             lines += key_lines(f.name, value)
         else:
             lines.append(f"  {user_name(f.name)} = {value!r}")
+    lines = [line for line in lines if line.split(" = ")[0].strip() not in c.hints]
     if "prompt" in {f.name for f in dataclasses.fields(args)}:
         lines.append('  free text: prompt="..." | --prompt "..." | prompt_file=PATH')
     return "\n".join(lines)
 
 
+def read_prompt_file(typed: str) -> str:
+    """The text of ``prompt_file=PATH``: UTF-8, a leading byte-order mark dropped (as a text editor
+    does); a missing, unreadable, binary or empty file is refused in one line."""
+    path = Path(typed).expanduser()
+    if not path.is_file():
+        raise UserError(f"prompt_file={typed}: no such file; give the path of a UTF-8 text file")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(
+            f"prompt_file={typed} is not UTF-8 text (a binary file?); give a UTF-8 text file"
+        ) from None
+    except OSError as e:
+        raise UserError(
+            f"prompt_file={typed} cannot be read ({e.strerror or e}); give a readable text file"
+        ) from None
+    if not text.strip():
+        raise UserError(f'prompt_file={typed} is empty; write the prompt into it, or pass prompt="..."')
+    return text
+
+
 def take_free_text(rest: list[str]) -> tuple[list[str], str | None]:
-    """Remove ``prompt=``, ``--prompt[=]`` and ``prompt_file=`` from ``rest``; returns the prompt."""
-    out, prompt, i = [], None, 0
+    """Remove ``prompt=``, ``--prompt[=]`` and ``prompt_file=`` from ``rest``; returns the prompt.
+
+    Two sources of one prompt (``prompt=`` and ``prompt_file=``, or either twice) are refused:
+    silently taking one would answer a prompt the user did not mean."""
+    out, found, i = [], [], 0
     while i < len(rest):
         item = rest[i]
         if item == "--prompt":
             if i + 1 >= len(rest):
                 raise UserError('--prompt needs the text after it: --prompt "..."')
-            prompt, i = rest[i + 1], i + 2
+            found.append(("--prompt", rest[i + 1]))
+            i += 2
             continue
         if item.startswith(("--prompt=", "prompt=")):
-            prompt = item.split("=", 1)[1]
+            found.append((item.split("=", 1)[0], item.split("=", 1)[1]))
         elif item.startswith("prompt_file="):
-            path = Path(item.split("=", 1)[1]).expanduser()
-            if not path.is_file():
-                raise UserError(f"prompt_file={path}: no such file")
-            prompt = path.read_text(encoding="utf-8")
+            found.append(("prompt_file", item.split("=", 1)[1]))
         else:
             out.append(item)
         i += 1
-    return out, prompt
+    if len(found) > 1:
+        keys = list(dict.fromkeys(k for k, _ in found))
+        given = (
+            f"{' and '.join(keys)} both give"
+            if len(keys) > 1
+            else f"{keys[0]} is given {len(found)} times for"
+        )
+        raise UserError(f"{given} the prompt; pass one of prompt=TEXT, --prompt TEXT or prompt_file=PATH")
+    if not found:
+        return out, None
+    key, value = found[0]
+    return out, read_prompt_file(value) if key == "prompt_file" else value
 
 
 def refusal(name: str, c: Command, key: str, value: str) -> str:
@@ -151,6 +185,8 @@ def check_overrides(name: str, c: Command, rest: list[str]) -> tuple[list[str], 
             raise UserError(f"{key} is now {OLD_SPELLINGS[key]}; use {OLD_SPELLINGS[key]}={value}")
         key = SCHEMA_NAMES.get(key, key)
         top = key.split(".")[0]
+        if key in c.hints:
+            raise UserError(refusal(name, c, key, value))
         if top in own:
             options.append(f"{key}={value}")
             continue
@@ -176,6 +212,7 @@ def own_options(c: Command, options: list[str]) -> dict[str, Any]:
             for o in options
             if o.split(".")[0] == f.name
         ]
+        check_booleans(type(f.default_factory()), mine, prefix=f"{f.name}.")
         try:
             base = OmegaConf.structured(f.default_factory())
             result[f.name] = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(mine)))

@@ -154,7 +154,7 @@ def prompts_from_config(cfg, split: str = "train") -> list[PromptRow]:
     """The user turns of every row of ``cfg``'s sources on one side of the split, ids prefixed by source.
 
     Rows left out are counted and named on stderr as ``draftheads data`` reports them
-    (:func:`left_out`): malformed rows (invalid JSON, a UTF-8 BOM, bad encoding, an empty turn or
+    (:func:`left_out`): malformed rows (invalid JSON, bad encoding, an empty turn or
     answer...) and rows without a user turn.
     """
     from draftheads.data.prepare import SourceReport, examples, source_specs

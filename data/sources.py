@@ -63,14 +63,15 @@ def content_heldout(row: dict, fraction: float) -> bool:
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[str, dict | RowError]]:
-    """Rows of a JSON Lines file; a line that is not valid UTF-8 JSON object is a RowError."""
+    """Rows of a JSON Lines file; a line that is not valid UTF-8 JSON object is a RowError. A
+    byte-order mark that starts the file is dropped, as a text editor does (``utf-8-sig``)."""
     with open(path, "rb") as f:
         for i, raw in enumerate(f):
             rid = f"{path.name}:{i + 1}"
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw.decode("utf-8"))
+                row = json.loads(raw.decode("utf-8-sig" if i == 0 else "utf-8"))
             except UnicodeDecodeError:
                 yield rid, RowError("bad encoding (not UTF-8)")
                 continue

@@ -44,10 +44,12 @@ that is over-confident gets its scores scaled down, an under-confident one up, c
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
 import statistics
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -217,26 +219,80 @@ def cache_file_name(key: dict) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(x) for x in parts)) + ".json"
 
 
+def curve_problem(sizes: object, seconds: object) -> str | None:
+    """Why a cached curve cannot be used (a hand-edited or damaged file), or None: its sizes must
+    be positive integers, strictly increasing, and its seconds as many finite positive numbers,
+    never falling as tokens grow."""
+    if (
+        not isinstance(sizes, list)
+        or not isinstance(seconds, list)
+        or not sizes
+        or len(sizes) != len(seconds)
+    ):
+        return "sizes and seconds are not two lists of one length"
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        return "a size is not a positive integer"
+    if any(b <= a for a, b in zip(sizes, sizes[1:])):
+        return "sizes do not increase"
+    if any(
+        isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0
+        for t in seconds
+    ):
+        return "seconds are not all finite and positive"
+    if any(b < a for a, b in zip(seconds, seconds[1:])):
+        return "seconds fall as tokens grow"
+    return None
+
+
+def monotone(curve: CostCurve) -> CostCurve:
+    """``curve`` with each size's seconds at least those of the sizes below it: a forward over
+    more tokens does not cost less, so a dip is measurement noise (and the cached file passes
+    :func:`curve_problem`)."""
+    seconds, top = [], 0.0
+    for t in curve.seconds:
+        top = max(top, t)
+        seconds.append(top)
+    return CostCurve(list(curve.sizes), seconds, curve.key)
+
+
+def read_cached(f: Path, key: dict) -> CostCurve | None:
+    """The curve cached in ``f`` for ``key``, or None: no such file, another set-up's, or one that
+    :func:`curve_problem` refuses (said on stderr, since it is measured again)."""
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    why = curve_problem(data.get("sizes"), data.get("seconds"))
+    if why is not None:
+        print(f"note: the verify-cost curve {f} is unusable ({why}); measuring it again", file=sys.stderr)
+        return None
+    return CostCurve(data["sizes"], [float(t) for t in data["seconds"]], data["key"])
+
+
 def cached_curve(
     target, backend: str, cache_dir: str | Path | None = None, batch: int = 1, context: int = CONTEXT_BUCKET
 ) -> CostCurve:
     """The curve for this set-up, ``batch`` rows and the bucket of ``context``: from the cache when
-    its key matches exactly, else measured now and written (atomically) for next time."""
+    its key matches exactly and its values are sound (:func:`read_cached`), else measured now and
+    written (atomically) for next time; a cache that cannot be written is said on stderr."""
     key = curve_key(target, backend, batch, context)
     path = Path(cache_dir) if cache_dir else default_cache_dir()
     f = path / cache_file_name(key)
-    try:
-        data = json.loads(f.read_text())
-        if data.get("key") == key:
-            return CostCurve(data["sizes"], data["seconds"], data["key"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    curve = measure_curve(target, backend, context=context, batch=batch)
+    cached = read_cached(f, key)
+    if cached is not None:
+        return cached
+    curve = monotone(measure_curve(target, backend, context=context, batch=batch))
     try:
         path.mkdir(parents=True, exist_ok=True)
         atomic_write(f, lambda tmp: tmp.write_text(json.dumps(asdict(curve), indent=1)))
-    except OSError:
-        pass  # an unwritable cache only costs a measurement next time
+    except OSError as e:
+        print(
+            f"note: the verify-cost curve cannot be cached in {path} ({e.strerror or e}), so it is measured "
+            "again on every run; set decode.cost_cache=DIR to a writable folder",
+            file=sys.stderr,
+        )
     return curve
 
 

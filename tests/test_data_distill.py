@@ -230,7 +230,8 @@ def test_distilled_rows_keep_their_token_ids_and_the_decode_round_trip_is_counte
 def test_rows_distill_cannot_use_are_counted_and_named_as_the_data_command_names_them(
     tmp_path, tokenizer, capsys
 ):
-    """A UTF-8 BOM, malformed JSON and an empty answer: each row left out is counted and named."""
+    """Malformed JSON and an empty answer: each row left out is counted and named; a file saved
+    with a byte-order mark is read as its text."""
     from draftheads.data.prompts import prompts_from_config
 
     def chat(rid: str, answer: str) -> bytes:
@@ -247,16 +248,12 @@ def test_rows_distill_cannot_use_are_counted_and_named_as_the_data_command_names
     )  # fmt: skip
     prompts = prompts_from_config(DataConfig(path=str(path)))
     err = capsys.readouterr().err
-    assert [p.id for p in prompts] == [f"{path}/ok1", f"{path}/ok2"]
+    assert [p.id for p in prompts] == [f"{path}/bom", f"{path}/ok1", f"{path}/ok2"]
     _, report = prepare_dataset(DataConfig(path=str(path), min_loss_tokens=1), tokenizer)
     data = report.sources[0]  # what `draftheads data` reports for the same file
-    assert data.skipped == 3 and f"3 skipped, 0 dropped of {data.read} rows" in err
-    assert [s.split(": ", 1)[0] for s in data.first_skips] == [
-        "mixed.jsonl:1",
-        "mixed.jsonl:3",
-        "mixed.jsonl:4",
-    ]
-    assert "UTF-8 BOM" in data.first_skips[0] and "empty messages[1].content" in data.first_skips[2]
+    assert data.skipped == 2 and f"2 skipped, 0 dropped of {data.read} rows" in err
+    assert [s.split(": ", 1)[0] for s in data.first_skips] == ["mixed.jsonl:3", "mixed.jsonl:4"]
+    assert "invalid JSON" in data.first_skips[0] and "empty messages[1].content" in data.first_skips[1]
     for named in data.first_skips:
         assert f"first skipped row {named}" in err
     for reason, n in data.reasons.items():

@@ -81,15 +81,27 @@ def test_resume_skips_a_torn_metrics_line_and_a_damaged_checkpoint_and_unpickles
     assert resumed == straight and steps(out) == [1, 2, 3, 4, 5, 6]
     assert not marker.exists()
 
-    # A crafted pickle in place of DeepSpeed's model states, with a matching manifest: refused
-    # in one line by the weights-only loader, never executed.
+    # A crafted pickle in place of DeepSpeed's model states, with a matching manifest: never
+    # executed. Named, it is refused in one whole line whose advice works; train.resume=auto
+    # resumes from the intact checkpoint before it, as for other damage.
     latest = checkpoint.latest_checkpoint(ckpts)
     states = next(latest.rglob("*model_states.pt"))
     torch.save({"module": Touch(marker)}, states)
     checkpoint.write_manifest(latest)
-    with pytest.raises(UserError, match="is not a readable training checkpoint") as e:
-        train(config(tmp_path, *common, "train.max_steps=8", name="cut"), rows)
-    assert "\n" not in str(e.value) and not marker.exists()
+    with pytest.raises(UserError) as e:
+        train(config(tmp_path, *common, "train.max_steps=8", f"train.resume={latest}", name="cut"), rows)
+    line = str(e.value)
+    assert (
+        f"{latest} is not a readable training checkpoint (it holds pickled objects other than tensors" in line
+    )
+    assert line.endswith("or start fresh with another train.out_dir") and "train.resume=none" not in line
+    assert "\n" not in line and not marker.exists()
+    capsys.readouterr()
+    train(config(tmp_path, *common, "train.max_steps=8", name="cut"), rows)
+    err = capsys.readouterr().err
+    assert f"skipping unreadable checkpoint(s) {latest.name} (it holds pickled objects" in err
+    assert "resuming from step-0000004" in err and steps(out) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert not marker.exists()
 
 
 def test_rng_state_round_trips_through_safetensors(tmp_path):

@@ -248,19 +248,77 @@ def load(engine, ckpt: Path, rank: int) -> int:
             load_lr_scheduler_states=True,
         )
     except (RuntimeError, OSError, ValueError, pickle.UnpicklingError) as e:
-        raise UserError(
-            f"{ckpt} is not a readable training checkpoint ({str(e).splitlines()[0][:160]}); "
-            "remove it or pass train.resume=none"
-        ) from None
+        raise Unreadable(ckpt, load_failure(e)) from None
     if client is None:
-        raise UserError(f"{ckpt} is not a readable training checkpoint; remove it or pass train.resume=none")
+        raise Unreadable(ckpt, "DeepSpeed found no state in it")
     rng = rng_file(ckpt, rank)
     if rng.is_file():
         try:
             set_rng_state(load_rng(rng))
         except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as e:
-            raise UserError(f"{rng} is unreadable ({e}); remove {ckpt} or pass train.resume=none") from None
+            raise Unreadable(ckpt, f"{rng.name}: {load_failure(e)}") from None
     return int(client["step"])
+
+
+# What works when a checkpoint cannot be read: train.resume=none is refused while checkpoints exist.
+UNREADABLE_FIX = (
+    "move that checkpoint out of checkpoints/ to resume from the one before it (train.resume=auto), "
+    "or start fresh with another train.out_dir"
+)
+
+
+class Unreadable(UserError):
+    """A checkpoint whose files match their manifest but do not load; ``reason`` says why."""
+
+    def __init__(self, ckpt: Path, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{ckpt} is not a readable training checkpoint ({reason}); {UNREADABLE_FIX}")
+
+
+def load_failure(e: BaseException) -> str:
+    """Why a checkpoint file did not load, in a few whole words: a pickle the weights-only loader
+    refuses is named as such, anything else by its first sentence (at most about 120 characters)."""
+    text = str(e).strip()
+    if isinstance(e, pickle.UnpicklingError) or "Weights only load failed" in text:
+        return "it holds pickled objects other than tensors, which are never unpickled"
+    first = text.splitlines()[0].split(". ")[0] if text else type(e).__name__
+    return first if len(first) <= 120 else first[:120].rsplit(" ", 1)[0] + " ..."
+
+
+def older_intact(root: Path, than: Path) -> list[Path]:
+    """The intact checkpoints under ``root`` older than ``than``, newest first."""
+    step = int(than.name[len(PREFIX) :])
+    return [
+        c
+        for c in reversed(complete_checkpoints(root))
+        if int(c.name[len(PREFIX) :]) < step and damage(c) is None
+    ]
+
+
+def load_readable(
+    engine, ckpt: Path, rank: int, fallback: bool, check: Callable[[Path], None] = lambda _: None
+) -> tuple[Path, int]:
+    """:func:`load` ``ckpt``; when it cannot be read and ``fallback`` (``train.resume=auto``), the
+    newest older intact checkpoint that ``check`` accepts and that loads, as for other damage
+    (each skipped one named on stderr). Returns the checkpoint loaded and its step."""
+    tried: list[str] = []
+    candidates = [ckpt, *(older_intact(ckpt.parent, ckpt) if fallback else [])]
+    for i, candidate in enumerate(candidates):
+        try:
+            if i > 0:
+                check(candidate)
+            step = load(engine, candidate, rank)
+        except UserError as e:
+            if not fallback:
+                raise
+            tried.append(f"{candidate.name} ({getattr(e, 'reason', e)})")
+            continue
+        if tried:
+            _stderr(f"skipping unreadable checkpoint(s) {'; '.join(tried)}; resuming from {candidate.name}")
+        return candidate, step
+    raise UserError(
+        f"no readable checkpoint under {ckpt.parent}: {'; '.join(tried)}; start fresh with another train.out_dir"
+    )
 
 
 # What a resumed run must share with the run that wrote the checkpoint for its steps to continue

@@ -189,7 +189,10 @@ class TrainRecipe:
         self.engine = build_engine(self.module, cfg.deepspeed, t, self.total_steps)
         self.step = 0
         if resume_from is not None:
-            self.step = checkpoint.load(self.engine, resume_from, self.rank)
+            auto = t.resume == "auto"
+            resume_from, self.step = checkpoint.load_readable(
+                self.engine, resume_from, self.rank, auto, self.check_resumable
+            )
         self.sink = MetricSink(self.out, cfg.logger, config_dict(cfg), self.rank)
         self.sink.truncate_after(self.step)  # rows of steps this run will log again
         self.last_good = resume_from

@@ -17,7 +17,7 @@ class Command:
     """One command: ``entry`` (``module:function``), its argument dataclass, help and an example.
 
     ``hints`` maps a key the command does not read (or its group) to the one-line advice given
-    when it is overridden; ``{key}`` and ``{value}`` are replaced by what the user typed.
+    when it is overridden (a key inside a group the command reads is left out of its help too); ``{key}`` and ``{value}`` are replaced by what the user typed.
     """
 
     entry: str
@@ -41,6 +41,9 @@ COMMANDS: dict[str, Command] = {
         a.DistillArgs,
         "regenerate answers with the target (resumable JSONL shards)",
         "draftheads distill data.max_rows=8 data.distill.out_dir=outputs/distill",
+        {
+            "decode.backend": "distill runs the target on data.distill.backend; use data.distill.backend={value}"
+        },
     ),
     "features": Command(
         "draftheads.conf.commands.data:features",
@@ -59,7 +62,11 @@ COMMANDS: dict[str, Command] = {
         a.TreeArgs,
         "pick the best Medusa tree from measured head accuracies",
         "draftheads tree heads=outputs/train",
-        {"data": "tree measures on held-out prompts; set how many with decode.tree_prompts={value}"},
+        {
+            "data": "tree measures on held-out prompts; set how many with decode.tree_prompts={value}",
+            "decode.tree": "tree picks a new tree and does not read decode.tree; size it with "
+            "decode.tree_size=N (0: from the cost curve), and pass decode.tree=FILE to generate or eval",
+        },
     ),
     "generate": Command(
         "draftheads.conf.commands.decode:generate",

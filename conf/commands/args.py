@@ -83,6 +83,10 @@ class TreeArgs:
     revision: str | None = None
     out: str | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse decoding settings this command cannot use (:func:`decode_fits`)."""
+        decode_fits("tree", self.decode)
+
 
 @dataclass
 class GenerateArgs:
@@ -93,6 +97,10 @@ class GenerateArgs:
     heads: str | None = None
     revision: str | None = None
     prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse decoding settings this command cannot use (:func:`decode_fits`)."""
+        decode_fits("generate", self.decode)
 
 
 @dataclass
@@ -105,6 +113,10 @@ class EvalArgs:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     heads: str | None = None
     revision: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse decoding settings this command cannot use (:func:`decode_fits`)."""
+        decode_fits("eval", self.decode)
 
 
 @dataclass
@@ -152,6 +164,7 @@ class BenchArgs:
     def __post_init__(self) -> None:
         """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
         distill_backend_fits(self.target, self.data)
+        cost_cache_writable(self.decode)
 
 
 @dataclass
@@ -168,6 +181,7 @@ class DemoArgs:
     def __post_init__(self) -> None:
         """Refuse a distillation backend the target cannot run on, naming ``data.distill.backend``."""
         distill_backend_fits(self.target, self.data)
+        cost_cache_writable(self.decode)
 
 
 @dataclass
@@ -225,6 +239,10 @@ class SpeedArgs:
     heads: str | None = None
     revision: str | None = None
     speed: DecodeSpeedOptions = field(default_factory=DecodeSpeedOptions)
+
+    def __post_init__(self) -> None:
+        """Refuse a verify-cost cache that cannot be written (batches are ``speed.batch_sizes``)."""
+        cost_cache_writable(self.decode)
 
 
 @dataclass
@@ -298,6 +316,33 @@ class DataSpeedArgs:
         distill_backend_fits(self.target, self.data)
 
 
+def decode_fits(command: str, decode: DecodeConfig) -> None:
+    """The decoding settings of a command that decodes prompt by prompt: no ``decode.batch_size``
+    (:func:`unbatched`), and a verify-cost cache it can write (:func:`cost_cache_writable`)."""
+    unbatched(command, decode)
+    cost_cache_writable(decode)
+
+
+def cost_cache_writable(decode: DecodeConfig) -> None:
+    """Refuse a ``decode.cost_cache`` that is a file or cannot be created or written: the curve
+    would be measured again on every run. Changes nothing on disk."""
+    from draftheads.data.outdir import writable_dir
+
+    if decode.cost_cache:
+        writable_dir(decode.cost_cache, "decode.cost_cache")
+
+
+def unbatched(command: str, decode: DecodeConfig) -> None:
+    """Refuse ``decode.batch_size`` other than 1 for a command that decodes one prompt at a time
+    (it would be ignored); ``draftheads speed`` measures batches, with ``speed.batch_sizes``."""
+    if decode.batch_size != 1:
+        raise UserError(
+            f"decode.batch_size={decode.batch_size}: {command} decodes one prompt at a time and does not "
+            f"read it; drop decode.batch_size (`draftheads speed speed.batch_sizes=[1,{decode.batch_size}]` "
+            "measures batches)"
+        )
+
+
 def distill_backend_fits(target: TargetConfig, data: DataConfig) -> None:
     """``data.distill.backend`` can run the target as configured (before anything loads)."""
     backend_fits("data.distill.backend", data.distill.backend, target.device, target.dtype)
@@ -326,7 +371,18 @@ def own_keys(args_type: type) -> frozenset[str]:
 def from_config(args_type: type, cfg: Config, options: dict[str, object] | None = None):
     """The command's arguments, taken from the composed root config (and its own options)."""
     values = {f.name: getattr(cfg, f.name) for f in fields(args_type) if f.name in ROOT_FIELDS}
-    return args_type(**values, **(options or {}))
+    args = args_type(**values, **(options or {}))
+    offload_writable(getattr(args, "target", None))
+    return args
+
+
+def offload_writable(target: TargetConfig | None) -> None:
+    """Refuse a ``target.offload_folder`` that is a file or cannot be created or written, before the
+    target loads (accelerate would fail part-way through placing its weights). Changes nothing."""
+    from draftheads.data.outdir import writable_dir
+
+    if target is not None and target.offload_folder:
+        writable_dir(target.offload_folder, "target.offload_folder")
 
 
 def to_config(args) -> Config:

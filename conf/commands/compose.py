@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
@@ -22,9 +24,10 @@ def compose(overrides: list[str]):
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from draftheads.conf.schema import register
+    from draftheads.conf.schema import Config, register
 
     register()
+    check_booleans(Config, overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="draftheads.conf", version_base="1.3"):
@@ -36,6 +39,34 @@ def compose(overrides: list[str]):
         raise UserError(config_error_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+# What OmegaConf reads as a boolean from text; any other number it would also take (2 as true).
+BOOLEAN_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"})
+
+
+def field_type(root: type, key: str) -> object:
+    """The declared type of dotted ``key`` under dataclass ``root`` (None: not a typed field)."""
+    kind: object = root
+    for part in key.split("."):
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            return None
+        kind = typing.get_type_hints(kind).get(part)
+    return kind
+
+
+def check_booleans(root: type, overrides: list[str], prefix: str = "") -> None:
+    """Refuse ``key=VALUE`` for a boolean key of ``root`` when VALUE is no boolean word
+    (OmegaConf would take ``decode.cost_aware=2`` as true); ``prefix`` is the options group of a
+    command's own keys, as in :func:`config_error_line`."""
+    for item in overrides:
+        key, eq, value = item.lstrip("+~").partition("=")
+        kind = field_type(root, key)
+        if not eq or kind not in (bool, bool | None):
+            continue
+        word = value.strip().strip("'\"").lower()
+        if word not in BOOLEAN_WORDS and not (kind is not bool and word in ("null", "none", "")):
+            raise UserError(typed_value_line(f"{prefix}{key}", value, "is not a valid bool"))
 
 
 def missing_option_line(msg: str) -> str | None:

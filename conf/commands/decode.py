@@ -143,6 +143,27 @@ def default_eval_dir(heads: str | None, prompts: str) -> Path:
     return Path("outputs") / "eval" / f"{who}-{slug(prompts)}"
 
 
+def same_drafter(a: str | None, b: str | None) -> bool:
+    """Whether two ``heads=`` values name one drafter: the same text, or the same local folder."""
+    if str(a) == str(b):
+        return True
+    pa, pb = Path(str(a)).expanduser(), Path(str(b)).expanduser()
+    return pa.is_dir() and pb.is_dir() and pa.resolve() == pb.resolve()
+
+
+def check_report_owner(out: Path, heads: str | None) -> None:
+    """Refuse an ``eval.out_dir`` whose report measured another drafter: writing there would
+    replace that report (its report.json, report.md, turns and plots)."""
+    from draftheads.data.outdir import read_json
+
+    report = read_json(Path(out).expanduser() / "report.json") or {}
+    if "heads" in report and not same_drafter(report["heads"], heads or "none"):
+        raise UserError(
+            f"eval.out_dir={out} holds the report of heads={report['heads']}, which this run would "
+            f"replace; choose another eval.out_dir, or leave it unset for a folder of this drafter's own"
+        )
+
+
 def read_prompts(e, tokenizer=None) -> list:
     """The prompts of ``eval.prompts``, read with ``eval.format`` and ``eval.fields`` (the first
     ``per_category`` of each category, then ``max_prompts``); none is refused in one line."""
@@ -175,6 +196,7 @@ def evaluate(args: EvalArgs) -> dict:
     check_baselines(baselines, bool(e.assistant_model))
     out = e.output_dir if e.output_dir is not None else default_eval_dir(args.heads, e.prompts)
     guard_out_dir(out, "eval", "eval.out_dir")
+    check_report_owner(out, args.heads)
     read_prompts(e)  # a prompt file that yields nothing stops here, before the target loads
     with claimed(out, "eval", "eval.out_dir") as folder:
         return measure(args, baselines, folder)
@@ -193,7 +215,14 @@ def measure(args: EvalArgs, baselines: list[str], out: Path) -> dict:
     if e.assistant_model:
         from transformers import AutoModelForCausalLM
 
-        assistant = AutoModelForCausalLM.from_pretrained(e.assistant_model).to(target.device)
+        try:
+            assistant = AutoModelForCausalLM.from_pretrained(e.assistant_model).to(target.device)
+        except (OSError, ValueError) as err:  # a hub id that is not there, or no causal LM
+            raise UserError(
+                f"eval.assistant_model={e.assistant_model} could not be loaded "
+                f"({str(err).strip().splitlines()[0][:200]}); give a model folder holding config.json, "
+                "or a hub model id ORG/NAME"
+            ) from None
     runs = run_eval(target, tok, {"heads": drafter}, prompts, args.decode, baselines, assistant, e.warmup)
     results = runs["heads"]
     report = summarize(results, baselines)

@@ -8,10 +8,16 @@ from draftheads.conf.commands.args import TrainArgs, to_config
 def train(args: TrainArgs) -> None:
     """Train the configured drafter; the recipe owns resume, checkpoints and the output folder.
     A recipe (``recipe=NAME``) asking for more GPUs than this run has is refused first, unless
-    this is its dry run."""
+    this is its dry run. A run stopped by an error gives its folder back at once (the lock, and
+    the folder itself when the run created it and wrote nothing), not only when the process exits."""
+    from draftheads.data.outdir import release_out_dir
     from draftheads.train import dry_run, recipe
 
     cfg = to_config(args)
     if not cfg.train.dry_run:
         dry_run.check_devices(cfg)
-    recipe.run(cfg)
+    try:
+        recipe.run(cfg)
+    except BaseException:
+        release_out_dir(cfg.train.output_dir)
+        raise

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 from draftheads.conf.errors import UserError
 
+# how the target's and the drafter's linear layers run (``decode.backend``, ``data.distill.backend``)
+BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 

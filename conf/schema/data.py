@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.checks import at_least, fraction, one_of, positive, probability
+from draftheads.conf.schema.checks import (
+    BACKENDS,
+    at_least,
+    fraction,
+    is_hub_id,
+    one_of,
+    positive,
+    probability,
+)
 
 FORMATS = ("sharegpt", "messages", "alpaca", "prompt", "text")
 # canonical field names ``data.fields`` can map to a dataset's own column names
@@ -63,6 +72,7 @@ class DistillConfig:
     def __post_init__(self) -> None:
         """Refuse sizes that cannot generate, before the manifest of ``out_dir`` is written."""
         one_of("data.distill.source", self.source, DISTILL_SOURCES)
+        one_of("data.distill.backend", self.backend, BACKENDS)
         for key, example in (
             ("max_new_tokens", 256),
             ("batch_size", 16),
@@ -76,6 +86,18 @@ class DistillConfig:
         probability("data.distill.top_p", self.top_p, 1.0)
         probability("data.distill.prompt_top_p", self.prompt_top_p, 0.95)
         self.check_endpoint()
+        self.check_heads()
+
+    def check_heads(self) -> None:
+        """``heads`` is an existing folder or a hub id ``ORG/NAME``: a missing path is refused
+        before the target loads or the manifest of ``out_dir`` is written."""
+        if not self.heads or Path(self.heads).expanduser().exists():
+            return
+        if str(self.heads).startswith((".", "/", "~")) or not is_hub_id(str(self.heads)):
+            raise UserError(
+                f"data.distill.heads={self.heads}: no such folder, and not a hub id; give a drafter "
+                "checkpoint folder or ORG/NAME, or drop data.distill.heads to generate with the target alone"
+            )
 
     def check_endpoint(self) -> None:
         """An ``endpoint`` is an http(s) URL with a host; its settings are in range and only

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.checks import at_least, is_hub_id, one_of, probability
+from draftheads.conf.schema.checks import BACKENDS, at_least, is_hub_id, one_of, probability
 from draftheads.conf.schema.data import check_fields, check_format
 
-BACKENDS = ("auto", "eager", "onednn", "cuda-graphs")
 BASELINES = ("pld", "assisted")
 PROMPT_SETS = ("heldout", "humaneval", "long", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
@@ -42,6 +42,62 @@ def check_temperatures(key: str, temperatures: list) -> None:
             raise UserError(
                 f"{key} has {t!r}; use temperatures > 0 (e.g. {key}=[0.7,1.0]), or {key}=[] for greedy alone"
             )
+
+
+def check_assistant_model(key: str, name: str | None) -> None:
+    """``name`` is a model folder (one holding ``config.json``) or a hub id ``ORG/NAME``: a path
+    that does not exist, a folder without a model, and a bare word are refused before the target
+    loads, instead of surfacing as the Hub's error about repository ids."""
+    if name is None:
+        return
+    p = Path(name).expanduser()
+    fix = "give a model folder holding config.json, or a hub model id ORG/NAME"
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise UserError(f"{key}={name} is a folder without config.json, so it holds no model; {fix}")
+        return
+    if p.exists():
+        raise UserError(f"{key}={name} is a file, not a model folder; {fix}")
+    if name.startswith((".", "/", "~")) or not is_hub_id(name):
+        raise UserError(f"{key}={name}: no folder {p.absolute()} and not a hub id; {fix}")
+
+
+TREE_WORDS = "one of auto, chain, chainN, a JSON list like [[0],[1],[0,0]] or a tree.json path"
+
+
+def choices_problem(choices: object) -> str | None:
+    """Why a JSON ``decode.tree`` is no tree of rank paths (each a non-empty list of ranks >= 0
+    whose parent is listed too, none twice), or None."""
+    if not isinstance(choices, list) or not choices:
+        return "is not a non-empty list of rank paths"
+    paths = []
+    for c in choices:
+        if (
+            not isinstance(c, list)
+            or not c
+            or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in c)
+        ):
+            return f"has {c}, which is not a non-empty list of ranks >= 0"
+        paths.append(tuple(c))
+    if len(set(paths)) != len(paths):
+        return "lists a path twice"
+    missing = next((p for p in paths if len(p) > 1 and p[:-1] not in set(paths)), None)
+    return None if missing is None else f"has {list(missing)} without its parent {list(missing[:-1])}"
+
+
+def tree_spec_problem(spec: str) -> str | None:
+    """Why ``decode.tree`` names no tree, or None; a file is only looked for (decoding reads it)."""
+    if spec in ("auto", ""):
+        return None
+    if spec.startswith("chain"):
+        n = spec[len("chain") :]
+        return None if n == "" or (n.isdigit() and int(n) >= 1) else "is unknown"
+    if spec.lstrip().startswith("["):
+        try:
+            return choices_problem(json.loads(spec))
+        except json.JSONDecodeError:
+            return "is not valid JSON"
+    return None if Path(spec).expanduser().is_file() else "names no tree and no file"
 
 
 @dataclass
@@ -112,6 +168,13 @@ class DecodeConfig:
                 f"decode.temperature={self.temperature} is out of range; use a value > 0 "
                 "(e.g. decode.temperature=0.7); greedy decoding is decode.do_sample=false"
             )
+        if self.do_sample is False:
+            for key in ("temperature", "top_p", "top_k"):
+                if getattr(self, key) is not None:
+                    raise UserError(
+                        f"decode.{key}={getattr(self, key)} shapes sampling, but decode.do_sample=false "
+                        f"decodes greedily and would ignore it; set decode.do_sample=true, or drop decode.{key}"
+                    )
         if self.typical and not self.do_sample:
             raise UserError(
                 "decode.typical=true applies only to sampling (greedy decoding is already exact); "
@@ -135,6 +198,14 @@ class DecodeConfig:
         at_least("decode.typical_epsilon", self.typical_epsilon, 0, 0.09)
         at_least("decode.typical_delta", self.typical_delta, 0, 0.3)
         one_of("decode.backend", self.backend, BACKENDS)
+        problem = tree_spec_problem(str(self.tree))
+        if problem:
+            raise UserError(f"decode.tree={self.tree} {problem}; use {TREE_WORDS}")
+        if any(not str(s) for s in self.stop or []):
+            raise UserError(
+                f"decode.stop={list(self.stop)} has an empty string, which would stop at once; "
+                "list only non-empty stop strings, e.g. decode.stop=['\\n\\n']"
+            )
 
 
 @dataclass
@@ -176,6 +247,14 @@ class EvalConfig:
         check_temperatures("eval.temperatures", self.temperatures)
         for name in self.baselines or []:
             one_of("eval.baselines", name, BASELINES)
+        twice = sorted({b for b in self.baselines or [] if list(self.baselines).count(b) > 1})
+        if twice:
+            once = ",".join(dict.fromkeys(self.baselines))
+            raise UserError(
+                f"eval.baselines={list(self.baselines)} names {', '.join(twice)} twice; "
+                f"list each baseline once, e.g. eval.baselines=[{once}]"
+            )
+        check_assistant_model("eval.assistant_model", self.assistant_model)
         if "assisted" in (self.baselines or []) and not self.assistant_model:
             raise UserError(
                 "eval.baselines has assisted but no eval.assistant_model; set eval.assistant_model=PATH_OR_ID"

@@ -24,6 +24,9 @@ DFLASH_LAYER_KEYS = (
     "max_position_embeddings",
     "rope_parameters",
 )
+# transformers' attention implementations (a hub kernel ORG/NAME is passed on as it is); a tree
+# attention mask, which speculative decoding verifies with, takes sdpa or eager
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 # target.device_map as a word: accelerate places the modules itself (see heads/target.py)
 DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -74,6 +77,11 @@ class TargetConfig:
         if self.dtype not in DTYPE_NAMES:
             raise UserError(
                 f"target.dtype={self.dtype} is not supported; use one of float32, bfloat16, float16"
+            )
+        if self.attn_implementation not in ATTENTION_IMPLEMENTATIONS and "/" not in self.attn_implementation:
+            raise UserError(
+                f"target.attn_implementation={self.attn_implementation} is unknown; use one of "
+                f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (decoding with a drafter takes sdpa or eager)"
             )
         if isinstance(self.device_map, dict):
             self.device_map = {str(k): device_name(v) or str(v) for k, v in self.device_map.items()}
@@ -291,6 +299,11 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     for key in weights:
         if getattr(d, key) < 0:
             return f"draft.{key}={getattr(d, key)} must not be negative"
+    if d.init_from_target and d.kind == "medusa":
+        return (
+            "draft.init_from_target=true starts EAGLE or DFlash decoder layers as the target's; Medusa "
+            "heads have none (their lm_heads start from the target's already); use draft.init_from_target=false"
+        )
     if d.feature_rule not in FEATURE_RULES:
         return f"draft.feature_rule={d.feature_rule!r} is unknown; use one of {', '.join(FEATURE_RULES)}"
     if d.kind == "dflash":

@@ -140,6 +140,11 @@ def validate_train(t: TrainConfig) -> None:
             "train.soft_labels=topk reads a feature cache's top-k logits; set train.features=offline "
             "and train.feature_cache=DIR (built with data.features.topk=64), or use train.soft_labels=full"
         )
+    if t.feature_cache and t.features != "offline":
+        raise UserError(
+            f"train.feature_cache={t.feature_cache} is read only with train.features=offline (online "
+            "training runs the target on data.path); add train.features=offline, or drop train.feature_cache"
+        )
     if t.features == "offline" and not t.feature_cache:
         raise UserError("train.features=offline needs train.feature_cache=DIR (a feature cache directory)")
     if t.resume not in ("none", "auto") and not Path(t.resume).is_dir():

@@ -1,0 +1,205 @@
+"""New-user mistakes typed on the command line: each stops with one ``error:`` line, no traceback,
+and leaves every file as it was.
+
+Each row is the command line a user types, run in-process through the real entry point in a
+folder that holds what the mistakes point at (a drafter folder, another drafter's eval report,
+a binary, an empty and a BOM-marked prompt file); the folder is compared before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from draftheads.conf.cli import main, parse
+from draftheads.conf.errors import UserError
+from tests.test_bad_input import one_line_error, snapshot
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """A working folder with a drafter folder ``h``, another drafter's report in ``report/`` and
+    the prompt files the rows name."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "config.json").write_text("{}")
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.json").write_text(json.dumps({"tau": 2.1, "heads": "outputs/other"}))
+    (report / "report.md").write_text("# other drafter\n")
+    (report / "turns.jsonl").write_text('{"tau": 2.1}\n')
+    (tmp_path / "hello.txt").write_text("Hello")
+    (tmp_path / "bom.txt").write_bytes(BOM + b"Hello")
+    (tmp_path / "empty.txt").write_text(" \n")
+    (tmp_path / "bin.txt").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x00")
+    (tmp_path / "a-file").write_text("keep me")
+    return tmp_path
+
+
+# (argv, a part of the one line it prints); every row also runs on target=tiny-llama.
+REFUSED = [
+    # another drafter's report is never replaced
+    (["eval", "heads=h", "eval.out_dir=report"], "eval.out_dir=report holds the report of heads=outputs/other"),
+    # a verify-cost cache that cannot be written
+    (["generate", "heads=h", "prompt=hi", "decode.cost_cache=/proc/x"], "decode.cost_cache=/proc/x cannot be written"),
+    (["generate", "heads=h", "prompt=hi", "decode.cost_cache=a-file"], "decode.cost_cache=a-file is an existing file"),
+    (["eval", "heads=h", "decode.cost_cache=a-file/c"], "a-file is a file, so the directory cannot be created"),
+    (["speed", "heads=h", "decode.cost_cache=/proc/x"], "decode.cost_cache=/proc/x cannot be written"),
+    # a number is not a boolean
+    (["generate", "heads=h", "prompt=hi", "decode.cost_aware=2"], "decode.cost_aware=2 is not a boolean"),
+    (["eval", "heads=h", "decode.lookup=5"], "decode.lookup=5 is not a boolean"),
+    (["speed", "heads=h", "speed.curve=2"], "speed.curve=2 is not a boolean"),
+    # one prompt, from one place
+    (["generate", "heads=h", "prompt=Hello", "prompt_file=hello.txt"], "prompt and prompt_file both give the prompt"),
+    (["generate", "heads=h", "prompt_file=hello.txt", "prompt_file=bom.txt"], "prompt_file is given 2 times"),
+    # baselines once each
+    (["eval", "heads=h", "eval.baselines=[pld,pld]"], "eval.baselines=['pld', 'pld'] names pld twice"),
+    # a feature cache is read only offline
+    (["train", "train.feature_cache=h"], "train.feature_cache=h is read only with train.features=offline"),
+    # Medusa has no decoder layers to start from the target's
+    (["train", "draft=medusa", "draft.init_from_target=true"], "Medusa heads have none"),
+    (
+        ["train", "draft=eagle", "draft.num_decoder_layers=5", "draft.init_from_target=true", "train.out_dir=run",
+         "data.max_rows=4", "train.max_steps=1", "train.eval_every=0"],
+        "draft.num_decoder_layers=5 with draft.init_from_target=true: the target has only 4 layers",
+    ),
+    # generate and eval decode one prompt at a time
+    (["generate", "heads=h", "prompt=hi", "decode.batch_size=4"], "decode.batch_size=4: generate decodes one prompt"),
+    (["eval", "heads=h", "decode.batch_size=2"], "decode.batch_size=2: eval decodes one prompt"),
+    # tree writes a tree, it reads none
+    (["tree", "heads=h", "decode.tree=chain"], "tree picks a new tree and does not read decode.tree"),
+    # prompt files that hold no text
+    (["generate", "heads=h", "prompt_file=bin.txt"], "prompt_file=bin.txt is not UTF-8 text"),
+    (["generate", "heads=h", "prompt_file=/proc/self/mem"], "prompt_file=/proc/self/mem cannot be read"),
+    (["generate", "heads=h", "prompt_file=empty.txt"], "prompt_file=empty.txt is empty"),
+    (["generate", "heads=h", "prompt_file=missing.txt"], "prompt_file=missing.txt: no such file"),
+    # an assistant model that is not there
+    (["eval", "heads=h", "eval.assistant_model=smollm2"], "eval.assistant_model=smollm2: no folder"),
+    (["eval", "heads=h", "eval.assistant_model=./models/x"], "eval.assistant_model=./models/x: no folder"),
+    (["eval", "heads=h", "eval.assistant_model=report"], "eval.assistant_model=report is a folder without config.json"),
+    # the distillation backend is checked with the other keys
+    (["distill", "data.distill.backend=onednnn"], "data.distill.backend=onednnn is unknown; use one of auto"),
+    (["distill", "decode.backend=onednnn"], "distill runs the target on data.distill.backend"),
+    (["distill", "data.distill.heads=./nope"], "data.distill.heads=./nope: no such folder, and not a hub id"),
+    # generation settings that name no tree or stop at once, and an offload folder that cannot be written
+    (["generate", "heads=h", "prompt=hi", "decode.tree=chain0"], "decode.tree=chain0 is unknown; use one of auto, chain"),
+    (["generate", "heads=h", "prompt=hi", "decode.tree=chainsaw"], "decode.tree=chainsaw is unknown"),
+    (["generate", "heads=h", "prompt=hi", "decode.tree=[[0],[5,5]]"], "has [5, 5] without its parent [5]"),
+    (["generate", "heads=h", "prompt=hi", "decode.tree=[[0],[0]]"], "decode.tree=[[0],[0]] lists a path twice"),
+    (["eval", "heads=h", "decode.tree=[[0"], "decode.tree=[[0 is not valid JSON"),
+    (["eval", "heads=h", "decode.tree=tree.jsn"], "decode.tree=tree.jsn names no tree and no file"),
+    (["generate", "heads=h", "prompt=hi", "decode=greedy", "decode.top_p=0.9"], "decode.top_p=0.9 shapes sampling, but decode.do_sample=false"),
+    (["eval", "heads=h", "decode=sample", "decode.do_sample=false"], "decode.temperature=0.7 shapes sampling"),
+    (["generate", "heads=h", "prompt=hi", "decode.stop=['']"], "has an empty string, which would stop at once"),
+    (
+        ["generate", "heads=h", "prompt=hi", "target.device_map=auto", "target.offload_folder=a-file"],
+        "target.offload_folder=a-file is an existing file",
+    ),
+    (["train", "target.device_map=auto", "target.offload_folder=/proc/x"], "target.offload_folder=/proc/x cannot be written"),
+    # an attention implementation that does not exist
+    (["generate", "heads=h", "prompt=hi", "target.attn_implementation=sdpaa"], "target.attn_implementation=sdpaa is unknown"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv,needle", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
+def test_a_mistake_stops_with_one_line_and_changes_nothing(workdir, capsys, argv, needle):
+    before = snapshot(workdir)
+    assert main([*argv, "target=tiny-llama"]) == 1
+    line = one_line_error(capsys)
+    assert needle in line, line
+    assert snapshot(workdir) == before
+
+
+def test_help_of_tree_does_not_list_decode_tree(capsys):
+    assert main(["tree", "--help"]) == 0
+    keys = [line.split(" = ")[0].strip() for line in capsys.readouterr().out.splitlines()]
+    assert "decode.tree" not in keys and "decode.tree_size" in keys
+
+
+@pytest.mark.parametrize("word", ["true", "false", "1", "0"])
+def test_boolean_words_are_still_taken(word):
+    assert parse(
+        ["generate", "heads=h", "prompt=hi", f"decode.cost_aware={word}"]
+    ).args.decode.cost_aware == (word in ("true", "1"))
+
+
+def test_a_prompt_file_saved_with_a_bom_reads_as_its_text(workdir):
+    with_bom = parse(["generate", "heads=h", "prompt_file=bom.txt"]).args.prompt
+    assert with_bom == parse(["generate", "heads=h", "prompt_file=hello.txt"]).args.prompt == "Hello"
+
+
+def test_a_data_file_saved_with_a_bom_keeps_its_first_row(workdir, capsys):
+    rows = [
+        {"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": "A"}]}
+        for i in range(2)
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (workdir / "bom.jsonl").write_bytes(BOM + text.encode())
+    assert main(["data", "data.path=bom.jsonl", "target=tiny-llama"]) == 0
+    out = capsys.readouterr()
+    assert "BOM" not in out.err and "utf-8-sig" not in out.err and "skipped" not in out.err
+
+
+def test_the_same_drafter_may_refresh_its_report(workdir):
+    from draftheads.conf.commands.decode import check_report_owner
+
+    (workdir / "report" / "report.json").write_text(json.dumps({"tau": 2.1, "heads": "h"}))
+    check_report_owner(workdir / "report", "./h")  # the same folder, spelt otherwise
+    with pytest.raises(UserError, match="holds the report of heads=h"):
+        check_report_owner(workdir / "report", "none")
+
+
+@pytest.mark.parametrize(
+    "edit,why",
+    [
+        (lambda d: d.update(seconds=[-t for t in d["seconds"]]), "finite and positive"),
+        (lambda d: d.update(seconds=[math.nan] * len(d["seconds"])), "finite and positive"),
+        (lambda d: d.update(seconds=d["seconds"][::-1]), "seconds fall"),
+        (lambda d: d.update(sizes=d["sizes"][:2]), "two lists of one length"),
+        (lambda d: d.update(sizes=sorted(d["sizes"], reverse=True)), "sizes do not increase"),
+    ],
+)
+def test_a_corrupted_cost_curve_is_measured_again_and_said(tmp_path, tiny_llama, capsys, edit, why):
+    from draftheads.decode.cost import cached_curve, curve_problem
+
+    model, _, _ = tiny_llama
+    good = cached_curve(model, "eager", tmp_path)
+    assert curve_problem(good.sizes, good.seconds) is None
+    (f,) = tmp_path.glob("*.json")
+    data = json.loads(f.read_text())
+    edit(data)
+    f.write_text(json.dumps(data))
+    capsys.readouterr()
+    again = cached_curve(model, "eager", tmp_path)
+    assert why in capsys.readouterr().err
+    assert curve_problem(again.sizes, again.seconds) is None and all(t > 0 for t in again.seconds)
+    assert curve_problem(*(json.loads(f.read_text())[k] for k in ("sizes", "seconds"))) is None
+
+
+def test_an_unwritable_cost_cache_is_said_to_python_callers(tiny_llama, capsys):
+    from draftheads.decode.cost import cached_curve
+
+    model, _, _ = tiny_llama
+    cached_curve(model, "eager", "/proc/draftheads-cost")
+    assert "cannot be cached in /proc/draftheads-cost" in capsys.readouterr().err
+
+
+def test_generate_measures_a_corrupted_cost_curve_again_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["generate", "heads=none", "target=tiny-llama", "prompt=hi", "decode.max_new_tokens=2"]
+    assert main([*argv, "decode.cost_cache=cc"]) == 0
+    (f,) = (tmp_path / "cc").glob("*.json")
+    data = json.loads(f.read_text())
+    f.write_text(json.dumps({**data, "seconds": [-1.0] + data["seconds"][1:]}))
+    capsys.readouterr()
+    assert main([*argv, "decode.cost_cache=cc"]) == 0
+    assert (
+        f"the verify-cost curve {Path('cc') / f.name} is unusable (seconds are not all finite"
+        in capsys.readouterr().err
+    )
+    assert all(t > 0 for t in json.loads(f.read_text())["seconds"])
