@@ -304,13 +304,19 @@ def check_docs(path: Path) -> None:
             )
 
 
+# keys of docs/benchmarks.json that other commands write, kept when the bench rewrites it
+KEPT_KEYS = ("workloads", "reduced_runs")
+
+
 def write_figures(results: dict[str, Any], settings: dict[str, Any], path: Path) -> None:
-    """``docs/benchmarks.json``: the figures of ``docs/benchmarks.md`` with the command and settings
-    (the ``workloads`` rows that ``draftheads speed speed.workloads=true`` wrote there are kept)."""
+    """``docs/benchmarks.json``: the figures of ``docs/benchmarks.md`` with the command and settings.
+    What other runs recorded there is kept: the ``workloads`` rows of ``draftheads speed
+    speed.workloads=true`` and the ``reduced_runs`` (smaller benches, each with its own command)."""
     record = {"command": results.get("command", "draftheads bench"), "settings": settings, **figures(results)}
     earlier = read_json(path) if path.exists() else None
-    if isinstance(earlier, dict) and "workloads" in earlier:
-        record["workloads"] = earlier["workloads"]
+    for key in KEPT_KEYS:
+        if isinstance(earlier, dict) and key in earlier:
+            record[key] = earlier[key]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from draftheads.decode import backend as backends
+from draftheads.decode.context import position_limit
 from draftheads.decode.cost import default_cache_dir, device_name
 from draftheads.heads.checkpoint import atomic_write
 
@@ -134,13 +135,15 @@ def _median_seconds(call: Callable[[], object], steps: int = STEPS) -> float:
 
 @torch.no_grad()
 def time_target(target: nn.Module, name: str, cache: backends.PackCache | None = None) -> float:
-    """Median seconds of a 1-token target forward and its argmax after ``CONTEXT`` cached tokens."""
+    """Median seconds of a 1-token target forward and its argmax after ``CONTEXT`` cached tokens
+    (fewer on a target with fewer positions: the step must stay inside its position table)."""
     from transformers import DynamicCache
 
     p = next(target.parameters())
     gen = torch.Generator().manual_seed(0)
     vocab = int(target.config.vocab_size)
-    prompt = torch.randint(0, vocab, (1, CONTEXT), generator=gen).to(p.device)
+    context = min(CONTEXT, (position_limit(target.config) or CONTEXT + 1) - 1)
+    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(p.device)
     new = torch.randint(0, vocab, (1, 1), generator=gen).to(p.device)
     with backends.applied(name, target, cache=cache):
         kv = DynamicCache()
