@@ -23,7 +23,7 @@ import torch
 from draftheads.conf.commands.compose import compose
 from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter
-from draftheads.heads.dflash import DFlashDrafter, rope
+from draftheads.heads.dflash import DFlashDrafter
 from draftheads.heads.features import target_features
 from draftheads.heads.target import load_target
 from draftheads.train.objectives import block_inputs, block_mask, block_positions
@@ -38,8 +38,7 @@ def position1_attention(d: DFlashDrafter, feats: torch.Tensor, ids: torch.Tensor
     ctx_k, _ = attn.keys_values(ctx, *d.rotary_at(ctx, torch.arange(T)[None]))
     x = layer.input_layernorm(d.embed(block_inputs(ids, anchors, bs, d.mask_token_id)).to(ctx.dtype))
     cos, sin = d.rotary_at(x, block_positions(anchors, bs))
-    B, L, _ = x.shape
-    q = rope(attn.q_norm(attn.q_proj(x).view(B, L, attn.heads, attn.head_dim)).transpose(1, 2), cos, sin)
+    q = attn.queries(x, cos, sin)
     k, _ = attn.keys_values(x, cos, sin)
     keys = torch.cat([ctx_k, k], 2).repeat_interleave(attn.heads // attn.kv_heads, 1)
     keep = torch.ones_like(anchors, dtype=torch.bool)
@@ -53,11 +52,12 @@ def shares(p: torch.Tensor, anchors: torch.Tensor, T: int, bs: int) -> dict[str,
     """The mean attention on the anchor row, on context a−1, on all the context, and its entropy."""
     n = torch.arange(anchors.shape[1])
     context = p[..., :T].sum(-1).mean().item()
+    anchor = p[:, n, T + n * bs].mean().item()
     return {
-        "anchor row": p[:, n, T + n * bs].mean().item(),
+        "anchor row": anchor,
         "context a-1": p[:, n, anchors[0] - 1].mean().item(),
         "all context": context,
-        "mask rows": 1 - context - p[:, n, T + n * bs].mean().item(),
+        "mask rows": 1 - context - anchor,
         "entropy": -(p.clamp_min(1e-12).log() * p).sum(-1).mean().item(),
     }
 

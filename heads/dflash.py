@@ -106,6 +106,13 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         return rope(k, cos, sin), v
 
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``q = rope(q_norm(q_proj(x)))`` ``[B, heads, T, D]`` of the block rows ``x``."""
+        B, T, _ = x.shape
+        return rope(
+            self.q_norm(self.q_proj(x).view(B, T, self.heads, self.head_dim)).transpose(1, 2), cos, sin
+        )
+
     def forward(
         self,
         x: torch.Tensor,
@@ -117,8 +124,7 @@ class DFlashAttention(nn.Module):
     ) -> torch.Tensor:
         """``x [B, T, H]`` (normed block states); ``mask [B, 1, T, C + T]`` bool or additive."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.heads, self.head_dim)).transpose(1, 2)
-        q = rope(q, cos, sin)
+        q = self.queries(x, cos, sin)
         k, v = self.keys_values(x, cos, sin)
         k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
