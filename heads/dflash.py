@@ -39,6 +39,7 @@ from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.heads import dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
+from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size, frozen_rows
 from draftheads.heads.target import TargetFingerprint
 
 # GPT-2-style names of the same shapes.
@@ -155,7 +156,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
-class DFlashDrafter(Drafter):
+class DFlashDrafter(ReducedVocab, Drafter):
+    """A block drafter: ``num_decoder_layers`` non-causal layers over the fused target features of
+    ``feature_layers``, drafting ``block_size - 1`` tokens after an anchor in one pass."""
+
     kind = "dflash"
 
     def __init__(
@@ -191,11 +195,7 @@ class DFlashDrafter(Drafter):
         self.target_config = cfg
         self.layer_shape = layer_shape(cfg, H, layer_config)
         self.layer_config = llama_config(H, self.layer_shape)
-        self.draft_vocab_size = int(draft_vocab_size or V)
-        if not 1 <= self.draft_vocab_size <= V:
-            raise UserError(
-                f"draft.draft_vocab_size={self.draft_vocab_size} must be between 1 and the target vocab {V}"
-            )
+        self.draft_vocab_size = check_draft_vocab_size(draft_vocab_size or V, V)
         self.fc = nn.Linear(len(self._feature_layers) * H, H, bias=False)
         self.hidden_norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(self.layer_config) for _ in range(num_decoder_layers))
@@ -206,10 +206,7 @@ class DFlashDrafter(Drafter):
             self.rotary.inv_freq.detach().clone(),
             self.rotary.original_inv_freq.detach().clone(),
         )
-        # target id = draft id + d2t[draft id]; t2d[target id] is True when it is in the draft vocab
-        self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))
-        self.set_vocab(torch.arange(self.draft_vocab_size))
+        self.init_reduced_vocab(V)
 
     def _apply(self, fn, recurse: bool = True):
         """Every move or cast, then the rotary frequencies back to float32 on the new device.
@@ -226,6 +223,8 @@ class DFlashDrafter(Drafter):
 
     # ---- interface -------------------------------------------------------------------
     def spec(self) -> dict[str, Any]:
+        """What config.json stores to rebuild the drafter: the shape, the mask token and the
+        draft vocabulary's size (its ids are the ``d2t`` buffer)."""
         return {
             "target_config": self.target_config,
             "mask_token_id": self.mask_token_id,
@@ -243,31 +242,14 @@ class DFlashDrafter(Drafter):
         """The input layers only: labels come from the target's tokens or its cached top-k."""
         return self.feature_layers()
 
-    @property
-    def reduced_vocab(self) -> bool:
-        return self.draft_vocab_size < self.target_fingerprint.vocab_size
-
     def attach(self, target: nn.Module, check: bool = True) -> DFlashDrafter:
         super().attach(target, check)
-        self._shared.pop("draft_head", None)  # rebuilt from this target's lm_head on first use
+        self.vocab_changed()  # the reduced head is rebuilt from this target's lm_head
         return self
 
-    @torch.no_grad()
-    def set_vocab(self, draft_ids: torch.Tensor) -> None:
-        """Install a draft vocabulary (sorted target ids, length ``draft_vocab_size``)."""
-        draft_ids = (
-            torch.as_tensor(draft_ids, dtype=torch.long, device=self.d2t.device).flatten().sort().values
-        )
-        if draft_ids.numel() != self.draft_vocab_size:
-            raise UserError(f"draft vocabulary has {draft_ids.numel()} ids, expected {self.draft_vocab_size}")
-        self.d2t.copy_(draft_ids - torch.arange(self.draft_vocab_size, device=self.d2t.device))
-        self.t2d.zero_()
-        self.t2d[draft_ids] = True
+    def vocab_changed(self) -> None:
+        """The frozen reduced head is rebuilt from the current ids and lm_head on first use."""
         self._shared.pop("draft_head", None)
-
-    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        """Map draft-vocabulary ids to target ids (identity for the full vocabulary)."""
-        return ids + self.d2t[ids] if self.reduced_vocab else ids
 
     def head(self) -> nn.Module:
         """The frozen output layer: the target's lm_head, or a linear over its draft-vocab rows.
@@ -281,17 +263,7 @@ class DFlashDrafter(Drafter):
         head = self._shared.get("draft_head")
         w = lm_head.weight
         if head is None or head.weight.device != w.device or head.weight.dtype != w.dtype:
-            # a normal tensor even when first built under inference mode (eval): the backend
-            # reads its version to know when to pack it again
-            with torch.inference_mode(False), torch.no_grad():
-                ids = torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
-                # skip_init: no random initialisation, which would draw from the global RNG
-                # (training draws its anchors there) only to be overwritten
-                head = nn.utils.skip_init(
-                    nn.Linear, w.shape[1], self.draft_vocab_size, bias=False, device=w.device, dtype=w.dtype
-                )
-                head.weight.copy_(w.detach()[ids.to(w.device)])
-            head.requires_grad_(False)
+            head = frozen_rows(w, self.target_ids())
             self._shared["draft_head"] = head
         return head
 

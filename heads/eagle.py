@@ -38,6 +38,7 @@ from draftheads.conf.schema.heads import eagle_input_layers, feature_layers_prob
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal
+from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size
 from draftheads.heads.target import TargetFingerprint
 
 
@@ -61,7 +62,10 @@ def layer_class(config) -> type[nn.Module]:
     )
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(ReducedVocab, Drafter):
+    """EAGLE-1 or EAGLE-3 (``version``): target decoder layers over the target's features and the
+    next token's embedding, run once per drafted token."""
+
     kind = "eagle"
 
     def __init__(
@@ -101,11 +105,7 @@ class EagleDrafter(Drafter):
             raise UserError(problem)
         self.fc_bias = bool(fc_bias) and version == 1  # EAGLE-3's fc never has one
         if version == 3:
-            self.draft_vocab_size = int(draft_vocab_size or V)
-            if not 1 <= self.draft_vocab_size <= V:
-                raise UserError(
-                    f"draft.draft_vocab_size={self.draft_vocab_size} must be between 1 and the target vocab {V}"
-                )
+            self.draft_vocab_size = check_draft_vocab_size(draft_vocab_size or V, V)
             self.fc = nn.Linear(3 * H, H, bias=False)
         else:
             self.draft_vocab_size = V
@@ -120,16 +120,14 @@ class EagleDrafter(Drafter):
             self.hidden_norm = _norm_like(first, H)
             self.norm = _norm_like(first, H)
             self.lm_head = nn.Linear(H, self.draft_vocab_size, bias=False)
-            # target id = draft id + d2t[draft id]; t2d[target id] is True when it is in the draft vocab
-            self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
-            self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))
-            self.set_vocab(torch.arange(self.draft_vocab_size))
+            self.init_reduced_vocab(V)
         if save_shared:
             self.embed_tokens = nn.Embedding(V, H)
             self.embed_tokens.requires_grad_(False)
 
     # ---- interface -------------------------------------------------------------------
     def spec(self) -> dict[str, Any]:
+        """What config.json stores to rebuild the drafter (EAGLE-1 has no draft vocabulary)."""
         return {
             "target_config": self.target_config,
             "version": self.version,
@@ -160,26 +158,18 @@ class EagleDrafter(Drafter):
             sd["embed_tokens.weight"] = self._shared["embed"].weight.detach().contiguous()
         return sd
 
-    @torch.no_grad()
-    def set_vocab(self, draft_ids: torch.Tensor) -> None:
-        """EAGLE-3: install a draft vocabulary (sorted target ids, length draft_vocab_size)."""
-        draft_ids = torch.as_tensor(draft_ids, dtype=torch.long).flatten().sort().values
-        if draft_ids.numel() != self.draft_vocab_size:
-            raise UserError(f"draft vocabulary has {draft_ids.numel()} ids, expected {self.draft_vocab_size}")
-        self.d2t.copy_(draft_ids - torch.arange(self.draft_vocab_size))
-        self.t2d.zero_()
-        self.t2d[draft_ids] = True
-
-    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        """Map draft-vocabulary ids to target ids (identity for EAGLE-1)."""
-        return ids + self.d2t[ids] if self.version == 3 else ids
+    @property
+    def maps_ids(self) -> bool:
+        """EAGLE-3's own head is over its draft ids, in d2t's order even at the full size (an
+        imported checkpoint may permute them); EAGLE-1 drafts with the target's head."""
+        return self.version == 3
 
     @torch.no_grad()
     def init_lm_head_from_target(self) -> None:
         """EAGLE-3: start the reduced lm_head as the target's rows for the draft vocabulary."""
         if self.version == 3:
-            ids = torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
-            self.lm_head.weight.copy_(self.shared("lm_head").weight[ids].to(self.lm_head.weight.dtype))
+            rows = self.shared("lm_head").weight[self.target_ids()]
+            self.lm_head.weight.copy_(rows.to(self.lm_head.weight.dtype))
 
     @torch.no_grad()
     def init_from_target(self, target: nn.Module, embed_scale: float = 0.0) -> None:
