@@ -39,7 +39,7 @@ from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.heads import dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
-from draftheads.heads.target import TargetFingerprint
+from draftheads.heads.target_fingerprint import TargetFingerprint
 
 # GPT-2-style names of the same shapes.
 ALIASES = {

@@ -38,7 +38,7 @@ from draftheads.conf.schema.heads import eagle_input_layers, feature_layers_prob
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal
-from draftheads.heads.target import TargetFingerprint
+from draftheads.heads.target_fingerprint import TargetFingerprint
 
 
 def layer_class(config) -> type[nn.Module]:
