@@ -122,7 +122,7 @@ def stage_features(cfg: BenchArgs, b: BenchConfig, target, tok, data_dirs: list[
 
     from draftheads.data.cache import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
-    from draftheads.heads.target import fingerprint
+    from draftheads.heads.target_fingerprint import fingerprint
 
     out = Path(b.out_dir) / "features"
     # beside a teacher-forced cache, the same label columns (top-k), so the two train as one
@@ -363,7 +363,8 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
 def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
     """Run (or resume) every stage; returns what the docs page is written from. An unknown
     ablation row or an output folder the guard refuses stops it before the first stage."""
-    from draftheads.heads.target import fingerprint, load_target
+    from draftheads.heads.target import load_target
+    from draftheads.heads.target_fingerprint import fingerprint
 
     study.check_ablations(b)
     guard_out_dir(b.out_dir, "bench", "bench.out_dir")

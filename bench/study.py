@@ -225,7 +225,7 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
     """The feature cache of the teacher-forced rows: EAGLE-3's layers and the target's top-k."""
     from draftheads.bench.stages import done, log, mark_done
     from draftheads.data.cache import build_feature_cache
-    from draftheads.heads.target import fingerprint
+    from draftheads.heads.target_fingerprint import fingerprint
 
     out = Path(b.out_dir) / "teacher"
     L = fingerprint(target).num_layers

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import atomic_write
 from draftheads.heads.features import target_features
-from draftheads.heads.target import TargetFingerprint, fingerprint
+from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
 
 MANIFEST = "manifest.json"
 CACHE_VERSION = 1

@@ -58,7 +58,7 @@ from draftheads.data.chat import generation_prompt
 from draftheads.data.endpoint import EndpointError, RowJob, Served, answered, connect, report_cut_short
 from draftheads.data.outdir import claim_out_dir
 from draftheads.data.prompts import PromptRow
-from draftheads.heads.target import fingerprint
+from draftheads.heads.target_fingerprint import fingerprint
 
 MANIFEST = "distill.json"
 PROMPTS = "prompts.jsonl"

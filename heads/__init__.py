@@ -4,7 +4,8 @@ from draftheads.heads.base import Drafter
 from draftheads.heads.dflash import DFlashDrafter
 from draftheads.heads.eagle import EagleDrafter
 from draftheads.heads.medusa import MedusaHeads, ResBlock
-from draftheads.heads.target import TargetFingerprint, fingerprint, load_target
+from draftheads.heads.target import load_target
+from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
 
 __all__ = [
     "DFlashDrafter",

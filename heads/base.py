@@ -50,7 +50,7 @@ from draftheads.heads.checkpoint import (
     resolve_checkpoint_dir,
 )
 from draftheads.heads.convert import check_tensors, convert_official, detect_layout, import_provenance
-from draftheads.heads.target import TargetFingerprint, fingerprint
+from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
 
 __all__ = [
     "CONFIG_NAME",

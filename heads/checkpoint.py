@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.target import TargetFingerprint
+from draftheads.heads.target_fingerprint import TargetFingerprint
 
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"

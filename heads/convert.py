@@ -61,7 +61,7 @@ from draftheads.heads.layouts import (
     read_tensors,
 )
 from draftheads.heads.speculators import check_verifier
-from draftheads.heads.target import TargetFingerprint
+from draftheads.heads.target_fingerprint import TargetFingerprint
 
 __all__ = ["OfficialCheckpoint", "convert_official", "detect_layout", "import_provenance"]
 

@@ -40,7 +40,7 @@ from draftheads.conf.schema.heads import dflash_feature_layers, dflash_layers_pr
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size, frozen_rows
-from draftheads.heads.target import TargetFingerprint
+from draftheads.heads.target_fingerprint import TargetFingerprint
 
 # GPT-2-style names of the same shapes.
 ALIASES = {

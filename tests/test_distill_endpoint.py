@@ -31,7 +31,8 @@ from draftheads.data.endpoint import (
     until_stop,
 )
 from draftheads.data.prompts import PromptRow
-from draftheads.heads.target import build_tiny, convert_smollm2
+from draftheads.heads.embedded_target import convert_smollm2
+from draftheads.heads.target import build_tiny
 from tests.conftest import get_target
 
 PROMPTS = [

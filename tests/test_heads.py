@@ -319,7 +319,8 @@ def test_medusa2_checkpoint_loads_its_adapters_and_decodes_like_the_adapted_targ
     from draftheads.conf.schema.decode import DecodeConfig
     from draftheads.conf.schema.heads import DraftConfig, TargetConfig
     from draftheads.decode import SpeculativeGenerator
-    from draftheads.heads.target import fingerprint, load_target
+    from draftheads.heads.target import load_target
+    from draftheads.heads.target_fingerprint import fingerprint
     from draftheads.train.adapters import add_lora, save_adapters
 
     tcfg = TargetConfig(name_or_path="tiny-llama", tiny="llama")

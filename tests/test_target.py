@@ -12,7 +12,8 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TargetConfig
-from draftheads.heads.target import fingerprint, load_target, resolve_dtype
+from draftheads.heads.target import load_target, resolve_dtype
+from draftheads.heads.target_fingerprint import fingerprint
 
 # Recorded once from SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32), greedy, 24 tokens:
 # '```python\ndef reverse_string(input_str):\n    return input_str[::-1]\n```\n\n'
@@ -103,7 +104,7 @@ def test_target_hf_without_a_name_is_refused_when_read():
 
 
 def test_fingerprint_records_the_architecture_and_a_weight_sample(tiny_llama):
-    from draftheads.heads.target import TargetFingerprint
+    from draftheads.heads.target_fingerprint import TargetFingerprint
 
     model, tok, fp = tiny_llama
     assert fp.model_type == "llama" and len(fp.weight_sample) > 0

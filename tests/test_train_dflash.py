@@ -135,7 +135,7 @@ def test_decay_weights_and_block_acceptance():
 
 def drafter_and_batch(soft: bool):
     model, tok = get_target("llama")
-    from draftheads.heads.target import fingerprint
+    from draftheads.heads.target_fingerprint import fingerprint
 
     fp = fingerprint(model, tok)
     torch.manual_seed(0)

@@ -100,7 +100,7 @@ def meta_target(shape: TargetShape) -> nn.Module:
 def meta_drafter(d: DraftConfig, shape: TargetShape, name: str) -> nn.Module:
     """The recipe's drafter for the real target, on the meta device."""
     from draftheads.heads import DFlashDrafter, EagleDrafter
-    from draftheads.heads.target import TargetFingerprint
+    from draftheads.heads.target_fingerprint import TargetFingerprint
 
     config = target_config(shape)
     fp = TargetFingerprint(
@@ -379,7 +379,8 @@ def build_tiny_cache(cfg: Config) -> None:
     """The offline feature cache of the tiny run, as ``draftheads features`` writes it."""
     from draftheads.data.cache import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
-    from draftheads.heads.target import decoder_layers, load_target
+    from draftheads.heads.target import load_target
+    from draftheads.heads.target_layers import decoder_layers
 
     f = cfg.data.features
     model, tok = load_target(cfg.target)

@@ -38,7 +38,8 @@ from draftheads.conf.schema import Config
 from draftheads.conf.schema.train import validate
 from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.dflash import choose_mask_token
-from draftheads.heads.target import fingerprint, load_target, target_name
+from draftheads.heads.target import load_target, target_name
+from draftheads.heads.target_fingerprint import fingerprint
 from draftheads.train import checkpoint, dry_run
 from draftheads.train.adapters import add_lora, save_adapters
 from draftheads.train.batching import Layout, RowView, StepSampler, check_rows, micro_batch, split_heldout

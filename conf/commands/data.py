@@ -69,7 +69,9 @@ def features(cfg: FeaturesArgs) -> None:
     from draftheads.data.cache import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.data.regenerated import check_regenerated_by
-    from draftheads.heads.target import decoder_layers, fingerprint, load_target
+    from draftheads.heads.target import load_target
+    from draftheads.heads.target_fingerprint import fingerprint
+    from draftheads.heads.target_layers import decoder_layers
 
     if cfg.data.packing:
         raise UserError(

@@ -28,7 +28,7 @@ DFLASH_LAYER_KEYS = (
 # attention mask, which speculative decoding verifies with, takes sdpa or eager
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
-# target.device_map as a word: accelerate places the modules itself (see heads/target.py)
+# target.device_map as a word: accelerate places the modules itself (see heads/placement.py)
 DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
 DEVICE = re.compile(r"(cpu|disk|mps|(cuda|xpu):\d+)")
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B)", re.IGNORECASE)
@@ -120,7 +120,7 @@ def placement_problem(t: TargetConfig) -> str | None:
     """Why ``target.device_map``/``max_memory``/``offload_folder`` cannot be read, or None.
 
     What needs the target or the machine (every module placed, the devices present, a budget
-    that fits something) is checked by ``heads.target`` before any weight is loaded.
+    that fits something) is checked by ``heads.placement`` before any weight is loaded.
     """
     if t.offload_folder is not None and t.device_map is None:
         return "target.offload_folder holds weights that target.device_map puts on disk; set target.device_map too"
