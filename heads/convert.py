@@ -60,6 +60,7 @@ from draftheads.heads.layouts import (
     iter_tensors,
     read_tensors,
 )
+from draftheads.heads.reduced_vocab import check_vocab_maps, t2d_from_d2t
 from draftheads.heads.speculators import check_verifier
 from draftheads.heads.target_fingerprint import TargetFingerprint
 
@@ -141,24 +142,6 @@ def eagle3_tensors(sd: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.T
     if "d2t" in out and "t2d" not in out:
         out["t2d"] = t2d_from_d2t(out["d2t"], vocab)
     return out
-
-
-def t2d_from_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
-    """The target-vocab membership mask of the draft ids ``i + d2t[i]`` (out-of-range ids clamped;
-    :func:`check_vocab_maps` refuses them)."""
-    ids = torch.arange(d2t.numel()) + d2t.long()
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[ids.clamp(0, vocab - 1)] = True
-    return t2d
-
-
-def check_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor, vocab: int, where: str) -> None:
-    """EAGLE-3 maps must agree: draft id i is target id i + d2t[i], distinct, in range, marked in t2d."""
-    ids = torch.arange(d2t.numel()) + d2t.long()
-    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab or ids.unique().numel() != ids.numel()):
-        raise UserError(f"{where}: d2t maps draft ids outside the target vocabulary or twice; it is corrupt")
-    if t2d.numel() != vocab or int(t2d.bool().sum()) != ids.numel() or not bool(t2d.bool()[ids].all()):
-        raise UserError(f"{where}: t2d disagrees with d2t; the vocabulary maps are corrupt")
 
 
 def eagle3_feature_layers(config: dict[str, Any]) -> list[int] | None:

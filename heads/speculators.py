@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from draftheads.conf.errors import UserError
+from draftheads.heads.reduced_vocab import t2d_from_d2t
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config and model classes this follows
 PROPOSAL = "greedy"  # the only proposal method speculators defines: one chain of drafted tokens
@@ -126,9 +127,7 @@ def dflash_to_speculators(
     draft_vocab = engine_cfg.get("draft_vocab_size") or vocab
     tensors = dict(sd)
     if "d2t" in tensors:
-        t2d = torch.zeros(vocab, dtype=torch.bool)
-        t2d[torch.arange(draft_vocab) + tensors["d2t"]] = True
-        tensors["t2d"] = t2d
+        tensors["t2d"] = t2d_from_d2t(tensors["d2t"], vocab)
     nested = engine_cfg["dflash_config"]
     cfg = {
         "architectures": ["DFlashSpeculator"],
