@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -31,6 +32,20 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def run_bounded(cmd: list[str], env: dict[str, str], log, timeout: float) -> int | None:
+    """Run ``cmd`` in a session of its own with its output in ``log``; past ``timeout`` the
+    whole session (the launcher and every rank it started) is killed and None returned, so a
+    hung rank fails the test instead of holding the test run open."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+
+
 @pytest.mark.slow
 def test_two_rank_data_parallel_keeps_identical_weights(tmp_path):
     g = torch.Generator().manual_seed(0)
@@ -51,8 +66,9 @@ def test_two_rank_data_parallel_keeps_identical_weights(tmp_path):
         str(tmp_path / "out"),
         str(tmp_path / "rows"),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert run_bounded(cmd, env, tmp_path / "log.txt", timeout=300) == 0, (tmp_path / "log.txt").read_text()[
+        -3000:
+    ]
     a, b = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "out" / "model.safetensors").is_file()

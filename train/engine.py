@@ -8,6 +8,7 @@ CUDA, DeepSpeed runs on its CPU accelerator over gloo.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from functools import partial
@@ -38,7 +39,21 @@ def init_distributed() -> tuple[int, int]:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(close_distributed)
     return dist.get_rank(), dist.get_world_size()
+
+
+def close_distributed() -> None:
+    """Destroy the default process group (registered at exit by :func:`init_distributed`).
+
+    A rank that leaves its group standing can hang in the interpreter's finalisation after its
+    work is done (seen with gloo on DeepSpeed's CPU accelerator under torchrun), so every process
+    that created the group tears it down before it exits.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def device_for_rank() -> torch.device:
