@@ -23,13 +23,23 @@ def steep(batch: int) -> CostCurve:
 
 
 def force(path: str, monkeypatch) -> bool:
-    """Make the planner take ``path``; returns whether lookup branches should be on."""
-    if path == "drafted":  # the drafter every step, its best nodes verified
+    """Make the planner take ``path``; returns whether lookup branches should be on. The forced
+    paths fix the planner's choice too: its own choice reads timings, which a loaded machine
+    changes (the planner's choice itself is the ``fallback`` path's)."""
+
+    def every(self, scores, valid=None, drafted=True) -> int:  # verify every node drafted
+        return scores.shape[-1]
+
+    if path == "drafted":  # the drafter every step, all its nodes verified
         monkeypatch.setattr(Planner, "drafting", lambda self: True)
+        monkeypatch.setattr(Planner, "choose", every)
     elif path == "root-only":  # drafted, but no node pays: the root alone is verified
         monkeypatch.setattr(Planner, "drafting", lambda self: True)
         monkeypatch.setattr(Planner, "choose", lambda self, scores, valid=None, drafted=True: 0)
-    elif path in ("lookup-only", "plain"):  # the drafter skipped: lookup branches, or a plain step
+    elif path == "lookup-only":  # the drafter skipped: lookup branches alone, all verified
+        monkeypatch.setattr(Planner, "drafting", lambda self: False)
+        monkeypatch.setattr(Planner, "choose", every)
+    elif path == "plain":  # the drafter skipped and no lookup: a plain step
         monkeypatch.setattr(Planner, "drafting", lambda self: False)
     elif path == "fallback":  # the planner's own choice on a curve where drafting cannot pay
         monkeypatch.setattr(SpeculativeGenerator, "cost_curve", lambda self, batch=1, context=1: steep(batch))
