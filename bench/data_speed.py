@@ -30,7 +30,7 @@ from draftheads.conf.schema.heads import DraftConfig
 
 def data_speed(args: DataSpeedArgs) -> None:
     """``draftheads data-speed``: one line for tokenising + masking, one for feature extraction."""
-    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.cache_build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.heads.target import load_target
 

@@ -66,7 +66,7 @@ def drafter_layers(cfg: FeaturesArgs, num_layers: int) -> list[int]:
 
 def features(cfg: FeaturesArgs) -> None:
     """Build the offline feature cache of the configured data set for the configured drafter."""
-    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.cache_build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.data.regenerated import check_regenerated_by
     from draftheads.heads.target import load_target
