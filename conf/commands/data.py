@@ -116,7 +116,7 @@ def distill(cfg: DistillArgs) -> None:
         raise UserError(f"data.distill.source={d.source} is unknown; use data (answer data.path) or self")
     guard_out_dir(d.out_dir, "distill", "data.distill.out_dir")
     model, tok = load_target(cfg.target)
-    from draftheads.data.distill import decoder_generate
+    from draftheads.data.distill_generate import decoder_generate
 
     if d.heads:
         from draftheads.decode import SpeculativeGenerator
