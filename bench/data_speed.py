@@ -30,7 +30,7 @@ from draftheads.conf.schema.heads import DraftConfig
 
 def data_speed(args: DataSpeedArgs) -> None:
     """``draftheads data-speed``: one line for tokenising + masking, one for feature extraction."""
-    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.cache_build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.heads.target import load_target
 
@@ -76,7 +76,9 @@ def data_speed(args: DataSpeedArgs) -> None:
 
 def distill_speed(model, tok, args: DataSpeedArgs) -> None:
     """Greedy distillation of the first ``speed.distill_prompts`` training prompts, once per loop."""
-    from draftheads.data.distill import decoder_generate, distill, hf_generate, shard_rows
+    from draftheads.data.distill import distill
+    from draftheads.data.distill_generate import decoder_generate, hf_generate
+    from draftheads.data.distill_shards import shard_rows
     from draftheads.data.prompts import prompts_from_config
     from draftheads.decode import backend
     from draftheads.decode.batched import batched_generate

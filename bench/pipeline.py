@@ -120,7 +120,7 @@ def stage_distill(cfg: BenchArgs, b: BenchConfig, target, tok) -> list[Path]:
 def stage_features(cfg: BenchArgs, b: BenchConfig, target, tok, data_dirs: list[Path]) -> Path:
     import datasets
 
-    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.cache_build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.heads.target_fingerprint import fingerprint
 

@@ -224,7 +224,7 @@ def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok):
 def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
     """The feature cache of the teacher-forced rows: EAGLE-3's layers and the target's top-k."""
     from draftheads.bench.stages import done, log, mark_done
-    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.cache_build import build_feature_cache
     from draftheads.heads.target_fingerprint import fingerprint
 
     out = Path(b.out_dir) / "teacher"
@@ -245,7 +245,7 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
 
 def write_answer_tokens(cache: Path, loss: list[int]) -> None:
     """Each shard's answer tokens beside the cache (what :func:`cache_view` cuts views by)."""
-    from draftheads.data.cache import read_manifest
+    from draftheads.data.cache_manifest import read_manifest
 
     shards = read_manifest(cache)["shards"]
     (cache / ANSWER_TOKENS).write_text(json.dumps([sum(loss[a:z]) for a, z in (s["rows"] for s in shards)]))
@@ -254,7 +254,8 @@ def write_answer_tokens(cache: Path, loss: list[int]) -> None:
 def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
     """A cache folder reading the first shards of ``cache`` up to about ``max_tokens`` answer
     tokens (at least one shard); returns its answer tokens."""
-    from draftheads.data.cache import read_manifest, write_view
+    from draftheads.data.cache_manifest import read_manifest
+    from draftheads.data.cache_views import write_view
 
     m = read_manifest(cache)
     per_shard = json.loads((cache / ANSWER_TOKENS).read_text())
@@ -270,7 +271,8 @@ def mixture(b: BenchConfig, teacher: Path, distilled: Path) -> tuple[Path, dict]
     """The main EAGLE-3 drafter's data when distillation is on: the teacher-forced cache, then the
     self-distilled cache ``bench.distill_repeats`` times, as one view (nothing is copied).
     Returns the view and what it holds."""
-    from draftheads.data.cache import combine_caches, read_manifest
+    from draftheads.data.cache_manifest import read_manifest
+    from draftheads.data.cache_views import combine_caches
 
     out = Path(b.out_dir) / "mixture"
     combine_caches([(teacher, 1), (distilled, b.distill_repeats)], out)

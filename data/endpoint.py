@@ -61,7 +61,7 @@ GreedyFn = Callable[[list[int], int], list[int]]
 
 
 class Sampling(Protocol):
-    """The generation settings a request carries (:class:`draftheads.data.distill.GenParams`)."""
+    """The generation settings a request carries (:class:`draftheads.data.distill_generate.GenParams`)."""
 
     max_new_tokens: int
     temperature: float
@@ -352,7 +352,7 @@ class RowJob:
         return self.limit is not None and len(prompt) + self.params.max_new_tokens > self.limit
 
     def answer(self, row: PromptRow) -> tuple[dict, int]:
-        """``row``'s user turns answered in order, as :func:`~draftheads.data.distill.answer_batch`
+        """``row``'s user turns answered in order, as :func:`~draftheads.data.distill_answers.answer_batch`
         answers them: a turn past ``limit`` positions ends the chat ("context"), a cut-off answer
         is ``unfinished``, and an answer the server cut short (``server-*``) ends the chat too."""
         chat: list[dict] = []

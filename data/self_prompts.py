@@ -15,8 +15,7 @@ from pathlib import Path
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DistillConfig
 from draftheads.data.chat import user_turn_prefix
-from draftheads.data.distill import (
-    PROMPTS,
+from draftheads.data.distill_generate import (
     DecodeFn,
     GenerateFn,
     GenParams,
@@ -24,6 +23,7 @@ from draftheads.data.distill import (
     decoder_generate,
     stock,
 )
+from draftheads.data.distill_shards import PROMPTS
 from draftheads.data.prompts import PromptRow
 from draftheads.heads.checkpoint import atomic_write
 

@@ -10,14 +10,11 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DataConfig
-from draftheads.data.cache import (
-    MANIFEST,
-    FeatureCache,
-    build_feature_cache,
-    combine_caches,
-    length_batches,
-    write_view,
-)
+from draftheads.data.cache import FeatureCache
+from draftheads.data.cache_build import build_feature_cache
+from draftheads.data.cache_encode import length_batches
+from draftheads.data.cache_manifest import MANIFEST
+from draftheads.data.cache_views import combine_caches, write_view
 from draftheads.data.prepare import prepare_dataset
 from draftheads.heads.features import target_features
 

@@ -21,7 +21,9 @@ import pytest
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DistillConfig
 from draftheads.conf.schema.heads import TargetConfig
-from draftheads.data.distill import MANIFEST, ROUNDTRIP, distill, shard_rows
+from draftheads.data.distill import distill
+from draftheads.data.distill_roundtrip import ROUNDTRIP
+from draftheads.data.distill_shards import MANIFEST, shard_rows
 from draftheads.data.endpoint import (
     EndpointError,
     parse_reply,

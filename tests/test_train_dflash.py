@@ -14,7 +14,8 @@ from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.train import validate
-from draftheads.data.cache import FeatureCache, build_feature_cache
+from draftheads.data.cache import FeatureCache
+from draftheads.data.cache_build import build_feature_cache
 from draftheads.data.outdir import release_out_dir
 from draftheads.decode.static import hidden_request
 from draftheads.heads import DFlashDrafter, Drafter, fingerprint

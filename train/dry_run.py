@@ -377,7 +377,7 @@ def tiny_config(cfg: Config, tmp: Path) -> Config:
 
 def build_tiny_cache(cfg: Config) -> None:
     """The offline feature cache of the tiny run, as ``draftheads features`` writes it."""
-    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.cache_build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.heads.target import load_target
     from draftheads.heads.target_layers import decoder_layers

@@ -66,7 +66,7 @@ def drafter_layers(cfg: FeaturesArgs, num_layers: int) -> list[int]:
 
 def features(cfg: FeaturesArgs) -> None:
     """Build the offline feature cache of the configured data set for the configured drafter."""
-    from draftheads.data.cache import build_feature_cache
+    from draftheads.data.cache_build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.data.regenerated import check_regenerated_by
     from draftheads.heads.target import load_target
@@ -116,7 +116,7 @@ def distill(cfg: DistillArgs) -> None:
         raise UserError(f"data.distill.source={d.source} is unknown; use data (answer data.path) or self")
     guard_out_dir(d.out_dir, "distill", "data.distill.out_dir")
     model, tok = load_target(cfg.target)
-    from draftheads.data.distill import decoder_generate
+    from draftheads.data.distill_generate import decoder_generate
 
     if d.heads:
         from draftheads.decode import SpeculativeGenerator
