@@ -283,7 +283,7 @@ class SpeculativeGenerator:
                 verifier.prepare(batch, context, proposer.hidden_layers)
             if graphs is not None:
                 graphs.pool.capacity = max(
-                    graphs.pool.capacity, static.capacity_for(context + static.BUCKETS[-1] + 1)
+                    graphs.pool.capacity, static.capacity_for(context + static.shapes.BUCKETS[-1] + 1)
                 )
                 for rows in range(batch, 0, -1):
                     self._draft_once(rows, self.make_proposer())
@@ -463,7 +463,7 @@ class SpeculativeGenerator:
     def _verify(self, state: State, tree: Tree, how: Sampling):
         """The target's forward over the tree, and the accepted node and bonus token per row."""
         anc = static.ancestors(tree.parents)  # no host read of the tree's depth
-        # static shapes / CUDA graphs (decode/static.py): on for decode.backend=cuda-graphs
+        # static shapes / CUDA graphs (decode/static/): on for decode.backend=cuda-graphs
         verifier = static.verifier(self)
         if verifier is not None:
             out = verifier(state, tree, anc, state.proposer.hidden_layers)
