@@ -600,7 +600,7 @@ def verify_cost(target, device, repeats: int, found: dict, context: int = 128) -
             cache.crop(-n)
 
         eager_ms[n] = median_ms(eager, device, repeats)
-        kv = static.StaticKV.adopt(cache, verifier.pool, static.BUCKETS[-1] + 1)
+        kv = static.StaticKV.adopt(cache, verifier.pool, static.shapes.BUCKETS[-1] + 1)
         entry = verifier._entry(1, n, kv.capacity, True, kv.lease)
         entry.ids.copy_(ids)
         entry.pos.copy_(pos)

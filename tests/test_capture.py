@@ -12,6 +12,9 @@ import pytest
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator, static
+from draftheads.decode.static import shapes
+from draftheads.decode.static.forward import _SHARED
+from draftheads.decode.static.graphs import _DRAFT_GRAPHS
 from draftheads.heads import fingerprint
 from tests.conftest import get_target
 from tests.test_compile_dflash import fixed_drafting
@@ -33,7 +36,7 @@ def test_capture_is_a_no_op_off_cuda_graphs():
     gen = SpeculativeGenerator(model, d, tok, DecodeConfig(backend="eager"))
     assert gen.capture(batch=2, context=64) == 0.0
     assert static.verifier(gen) is None
-    assert d not in static._DRAFT_GRAPHS and model not in static._SHARED
+    assert d not in _DRAFT_GRAPHS and model not in _SHARED
     with pytest.raises(UserError, match=r"capture\(batch=0, context=64\): both must be at least 1"):
         gen.capture(batch=0, context=64)
 
@@ -51,7 +54,7 @@ def test_a_call_after_capture_makes_no_new_graph_and_is_the_targets_output(kind)
     verifier = gen.static_verifier
     made = list(verifier.entries)
     # every bucket, largest first, for 3 rows down to 1, on one capacity and lease
-    assert [k[:2] for k in made] == [(b, s) for b in (3, 2, 1) for s in sorted(static.BUCKETS, reverse=True)]
+    assert [k[:2] for k in made] == [(b, s) for b in (3, 2, 1) for s in sorted(shapes.BUCKETS, reverse=True)]
     assert len({k[2:] for k in made}) == 1
     assert {k[3] for k in made} == {tuple(gen.make_proposer().hidden_layers)}
     drafted = set(gen.graphs.calls)

@@ -279,7 +279,7 @@ def test_a_step_on_the_cuda_graphs_path_reads_the_device_at_most_twice(monkeypat
 
 def test_the_decoding_loop_itself_reads_the_device_at_most_twice_per_step(monkeypatch):
     steps = reads_per_step(monkeypatch, lookup=True, fixed=False)
-    loop = [sum(n for site, n in sites.items() if site.startswith("decode/generator.py")) for sites in steps]
+    loop = [sum(n for site, n in sites.items() if site.startswith("decode/step.py")) for sites in steps]
     assert max(loop) <= 2, steps
 
 

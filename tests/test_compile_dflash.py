@@ -15,6 +15,7 @@ from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator, static
 from draftheads.decode.proposers import DFlashProposer, WithLookup
 from draftheads.decode.proposers.base import Accepted, Prefill
+from draftheads.decode.static import shapes
 from draftheads.decode.tree import tree_from_choices
 from tests.conftest import get_target
 from tests.test_compile import count_step_reads, strict
@@ -63,7 +64,7 @@ def same_tree(a, b) -> None:
 def test_the_dflash_draft_step_compiles_as_one_graph_and_drafts_the_eager_tree(monkeypatch, tree, vocab):
     """Through a left-padded prefill, a step whose rows keep different numbers of positions and
     a row leaving the batch; a small capacity makes the context buffers grow between calls."""
-    monkeypatch.setattr(static, "MIN_CAPACITY", 16)
+    monkeypatch.setattr(shapes, "MIN_CAPACITY", 16)
     model, tok = get_target("llama")
     d = dflash(draft_vocab_size=vocab)
     st = None if tree == "auto" else tree_from_choices(json.loads(tree))
@@ -133,7 +134,7 @@ def fixed_drafting(gen: SpeculativeGenerator) -> SpeculativeGenerator:
 def test_fixed_shape_dflash_drafting_gives_the_targets_greedy_output(monkeypatch, tree, lookup, cost_aware):
     """Oracle drafts make rows keep several positions a step; one row stops at its eos and
     leaves the batch; a small capacity makes the context buffers grow mid-call."""
-    monkeypatch.setattr(static, "MIN_CAPACITY", 16)
+    monkeypatch.setattr(shapes, "MIN_CAPACITY", 16)
     model, tok = get_target("llama")
     prompts = PROMPTS[:3]
     cont = [reference("llama", p, 30) for p in prompts]

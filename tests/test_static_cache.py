@@ -1,4 +1,4 @@
-"""The static-shape verify path (decode/static.py) on CPU: same tokens as the DynamicCache path.
+"""The static-shape verify path (decode/static/) on CPU: same tokens as the DynamicCache path.
 
 The CUDA graph capture itself needs a GPU (bench/gpu_check.py runs it); everything it replays
 (fixed-capacity buffers, padded trees, static masks, in-place compaction) runs here eagerly.
@@ -17,7 +17,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator, kv, static
 from draftheads.decode.proposers import WithLookup
-from draftheads.decode.static import KVPool, StaticKV, StaticVerifier
+from draftheads.decode.static import KVPool, StaticKV, StaticVerifier, shapes
 from draftheads.decode.tree import Tree, ancestor_mask
 from draftheads.decode.verify import greedy_accept
 from draftheads.heads import fingerprint
@@ -128,8 +128,8 @@ def test_static_path_is_token_identical_to_the_dynamic_cache_path(case):
 def test_long_acceptance_finished_rows_and_cache_growth_on_static_buffers(monkeypatch):
     """Oracle drafts make rows accept several tokens; one row stops early (its row leaves the
     static batch); a small capacity makes the cache grow mid-call."""
-    monkeypatch.setattr(static, "MIN_CAPACITY", 16)
-    monkeypatch.setattr(static, "BUCKETS", (1, 2, 4, 8, 16))
+    monkeypatch.setattr(shapes, "MIN_CAPACITY", 16)
+    monkeypatch.setattr(shapes, "BUCKETS", (1, 2, 4, 8, 16))
     model, tok = get_target("llama")
     prompts = PROMPTS[:2]
     cont = [reference("llama", p, 30) for p in prompts]
