@@ -1,0 +1,109 @@
+"""Import official EAGLE-1 and EAGLE-3 checkpoints: map their keys to ours, read their layer config.
+
+EAGLE-1 keys are ours already (``fc.*``, ``layers.{i}.*``); EAGLE-3's ``midlayer.*`` (or vLLM's
+``layers.0.*`` with ``hidden_norm``) become ``layers.0.*`` and ``hidden_norm``, beside ``fc`` over
+3H, ``norm``, ``lm_head`` and the vocabulary maps. The drafter's layers take the target's config
+with the official layer's own sizes; its aux layers come from either engine's config key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftheads.conf.errors import UserError
+from draftheads.heads.convert_target_copies import check_embedding
+from draftheads.heads.layouts import OfficialCheckpoint, read_tensors
+from draftheads.heads.reduced_vocab import check_vocab_maps, t2d_from_d2t
+from draftheads.heads.target_fingerprint import TargetFingerprint
+
+# Keys of an official EAGLE layer config that shape the drafter's own layers without touching
+# the rotary embedding it shares with the target.
+EAGLE_LAYER_KEYS = ("intermediate_size", "num_key_value_heads", "rms_norm_eps", "hidden_act")
+
+
+def eagle1_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Official EAGLE-1 keys are ours, minus the embedding copy (a bias-less ``fc`` builds ``fc_bias=False``)."""
+    return {k: v for k, v in sd.items() if k != "embed_tokens.weight"}
+
+
+def eagle3_tensors(sd: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.Tensor]:
+    """Official EAGLE-3 keys -> ours: ``midlayer.hidden_norm`` (or vLLM's ``layers.0.hidden_norm``)
+    -> ``hidden_norm``, ``midlayer.*`` -> ``layers.0.*``.
+
+    A missing ``t2d`` (ModelOpt exports only ``d2t``) is rebuilt from ``d2t``.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        if k == "embed_tokens.weight":
+            continue
+        if k in ("midlayer.hidden_norm.weight", "layers.0.hidden_norm.weight"):
+            out["hidden_norm.weight"] = v
+        elif k.startswith("midlayer."):
+            out["layers.0." + k[len("midlayer.") :]] = v
+        else:
+            out[k] = v
+    if "d2t" in out and "t2d" not in out:
+        out["t2d"] = t2d_from_d2t(out["d2t"], vocab)
+    return out
+
+
+def eagle3_feature_layers(config: dict[str, Any]) -> list[int] | None:
+    """Our feature layers (indices into HF ``hidden_states``: the input of layer i) from an EAGLE-3 config.
+
+    vLLM reads a top-level ``eagle_aux_hidden_state_layer_ids`` as layer inputs (same as ours);
+    SGLang/ModelOpt's ``eagle_config.eagle_aux_hidden_state_layer_ids`` name layer *outputs*
+    (SGLang captures ``id + 1``). None: the EAGLE-3 default, inputs of 2, L//2, L-3.
+    """
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if ids:
+        return [int(i) for i in ids]
+    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if nested:
+        return [int(i) + 1 for i in nested]
+    return None
+
+
+def eagle_layer_config(target: nn.Module, official: dict[str, Any]) -> dict[str, Any]:
+    """The target's config with the official layer's own sizes (MLP width, kv heads, eps) applied."""
+    cfg = target.config.to_dict()
+    cfg.update({k: official[k] for k in EAGLE_LAYER_KEYS if k in official})
+    return cfg
+
+
+def build_eagle(
+    ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerprint
+) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """EAGLE layouts -> (``"eagle"``, EagleDrafter arguments, tensors under our names)."""
+    sd = read_tensors(ckpt.files)
+    check_embedding(sd, target, ckpt.where())
+    layer_cfg = eagle_layer_config(target, ckpt.config)
+    if ckpt.layout == "eagle-1":
+        n = len({k.split(".")[1] for k in sd if k.startswith("layers.")})
+        spec = {"target_config": layer_cfg, "version": 1, "num_decoder_layers": n}
+        spec["fc_bias"] = "fc.bias" in sd
+        return "eagle", spec, eagle1_tensors(sd)
+    target_hidden = ckpt.config.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != ckpt.config.get("hidden_size", fp.hidden_size):
+        raise UserError(
+            f"{ckpt.where()}: a draft hidden size different from the target's ({target_hidden}) is not supported"
+        )
+    lm = sd.get("lm_head.weight")
+    if ckpt.origin == "speculators" and lm is not None and lm.shape[0] == fp.vocab_size:
+        sd.setdefault("d2t", torch.zeros(fp.vocab_size, dtype=torch.long))  # a full vocabulary has no maps
+    if lm is None or "d2t" not in sd:
+        raise UserError(
+            f"{ckpt.where()}: an EAGLE-3 checkpoint needs lm_head.weight and d2t; it is incomplete"
+        )
+    spec = {
+        "target_config": layer_cfg,
+        "version": 3,
+        "num_decoder_layers": 1,
+        "feature_layers": eagle3_feature_layers(ckpt.config),
+        "draft_vocab_size": int(lm.shape[0]),
+    }
+    tensors = eagle3_tensors(sd, fp.vocab_size)
+    check_vocab_maps(tensors["d2t"], tensors["t2d"], fp.vocab_size, ckpt.where())
+    return "eagle", spec, tensors
