@@ -1,7 +1,7 @@
 """What every benchmark stage shares: logging, done markers, configs, cached rows and prompts.
 
-:mod:`draftheads.bench.pipeline` and :mod:`draftheads.bench.study` both build on these, so
-neither needs the other's internals.
+The pipeline's stage modules (``data_stages``, ``train_stages``, ``eval_stage``, ``scaling``)
+and :mod:`draftheads.bench.study` all build on these, so none needs another's internals.
 """
 
 from __future__ import annotations
