@@ -8,7 +8,11 @@ once; the float weights and the tokenizer are then cached as safetensors under t
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import torch
@@ -52,6 +56,19 @@ def is_converted(path: Path) -> bool:
     return all((path / name).is_file() for name in CONVERTED_FILES)
 
 
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Hold back what the GGUF load prints (its progress bars), so that a command's first run
+    prints what it prints on every later one; on an error the held-back text is printed."""
+    held = io.StringIO()
+    try:
+        with redirect_stderr(held):
+            yield
+    except BaseException:
+        sys.stderr.write(held.getvalue())
+        raise
+
+
 def convert_smollm2(cfg: TargetConfig) -> Path:
     """Dequantize the embedded GGUF once and cache model + tokenizer as safetensors.
 
@@ -67,8 +84,9 @@ def convert_smollm2(cfg: TargetConfig) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _gguf_path(cfg)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with quiet():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
     # The weights are plain floats now; drop the GGUF "quantizer" so they save as safetensors.
     model.hf_quantizer = None
