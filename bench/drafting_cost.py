@@ -26,7 +26,7 @@ from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode.prompting import encode_prompt
 from draftheads.heads.target import load_target
-from draftheads.train.recipe import build_drafter
+from draftheads.train.drafters import build_drafter
 
 
 def drafting_steps(target, tok, drafter, prompts: list[str], new_tokens: int) -> float:

@@ -94,7 +94,7 @@ def test_sglang_export_of_a_bias_free_eagle1_writes_an_exact_zero_bias(tmp_path,
 
 def test_fc_bias_false_is_recorded_and_trains_without_a_bias(tmp_path, tiny_llama):
     from draftheads.conf.schema.heads import DraftConfig
-    from draftheads.train.recipe import build_drafter
+    from draftheads.train.drafters import build_drafter
 
     model, tok, _ = tiny_llama
     d = build_drafter(Config(draft=DraftConfig(kind="eagle", version=1, fc_bias=False)), model, tok)

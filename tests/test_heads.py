@@ -188,7 +188,7 @@ def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
     """The feature cache is built from the config, training reads from the drafter: one answer."""
     from draftheads.conf.schema import Config
     from draftheads.conf.schema.heads import DraftConfig
-    from draftheads.train.recipe import build_drafter
+    from draftheads.train.drafters import build_drafter
 
     model, tok, fp = tiny_llama
     cfg = Config(draft=DraftConfig(**draft))

@@ -13,7 +13,7 @@ import pytest
 
 from draftheads.conf.cli import main, parse
 from draftheads.conf.commands.compose import group_options
-from draftheads.train.dry_run import devices_problem
+from draftheads.train.devices import devices_problem
 
 RECIPES = group_options("recipe")
 GIB = 2**30

@@ -14,8 +14,9 @@ from draftheads.data.cache_encode import labelled
 from draftheads.data.prepare import prepare_dataset
 from draftheads.heads.features import target_features
 from draftheads.train.batching import collate, right_pad
+from draftheads.train.drafters import build_drafter
 from draftheads.train.modules import EagleObjective
-from draftheads.train.recipe import TrainRecipe, build_drafter
+from draftheads.train.recipe import TrainRecipe
 from tests.conftest import get_target
 
 TOPK = 8

@@ -12,6 +12,7 @@ from draftheads.data.cache_build import build_feature_cache
 from draftheads.heads import Drafter
 from draftheads.heads.features import target_features
 from draftheads.train.batching import collate
+from draftheads.train.drafters import build_drafter
 from draftheads.train.metrics import Window
 from draftheads.train.modules import EagleObjective
 from draftheads.train.objectives import (
@@ -20,7 +21,7 @@ from draftheads.train.objectives import (
     sparse_soft_cross_entropy,
     topk_teacher,
 )
-from draftheads.train.recipe import build_drafter, train
+from draftheads.train.recipe import train
 from tests.conftest import get_target
 from tests.test_train_recipe import config, losses, make_rows
 

@@ -1,4 +1,5 @@
-"""The DeepSpeed engine: process group, config and ``deepspeed.initialize`` for every mode.
+"""The DeepSpeed engine: process group, config and ``deepspeed.initialize`` for every mode, and
+ZeRO-3's gathering of partitioned parameters where a weight must be read or written whole.
 
 One code path from a single CPU process to multi-node: torchrun (or ``deepspeed
 --no_local_rank``) sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*; a plain ``python`` process gets
@@ -9,6 +10,7 @@ CUDA, DeepSpeed runs on its CPU accelerator over gloo.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 from functools import partial
@@ -79,6 +81,15 @@ def deepspeed_config(ds: dict[str, Any], train: TrainConfig) -> dict[str, Any]:
 
 def zero_stage(ds: dict[str, Any]) -> int:
     return int((ds.get("zero_optimization") or {}).get("stage", 0))
+
+
+def gathered(params: list[torch.nn.Parameter], stage: int) -> contextlib.AbstractContextManager:
+    """Under ZeRO-3, make partitioned parameters whole for the duration of the block."""
+    if stage == 3 and any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+    return contextlib.nullcontext()
 
 
 def build_engine(module: torch.nn.Module, ds: dict[str, Any], train: TrainConfig, total_steps: int):

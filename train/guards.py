@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -19,6 +19,9 @@ from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.train import TrainConfig
 from draftheads.data.outdir import claim_out_dir, guard_out_dir, writable_dir
 from draftheads.train.checkpoint import config_mismatch
+
+if TYPE_CHECKING:
+    from draftheads.data.cache import FeatureCache
 
 
 def is_rank_zero() -> bool:
@@ -88,7 +91,7 @@ def cast_shared_inputs(target: nn.Module) -> None:
         head._draftheads_casts = True
 
 
-def use_topk(cache, train: TrainConfig, d: DraftConfig) -> bool:
+def use_topk(cache: FeatureCache, train: TrainConfig, d: DraftConfig) -> bool:
     """Whether EAGLE's token loss reads the cache's top-k logits (see ``train.soft_labels``);
     refuses a combination that cannot work, before any training."""
     mode = train.soft_labels
@@ -110,3 +113,15 @@ def use_topk(cache, train: TrainConfig, d: DraftConfig) -> bool:
             f"train.soft_labels=topk is for EAGLE-3 only (draft.kind={d.kind}); use train.soft_labels=full"
         )
     return bool(stored) and eagle3 and mode != "full"
+
+
+def dflash_topk(cache: FeatureCache, t: TrainConfig) -> bool:
+    """Whether DFlash learns from the cache's top-k logits (``train.soft_labels`` auto or topk;
+    ``full`` is refused when the config is read), refusing ``topk`` from a cache without them."""
+    stored = int(cache.manifest.get("topk", 0))
+    if t.soft_labels == "topk" and not stored:
+        raise UserError(
+            f"train.soft_labels=topk but feature cache {cache.dir} stores no top-k logits; rebuild "
+            "it with data.features.topk=64, or use train.soft_labels=auto (the data's next tokens)"
+        )
+    return bool(stored)

@@ -11,11 +11,11 @@ def train(args: TrainArgs) -> None:
     this is its dry run. A run stopped by an error gives its folder back at once (the lock, and
     the folder itself when the run created it and wrote nothing), not only when the process exits."""
     from draftheads.data.outdir import release_out_dir
-    from draftheads.train import dry_run, recipe
+    from draftheads.train import devices, recipe
 
     cfg = to_config(args)
     if not cfg.train.dry_run:
-        dry_run.check_devices(cfg)
+        devices.check_devices(cfg)
     try:
         recipe.run(cfg)
     except BaseException:
