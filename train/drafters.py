@@ -17,6 +17,7 @@ from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.dflash import choose_mask_token
+from draftheads.heads.layer_init import last_layers
 from draftheads.heads.target import target_name
 from draftheads.heads.target_fingerprint import fingerprint
 from draftheads.train.adapters import add_lora
@@ -61,6 +62,8 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
             save_shared=d.save_shared,
             fc_bias=d.fc_bias,
         )
+    if d.kind in ("eagle", "dflash") and d.init_from_target:  # refused before any data is read
+        last_layers(target, d.num_decoder_layers)
     return drafter.attach(target)
 
 
