@@ -53,186 +53,246 @@ def summary_lines(results: dict[str, Any]) -> str:
 
 
 def write_docs(results: dict[str, Any], b: BenchConfig, path: Path) -> None:
-    """docs/benchmarks.md from the measured results (overwritten by every bench run): what ran,
-    then acceptance and speed (what a reader looks for first), then training, stage times and the
-    opt-in scaling and ablation rows."""
+    """The measured section of ``docs/benchmarks.md`` (rewritten by every bench run), results
+    first and tables only: acceptance and speed per prompt set with prompt lookup beside the
+    drafters, Spec-Bench per category, the opt-in scaling and ablation rows, then training and
+    stage times. The settings and every figure go to ``benchmarks.json`` beside the page, the
+    raw results to ``results.json`` in ``bench.out_dir``."""
     # the optional data folder is named by role, not by this machine's path
     settings = {**vars(b), "shared_data": "DATA_DIR" if b.shared_data else ""}
+    figures_file = path.with_suffix(".json")
     lines = [
-        *run_lines(results, settings),
-        *speed_lines(results),
-        *training_lines(results),
+        *speed_lines(results, b, figures_file.name),
         *study_lines(results, b),
+        *training_lines(results),
         "",
         "Reproduce: `make bench` (or `draftheads bench bench.out_dir=outputs/bench`); stages are cached "
         "under `bench.out_dir`, so a rerun skips what is done, and a stage done under other settings "
         "stops the rerun with the folder to delete.",
     ]
     replace_section(path, "\n".join(lines))
-    write_figures(results, settings, path.with_suffix(".json"))
+    write_figures(results, settings, figures_file)
 
 
-def run_lines(results: dict[str, Any], settings: dict[str, Any]) -> list[str]:
-    """The section's title and what ran: target, hardware, versions, time and settings."""
-    env = next((r["environment"] for reps in results["drafters"].values() for r in reps.values()), {})
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table without the columns that are blank in every row."""
+    keep = [i for i in range(len(header)) if any(row[i] for row in rows)] if rows else range(len(header))
     return [
-        "## Measured results",
-        "",
-        "Measured by `make bench` (`draftheads bench`), greedy, batch 1, on the embedded SmolLM2-135M-Instruct "
-        "target in fp32. Every number below comes from one run; speedups compare, in that same run and on the "
-        "same prompts, against the target's plain greedy `generate` and transformers' prompt lookup decoding "
-        "(`prompt_lookup_num_tokens=10`).",
-        "",
-        f"- Hardware: {env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores, torch threads "
-        f"{env.get('torch_threads', '?')}, device {env.get('device', '?')}",
-        f"- Versions: {json.dumps(env.get('versions', {}))}",
-        f"- This invocation: {results['seconds'] / 60:.0f} min (stages cached by an earlier one are "
-        f"skipped, not counted). Settings: `{json.dumps(settings)}`",
+        "| " + " | ".join(header[i] for i in keep) + " |",
+        "|" + "---|" * len(keep),
+        *("| " + " | ".join(row[i] for i in keep) + " |" for row in rows),
     ]
 
 
-def speed_lines(results: dict[str, Any]) -> list[str]:
-    """Acceptance and speed per drafter and prompt set, then Spec-Bench per category."""
-    pld = {name: r["pld"] for reps in results["drafters"].values() for name, r in reps.items() if "pld" in r}
-    lines = [
-        "",
-        "### Acceptance and speed",
-        "",
-        "Speedups are against stock transformers `generate` and against greedy decoding on the "
-        "decoder's own backend (`backend`); a step's cost is in greedy steps on that backend; prompt "
-        "lookup is transformers' (`prompt_lookup_num_tokens=10`), against stock `generate`.",
-        "",
-        "| drafter | prompt set | τ | vs stock | vs greedy | backend | tok/s | stock tok/s | greedy tok/s |"
-        " step cost | drafting | greedy identical | turns | prompt lookup τ | prompt lookup vs stock |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    nan = float("nan")
-    for kind, reports in results["drafters"].items():
-        for name, r in reports.items():
-            p = pld.get(name, {})
-            lines.append(
-                f"| {kind} | {name} | {r['tau']:.2f} | {r.get('speedup_vs_stock', nan):.2f}× | "
-                f"{r['speedup']:.2f}× | {r.get('backend', 'eager')} | {r['tokens_per_s']:.1f} | "
-                f"{r.get('stock_tokens_per_s', nan):.1f} | {r['baseline_tokens_per_s']:.1f} | "
-                f"{r.get('step_cost_greedy_steps', nan):.2f} | {r.get('draft_cost_greedy_steps', nan):.2f} | "
-                f"{r['greedy_identical']:.2f} | {r['num_turns']} | "
-                f"{p.get('tau', nan):.2f} | {p.get('speedup', nan):.2f}× |"
-            )
-    pcats = (
-        next(
-            (r for r in results["drafters"].values() if "spec_bench" in r and "pld" in r["spec_bench"]),
-            {},
-        )
-        .get("spec_bench", {})
-        .get("per_category", {})
+def run_line(results: dict[str, Any], b: BenchConfig, figures_name: str) -> str:
+    """What ran: the command, hardware, versions and this invocation's time."""
+    env = next(
+        (
+            r["environment"]
+            for reps in results["drafters"].values()
+            for r in reps.values()
+            if "environment" in r
+        ),
+        {},
     )
-    for kind, reports in results["drafters"].items():
-        cats = reports.get("spec_bench", {}).get("per_category")
-        if not cats:
-            continue
-        lines += [
-            "",
-            f"#### Spec-Bench per category: {kind}",
-            "",
-            "| category | τ | speedup | prompt lookup speedup |",
-            "|---|---|---|---|",
-        ]
-        for cat, r in cats.items():
-            ps = pcats.get(cat, {}).get("pld", {}).get("speedup", nan)
-            lines.append(f"| {cat} | {r['tau']:.2f} | {r['speedup']:.2f}× | {ps:.2f}× |")
-    return lines
+    versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
+    return (
+        f"`{results.get('command', 'draftheads bench')}` on {env.get('cpu', '?')}, {env.get('cpu_count', '?')} "
+        f"cores (torch threads {env.get('torch_threads', '?')}, device {env.get('device', '?')}); {versions}; "
+        f"{results.get('seconds', 0) / 60:.0f} min for this invocation (stages cached by an earlier one are "
+        f"skipped, not counted). Greedy, batch 1, {b.eval_new_tokens} new tokens, the embedded "
+        "SmolLM2-135M-Instruct target in fp32; every drafter and baseline decodes the same turns in one "
+        f"process. The settings and every figure: [`{figures_name}`]({figures_name})."
+    )
+
+
+def speed_lines(results: dict[str, Any], b: BenchConfig, figures_name: str) -> list[str]:
+    """Acceptance and speed per prompt set (each drafter, then transformers' prompt lookup), then
+    Spec-Bench per category, one column per drafter."""
+    reps = results["drafters"]
+    nan = float("nan")
+    backends = sorted({r.get("backend", "eager") for reports in reps.values() for r in reports.values()})
+    sets = list(dict.fromkeys(name for reports in reps.values() for name in reports))
+    rows = []
+    for name in sets:
+        here = {kind: reports[name] for kind, reports in reps.items() if name in reports}
+        for kind, r in here.items():
+            rows.append(
+                [
+                    kind,
+                    name,
+                    str(r["num_turns"]),
+                    f"{r['tau']:.2f}",
+                    f"{r['speedup']:.2f}×",
+                    f"{r.get('speedup_vs_stock', nan):.2f}×",
+                    f"{r['tokens_per_s']:.1f}",
+                    f"{r['baseline_tokens_per_s']:.1f}",
+                    f"{r.get('stock_tokens_per_s', nan):.1f}",
+                    f"{r.get('step_cost_greedy_steps', nan):.2f}",
+                    f"{r.get('draft_cost_greedy_steps', nan):.2f}",
+                    f"{r['greedy_identical']:.2f}",
+                ]
+            )
+        pld = next(((r["pld"], r["num_turns"]) for r in here.values() if r.get("pld")), None)
+        if pld:
+            p, turns = pld
+            tps = f"{p['tokens_per_s']:.1f}" if p.get("tokens_per_s") else ""
+            rows.append(
+                ["prompt lookup", name, str(turns), f"{p['tau']:.2f}", "", f"{p['speedup']:.2f}×", tps]
+                + [""] * 5
+            )
+    lines = [
+        "### Acceptance and speed: the recorded run",
+        "",
+        run_line(results, b, figures_name)
+        + f" Greedy is the decoder's own backend ({', '.join(backends)}); step cost and drafting are in "
+        "greedy steps on it. Prompt lookup is transformers' (`prompt_lookup_num_tokens=10`), on stock "
+        "`generate`.",
+        "",
+        *table(
+            [
+                "drafter",
+                "prompt set",
+                "turns",
+                "τ",
+                "vs greedy",
+                "vs stock",
+                "tok/s",
+                "greedy tok/s",
+                "stock tok/s",
+                "step cost",
+                "drafting",
+                "greedy identical",
+            ],
+            rows,
+        ),
+    ]
+    spec = {kind: reports["spec_bench"] for kind, reports in reps.items() if "spec_bench" in reports}
+    kinds = [kind for kind, r in spec.items() if r.get("per_category")]
+    if not kinds:
+        return lines
+    pcats = next((r.get("per_category", {}) for r in spec.values() if r.get("pld")), {})
+    with_pld = any(c.get("pld") for c in pcats.values())
+    cats = list(dict.fromkeys(c for kind in kinds for c in spec[kind]["per_category"]))
+    rows = []
+    for cat in cats:
+        cells = [cat]
+        for kind in kinds:
+            r = spec[kind]["per_category"].get(cat)
+            cells.append(f"{r['tau']:.2f} / {r['speedup']:.2f}×" if r else "")
+        if with_pld:
+            ps = pcats.get(cat, {}).get("pld", {}).get("speedup")
+            cells.append(f"{ps:.2f}×" if ps is not None else "")
+        rows.append(cells)
+    header = ["category", *(f"{kind}: τ / vs greedy" for kind in kinds)]
+    header += ["prompt lookup vs stock"] if with_pld else []
+    return lines + ["", "#### Spec-Bench per category", "", *table(header, rows)]
 
 
 def training_lines(results: dict[str, Any]) -> list[str]:
-    """What each drafter trained on and for how long, the feature caches, and every stage's minutes."""
-    lines = [
-        "",
-        "### Training",
-        "",
-        "| drafter | steps | epochs | answer tokens | minutes |",
-        "|---|---|---|---|---|",
-    ]
-    for kind, t in results["train"].items():
-        epochs = "" if t.get("epochs") is None else f"{t['epochs']:.2f}"
-        lines.append(
-            f"| {kind} | {t.get('steps') or ''} | {epochs} | {t.get('answer_tokens')} | "
-            f"{t.get('seconds', 0) / 60:.1f} |"
-        )
-    data = results.get("data")
-    if data:
-        minutes = f", {data['seconds'] / 60:.1f} min" if data.get("seconds") else ""
-        lines += [
-            "",
-            f"Teacher-forced feature cache: {data.get('rows')} rows, {data.get('answer_tokens')} distinct "
-            f"answer tokens{minutes}.",
-        ]
-    mix = results.get("mixture")
-    if mix:
-        lines += [
-            "",
-            f"Self-distilled answers beside it: {mix.get('rows')} rows, {mix['distilled_tokens']} answer "
-            f"tokens, {mix['distill_repeats']} pass{'es' if mix['distill_repeats'] != 1 else ''} each per pass "
-            "over the teacher-forced text, in the "
-            "main EAGLE-3 drafter's data only.",
-        ]
+    """Every stage's minutes (one row), then what each drafter trained on and the feature caches."""
+    lines = ["", "### Training and stage times: the recorded run"]
     stages = results.get("stage_minutes") or {}
     if stages:
         known = [m for m in stages.values() if m is not None]
-        lines += ["", "### Stage times", "", "| stage | minutes |", "|---|---|"]
-        lines += [f"| {name} | {'not recorded' if m is None else f'{m:.1f}'} |" for name, m in stages.items()]
         total = f"{sum(known):.1f}" + ("" if len(known) == len(stages) else " (recorded stages only)")
-        lines.append(f"| **all stages** | **{total}** |")
-    return lines
+        lines += [
+            "",
+            *table(
+                [*stages, "**all stages**"],
+                [[*("not recorded" if m is None else f"{m:.1f}" for m in stages.values()), f"**{total}**"]],
+            ),
+        ]
+    trained = []
+    for kind, t in results["train"].items():
+        what = [f"{t['steps']} steps"] if t.get("steps") else []
+        what += [f"{t['epochs']:.2f} epochs"] if t.get("epochs") is not None else []
+        what += [f"{t.get('answer_tokens')} answer tokens", f"{t.get('seconds', 0) / 60:.1f} min"]
+        trained.append(f"{kind}: {', '.join(what)}")
+    text = [f"Minutes per stage; trained: {'; '.join(trained)}."] if trained else []
+    data = results.get("data")
+    if data:
+        minutes = f", {data['seconds'] / 60:.1f} min" if data.get("seconds") else ""
+        text.append(
+            f"Teacher-forced feature cache: {data.get('rows')} rows, {data.get('answer_tokens')} distinct "
+            f"answer tokens{minutes}."
+        )
+    mix = results.get("mixture")
+    if mix:
+        text.append(
+            f"Self-distilled answers beside it: {mix.get('rows')} rows, {mix['distilled_tokens']} answer "
+            f"tokens, {mix['distill_repeats']} pass{'es' if mix['distill_repeats'] != 1 else ''} each per pass "
+            "over the teacher-forced text, in the main EAGLE-3 drafter's data only."
+        )
+    return lines + (["", " ".join(text)] if text else [])
 
 
 def study_lines(results: dict[str, Any], b: BenchConfig) -> list[str]:
     """The opt-in rows: τ against distinct training data at equal compute, and the recipe ablations."""
     lines = []
     if results["scaling"]:
+        rows = [
+            [
+                str(p["answer_tokens"]),
+                "" if p.get("epochs") is None else f"{p['epochs']:.2f}",
+                str(p.get("steps") or ""),
+                f"{p['seconds'] / 60:.1f}" if p.get("seconds") else "",
+                f"{p['tau']:.2f}",
+            ]
+            for p in results["scaling"]
+        ]
         lines += [
             "",
-            "### τ against training data (EAGLE drafter, held-out prompts)",
+            "### τ against training data: the recorded run",
             "",
-            "Distinct answer tokens against epochs; with teacher-forced data every point has the same "
-            "compute (answer tokens x epochs).",
+            "EAGLE-3 on the first N distinct teacher-forced answer tokens, every point at the same compute "
+            "(answer tokens × epochs), τ on the held-out prompts. Plot: "
+            f"`{Path(b.out_dir) / 'scaling.png'}`.",
             "",
-            "| answer tokens | epochs | steps | training minutes | τ |",
-            "|---|---|---|---|---|",
+            *table(["answer tokens", "epochs", "steps", "training minutes", "τ"], rows),
         ]
-        for p in results["scaling"]:
-            epochs = "" if p.get("epochs") is None else f"{p['epochs']:.2f}"
-            minutes = f"{p['seconds'] / 60:.1f}" if p.get("seconds") else ""
-            lines.append(
-                f"| {p['answer_tokens']} | {epochs} | {p.get('steps') or ''} | {minutes} | {p['tau']:.2f} |"
-            )
-        lines += ["", f"Plot: `{Path(b.out_dir) / 'scaling.png'}`."]
     if results.get("ablations"):
         lines += [
             "",
-            "### Recipe ablations (equal data and compute, held-out prompts)",
+            "### Recipe ablations: the recorded run",
             "",
-            "τ is the decoder's on the held-out prompts; simulated τ and position 1 come from the run's "
-            "last evaluation on its held-out rows (a top-1 chain, or a drafted block, at every answer "
-            "position); drafting is the drafter's time per drafting step in 1-token greedy steps.",
+            "One switch per row, on the same teacher-forced answer tokens, held-out τ with the decoder's "
+            "defaults."
+            + (
+                " Simulated τ and position 1 come from a row's last evaluation on its held-out rows, and "
+                "drafting is the drafter's time per drafting step in greedy steps."
+                if any(r.get("eval") or r.get("draft_greedy_steps") for r in results["ablations"].values())
+                else ""
+            ),
             "",
-            "| row | overrides | data | answer tokens | epochs | training minutes | simulated τ "
-            "| position 1 top-1 | drafting, greedy steps | τ |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            *table(
+                [
+                    "row",
+                    "overrides",
+                    "data",
+                    "answer tokens",
+                    "epochs",
+                    "training minutes",
+                    "simulated τ",
+                    "position 1 top-1",
+                    "drafting, greedy steps",
+                    "τ",
+                ],
+                [ablation_cells(name, r) for name, r in results["ablations"].items()],
+            ),
         ]
-        for name, r in results["ablations"].items():
-            lines.append(ablation_line(name, r))
     return lines
 
 
-def ablation_line(name: str, r: dict[str, Any]) -> str:
-    """One ablation row of the table; blanks for figures a row (or an older record) lacks."""
+def ablation_cells(name: str, r: dict[str, Any]) -> list[str]:
+    """One ablation row's cells; blanks for figures a row (or an older record) lacks."""
     over = " ".join(r.get("overrides", [])) or "(bench recipe)"
     ev = r.get("eval") or {}
     first = ev.get("pos1/acc_top1", ev.get("step0/acc_top1"))  # the first drafted token
-    cells = [
+    return [
         name,
         f"`{over}`",
-        r.get("data", "teacher"),
+        r.get("data", ""),
         str(r["answer_tokens"]),
         f"{r['epochs']:.2f}",
         f"{r['seconds'] / 60:.1f}" if r.get("seconds") else "",
@@ -241,12 +301,12 @@ def ablation_line(name: str, r: dict[str, Any]) -> str:
         f"{r['draft_greedy_steps']:.3f}" if r.get("draft_greedy_steps") is not None else "",
         f"{r['tau']:.2f}",
     ]
-    return "| " + " | ".join(cells) + " |"
 
 
 def figures(results: dict[str, Any]) -> dict[str, Any]:
-    """Every figure of the tables: training, acceptance and speed per drafter and prompt set,
-    Spec-Bench per category, the scaling points and the ablation rows."""
+    """Every figure of the tables: the environment, training, acceptance and speed per drafter and
+    prompt set (prompt lookup's beside it), Spec-Bench per category, the scaling points and the
+    ablation rows."""
     keys = (
         "tau",
         "speedup",
@@ -264,9 +324,14 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         kind: {
             name: {
                 **{k: r.get(k) for k in keys},
-                "pld": {k: r["pld"].get(k) for k in ("tau", "speedup")} if "pld" in r else None,
+                "pld": {k: r["pld"].get(k) for k in ("tau", "speedup", "tokens_per_s")}
+                if "pld" in r
+                else None,
                 "per_category": {
-                    c: {k: v.get(k) for k in ("tau", "speedup")}
+                    c: {
+                        **{k: v.get(k) for k in ("tau", "speedup")},
+                        **({"pld": {k: v["pld"].get(k) for k in ("tau", "speedup")}} if "pld" in v else {}),
+                    }
                     for c, v in (r.get("per_category") or {}).items()
                 },
             }
@@ -274,7 +339,19 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         }
         for kind, reports in results["drafters"].items()
     }
+    env = next(
+        (
+            r["environment"]
+            for reps in results["drafters"].values()
+            for r in reps.values()
+            if "environment" in r
+        ),
+        None,
+    )
+    # the hardware and versions (not the decode settings, which may name this machine's paths)
+    hardware = ("device", "gpu", "cpu", "cpu_count", "torch_threads", "dtype", "versions")
     return {
+        "environment": {k: env.get(k) for k in hardware} if env else None,
         "train": results["train"],
         "data": results.get("data"),
         "mixture": results.get("mixture"),
