@@ -80,7 +80,6 @@ def convert_smollm2(cfg: TargetConfig) -> Path:
     out = cache_root(cfg) / "smollm2-135m-instruct"
     if is_converted(out):
         return out
-    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _gguf_path(cfg)
@@ -93,13 +92,22 @@ def convert_smollm2(cfg: TargetConfig) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    model.config.save_pretrained(tmp)
-    if model.generation_config is not None:
-        model.generation_config.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    save_converted(model, tok, tmp)
     return install(tmp, out)
+
+
+def save_converted(model, tokenizer, directory: Path) -> None:
+    """Write ``model`` (weights, config, generation config) and ``tokenizer`` to ``directory``
+    on whatever rank this process is: the weights through safetensors, as a conversion is
+    every process's own (``save_pretrained`` writes no weights off rank 0)."""
+    from safetensors.torch import save_model
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(directory)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
 
 
 def install(tmp: Path, out: Path) -> Path:

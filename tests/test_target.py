@@ -161,23 +161,27 @@ def test_target_config_refuses_unknown_tiny_kinds_and_dtypes_when_read():
 
 
 def test_the_embedded_conversion_is_whole_on_any_rank_and_replaces_an_incomplete_one(
-    tmp_path, monkeypatch, smollm2
+    tmp_path, monkeypatch, tiny_llama
 ):
-    """A conversion by a rank other than 0 (where ``save_pretrained`` writes no weights) is whole,
-    and a cached folder that lost its weights is converted again, not returned as it is."""
+    """What a conversion writes on a rank other than 0 (where ``save_pretrained`` writes no
+    weights) is whole, and it replaces a cached folder that lost its weights; the same model
+    loads back from it."""
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
-    from draftheads.heads.embedded_target import convert_smollm2, is_converted
+    from draftheads.heads.embedded_target import install, is_converted, save_converted
 
+    model, tok, _ = tiny_llama
     broken = tmp_path / "smollm2-135m-instruct"
     broken.mkdir()
     (broken / "tokenizer.json").write_text("{}")
     monkeypatch.setattr(PreTrainedModel, "should_save_on_this_rank", lambda self, is_main_process: False)
-    out = convert_smollm2(TargetConfig(cache_dir=str(tmp_path)))
+    save_converted(model, tok, tmp_path / "mine.tmp")
+    out = install(tmp_path / "mine.tmp", broken)
     assert out == broken and is_converted(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # no private folders left
-    model, _ = smollm2
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    ids = torch.tensor([[1, 504, 3458, 314]])
+    ids = torch.tensor([[1, 50, 345, 314]])
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+    save_converted(model, tok, tmp_path / "late.tmp")  # another process finishing later keeps it
+    assert install(tmp_path / "late.tmp", out) == out and not (tmp_path / "late.tmp").exists()
