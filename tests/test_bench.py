@@ -16,7 +16,6 @@ from draftheads.conf.schema.heads import DraftConfig
 from tests.conftest import get_target
 
 
-@pytest.mark.slow
 def tiny_bench(tmp_path, *overrides: str, **settings):
     """``(args, bench config)`` for the tiny target: outputs under ``tmp_path/bench``, no shared
     data folder, no docs page, held-out prompts only and no extra baselines unless ``settings``

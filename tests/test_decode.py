@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -353,11 +355,32 @@ def test_sampling_matches_the_targets_exact_distribution(kind):
     assert gen.last_stats.tau > 1.3
 
 
+COARSE: dict[str, object] = {}  # coarse curves by their set-up's key, shared by the tests here
+
+
+def coarse_curves(monkeypatch) -> None:
+    """Generators read a cost curve measured at five sizes, once per set-up and batch size: the
+    planner prunes on a measured curve all the same, without the full measurement (at 4000
+    rows, most of a sampling test's time)."""
+    from draftheads.decode.cost import curve_key, measure_curve
+
+    def coarse(self, batch=1, context=1):
+        key = json.dumps(curve_key(self.target, self.backend, batch), sort_keys=True)
+        if key not in COARSE:
+            COARSE[key] = measure_curve(
+                self.target, self.backend, sizes=(1, 2, 4, 8, 16), repeats=1, batch=batch
+            )
+        return COARSE[key]
+
+    monkeypatch.setattr(SpeculativeGenerator, "cost_curve", coarse)
+
+
 @pytest.mark.parametrize("kind", ["eagle", "dflash"])
-def test_sampling_distribution_with_dynamic_trees_lookup_and_cost_aware_pruning(kind):
+def test_sampling_distribution_with_dynamic_trees_lookup_and_cost_aware_pruning(kind, monkeypatch):
     """The same exact-distribution check through the default machinery: an EAGLE-2 dynamic
     tree (DDTree for DFlash) from a real drafter, a lookup branch merged into it, and cost-aware
-    pruning."""
+    pruning (on a coarsely measured curve)."""
+    coarse_curves(monkeypatch)
     model = small_vocab_target()
     V, N = 6, 4000
     d = drafter(kind, model, fingerprint(model, None), **SMALL[kind])
@@ -445,8 +468,6 @@ def test_smollm2_greedy_identity(smollm2, monkeypatch):
     """The real target's greedy text, token for token, under Medusa's static tree and EAGLE's
     cost-aware dynamic one. The cost curve is measured coarsely here (what the planner reads is
     a measured curve all the same; its full measurement is the bench's)."""
-    from draftheads.decode.cost import measure_curve
-
     model, tok = smollm2
     fp = fingerprint(model, tok)
     msgs = [[{"role": "user", "content": q}] for q in ("What is 2+2?", "Name three colors.")]
@@ -456,16 +477,7 @@ def test_smollm2_greedy_identity(smollm2, monkeypatch):
         ids = tok(t, return_tensors="pt").input_ids
         ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
         refs.append(ref[0, ids.shape[1] :].tolist())
-    curves = {}
-
-    def coarse(self, batch=1, context=1):
-        if batch not in curves:
-            curves[batch] = measure_curve(
-                self.target, self.backend, sizes=(1, 2, 4, 8, 16), repeats=1, batch=batch
-            )
-        return curves[batch]
-
-    monkeypatch.setattr(SpeculativeGenerator, "cost_curve", coarse)
+    coarse_curves(monkeypatch)
     enc = batch(tok, texts)
     P = enc.input_ids.shape[1]
     for d in (drafter("medusa", model, fp), drafter("eagle", model, fp, version=1)):
