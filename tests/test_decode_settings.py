@@ -18,7 +18,7 @@ from draftheads.decode.processing import Processing, resolve
 from draftheads.decode.select import from_rows
 from draftheads.heads import fingerprint
 from tests.conftest import get_target
-from tests.test_decode import PROMPTS, batch, drafter, small_vocab_target
+from tests.test_decode import PROMPTS, batch, coarse_curves, drafter, small_vocab_target
 
 
 # ---- positions ------------------------------------------------------------------------------------
@@ -190,9 +190,10 @@ def first_tokens(model, prompt, **kw):
     return p1[0][:, None, None] * p2[torch.arange(V) * V][:, :, None] * p3.reshape(V, V, V)
 
 
-def test_sampling_follows_the_targets_generation_config_defaults():
+def test_sampling_follows_the_targets_generation_config_defaults(monkeypatch):
     """A model whose generation config samples (temperature 0.7, top-k 3, top-p 0.9): with no
     sampling argument, the decoder samples from that distribution, as generate does."""
+    coarse_curves(monkeypatch)
     model = small_vocab_target()
     model.generation_config = GenerationConfig(do_sample=True, temperature=0.7, top_k=3, top_p=0.9)
     V, N = 6, 4000
