@@ -66,9 +66,8 @@ def test_two_rank_data_parallel_keeps_identical_weights(tmp_path):
         str(tmp_path / "out"),
         str(tmp_path / "rows"),
     ]
-    assert run_bounded(cmd, env, tmp_path / "log.txt", timeout=300) == 0, (tmp_path / "log.txt").read_text()[
-        -3000:
-    ]
+    log = tmp_path / "log.txt"
+    assert run_bounded(cmd, env, log, timeout=300) == 0, log.read_text()[-3000:]
     a, b = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "out" / "model.safetensors").is_file()
