@@ -77,6 +77,14 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
     "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],
     "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],
+    # one row per optimizer step instead of four packed: four times the updates per token
+    "dflash micro-batch 1": ["draft=dflash", "train.micro_batch_size=1"],
+    "dflash micro-batch 1 drafter only": [
+        "draft=dflash",
+        "train.micro_batch_size=1",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
     # EAGLE-3's levers on the same data
     "eagle3 regenerated": ["bench.data=regenerated"],
     "eagle3 regenerated drafter only": [
@@ -87,6 +95,8 @@ ABLATIONS: dict[str, list[str]] = {
     "eagle3 2 passes": ["bench.epochs=2"],
     "eagle3 ttt 2": ["draft.ttt_steps=2"],
     "eagle3 lr 6e-4": ["train.lr=6e-4"],
+    "eagle3 micro-batch 1": ["train.micro_batch_size=1"],
+    "eagle3 micro-batch 1 drafter only": ["train.micro_batch_size=1", "decode.lookup=false", "decode.cost_aware=false"],
 }
 # the data a row trains on: the teacher-forced cache, or the target's own regenerated answers
 # (the distilled cache, ``bench.distill_prompts`` of them)

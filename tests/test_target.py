@@ -80,6 +80,23 @@ def test_fingerprint_tracks_the_tokenizer(tiny_llama):
     assert fingerprint(model, tok2).tokenizer_hash != fp.tokenizer_hash
 
 
+def test_a_remembered_tokenizer_hash_follows_the_tokenizers_changes(tiny_llama):
+    from draftheads.heads.target_fingerprint import tokenizer_hash
+
+    _, tok, fp = tiny_llama
+    tok2 = type(tok).from_pretrained(tok.name_or_path)
+    tok2.pad_token = tok2.eos_token
+    first = tokenizer_hash(tok2)
+    assert first == fp.tokenizer_hash and tokenizer_hash(tok2) == first
+    tok2.chat_template = "{{ messages[0]['content'] }}"
+    templated = tokenizer_hash(tok2)
+    fresh = type(tok).from_pretrained(tok.name_or_path)
+    fresh.pad_token, fresh.chat_template = fresh.eos_token, tok2.chat_template
+    assert templated != first and templated == tokenizer_hash(fresh)
+    tok2.add_tokens(["<draft-test-token>"])
+    assert tokenizer_hash(tok2) not in (first, templated)
+
+
 def test_bad_target_options_are_one_line_errors():
     with pytest.raises(UserError, match="target.dtype=float8"):
         resolve_dtype("float8")
