@@ -77,6 +77,24 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
     "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],
     "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],
+    # a share of the training blocks read their own rows only: the anchor is all they can use
+    "dflash context dropout 0.5": ["draft=dflash", "draft.context_dropout=0.5"],
+    "dflash context dropout 0.5 drafter only": [
+        "draft=dflash",
+        "draft.context_dropout=0.5",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
+    # almost every block blind: what the anchor row alone teaches block position 1
+    "dflash anchor only": ["draft=dflash", "draft.context_dropout=0.99"],
+    # the anchor first: a third of the run's 89 steps blind, then the whole context
+    "dflash blind 30 steps": ["draft=dflash", "draft.blind_steps=30"],
+    "dflash blind 30 steps drafter only": [
+        "draft=dflash",
+        "draft.blind_steps=30",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
     # one row per optimizer step instead of four packed: four times the updates per token
     "dflash micro-batch 1": ["draft=dflash", "train.micro_batch_size=1"],
     "dflash micro-batch 1 drafter only": [
@@ -96,7 +114,11 @@ ABLATIONS: dict[str, list[str]] = {
     "eagle3 ttt 2": ["draft.ttt_steps=2"],
     "eagle3 lr 6e-4": ["train.lr=6e-4"],
     "eagle3 micro-batch 1": ["train.micro_batch_size=1"],
-    "eagle3 micro-batch 1 drafter only": ["train.micro_batch_size=1", "decode.lookup=false", "decode.cost_aware=false"],
+    "eagle3 micro-batch 1 drafter only": [
+        "train.micro_batch_size=1",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
 }
 # the data a row trains on: the teacher-forced cache, or the target's own regenerated answers
 # (the distilled cache, ``bench.distill_prompts`` of them)

@@ -189,6 +189,54 @@ def test_one_pass_over_all_blocks_equals_each_block_drafted_alone(soft):
     assert stats["pos1/n"] == int(keep.sum())  # every real block counts its first position
 
 
+def test_a_blind_block_sees_only_its_own_rows():
+    pos, loss, valid = packed_row()
+    docs = documents(valid, pos)
+    anchors, keep = torch.tensor([[2, 4, 7]]), torch.ones(1, 3, dtype=torch.bool)
+    sees = torch.tensor([[True, False, True]])
+    m = block_mask(anchors, keep, 3, docs, valid, sees)[0]
+    full = block_mask(anchors, keep, 3, docs, valid)[0]
+    assert not m[3:6, :11].any() and m[3:6, 14:17].all()  # the middle block: its own rows only
+    assert torch.equal(m[:3], full[:3]) and torch.equal(m[6:], full[6:])  # the others as before
+
+
+def test_context_dropout_hides_the_features_from_the_blocks_it_draws():
+    """With every block blind the loss does not depend on the target's features; at 0 the
+    objective draws no extra random numbers, so a run without the option is unchanged."""
+    model, d, batch = drafter_and_batch(True)
+    g = torch.Generator().manual_seed(11)
+    # other features (not a rescaling: the fused context is RMS-normed)
+    scaled = {**batch, "features": batch["features"] + torch.randn(batch["features"].shape, generator=g)}
+
+    def loss(dropout: float, b: dict) -> torch.Tensor:
+        cfg = DraftConfig(kind="dflash", block_size=4, context_dropout=dropout)
+        torch.manual_seed(7)
+        return DFlashObjective(d, model, cfg, topk=5)(b)[0]
+
+    assert loss(0.999999, batch) == loss(0.999999, scaled)
+    assert loss(0.0, batch) != loss(0.0, scaled)
+    torch.manual_seed(7)
+    DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=4), topk=5)(batch)
+    after = torch.get_rng_state()
+    torch.manual_seed(7)
+    sample_anchors(
+        anchor_candidates(batch["loss_mask"], batch["position_ids"]),
+        documents(batch["attention_mask"].bool(), batch["position_ids"]),
+        8,
+        token_uniforms(batch["attention_mask"]),
+    )
+    assert torch.equal(torch.get_rng_state(), after)
+    # the first draft.blind_steps optimizer steps train every block blind, then the context is back
+    early = DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=4, blind_steps=2), topk=5)
+    assert early(batch, step=1)[0] == early(scaled, step=1)[0]
+    assert early(batch, step=2)[0] != early(scaled, step=2)[0]
+    with pytest.raises(UserError, match=r"draft.blind_steps=-1 must be at least 0"):
+        DraftConfig(kind="dflash", blind_steps=-1)
+    for bad in (1.0, -0.1):
+        with pytest.raises(UserError, match=rf"draft.context_dropout={bad} must be in \[0, 1\)"):
+            DraftConfig(kind="dflash", context_dropout=bad)
+
+
 def test_chains_give_each_answer_positions_block_acceptance():
     """Evaluation drafts a block at every candidate anchor; τ per block is the decoder's."""
     model, d, batch = drafter_and_batch(soft=True)

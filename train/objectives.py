@@ -278,20 +278,26 @@ def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, block: int, mas
 
 
 def block_mask(
-    anchors: torch.Tensor, keep: torch.Tensor, block: int, docs: torch.Tensor, valid: torch.Tensor
+    anchors: torch.Tensor,
+    keep: torch.Tensor,
+    block: int,
+    docs: torch.Tensor,
+    valid: torch.Tensor,
+    sees_context: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean ``[B, N*block, T + N*block]`` (True: may attend), keys = the row's T context
     positions, then every block's rows.
 
     Block j (anchor a_j) sees context position c iff c < a_j, c is in a_j's document and real
     (never its own label positions' features, never another packed document), and its own
-    block's rows, bidirectionally; no other block. A padding block (``keep`` False) sees only
-    itself, so no softmax row is empty.
+    block's rows, bidirectionally; no other block. A padding block (``keep`` False), or one
+    whose ``sees_context [B, N]`` is False, sees only itself, so no softmax row is empty.
     """
     T, N = docs.shape[1], anchors.shape[1]
     cols = torch.arange(T, device=docs.device)
     own_doc = docs[:, None, :] == docs.gather(1, anchors)[..., None]
-    ctx = (cols < anchors[..., None]) & own_doc & valid.bool()[:, None, :] & keep[..., None]
+    seen = keep if sees_context is None else keep & sees_context
+    ctx = (cols < anchors[..., None]) & own_doc & valid.bool()[:, None, :] & seen[..., None]
     rows = torch.arange(N * block, device=docs.device) // block
     same = (rows[:, None] == rows[None, :]).expand(docs.shape[0], -1, -1)
     return torch.cat([ctx.repeat_interleave(block, dim=1), same], dim=-1)

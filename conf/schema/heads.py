@@ -235,6 +235,13 @@ class DraftConfig:
     # logits scale with its square: at 1 they stay within +-sqrt(head_dim), too flat for a block
     # row to single out its anchor among hundreds of context keys early in training
     qk_gain: float = 1.0
+    # DFlash: the share of training blocks that see none of the target's context, only their
+    # own rows, so that the anchor token is the one thing they can read (evaluation and
+    # decoding always see the context)
+    context_dropout: float = 0.0
+    # DFlash: the first this many optimizer steps train every block blind (the anchor alone), so
+    # block position 1 learns to read its anchor before the context can stand in for it
+    blind_steps: int = 0
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""
@@ -276,6 +283,7 @@ def draft_config_problem(d: DraftConfig) -> str | None:
         "lora_r": (d.lora_r, 1),
         "block_size": (d.block_size, 2),
         "anchors_per_row": (d.anchors_per_row, 0),
+        "blind_steps": (d.blind_steps, 0),
     }
     for key, (value, low) in at_least.items():
         if value < low:
@@ -309,6 +317,8 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     if d.kind == "dflash":
         if d.qk_gain <= 0:
             return f"draft.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
+        if not 0 <= d.context_dropout < 1:
+            return f"draft.context_dropout={d.context_dropout} must be in [0, 1) (the share of blocks trained blind)"
         if d.loss_gamma <= 0:
             return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
         if d.mask_token_id is not None and d.mask_token_id < 0:

@@ -31,6 +31,19 @@ from draftheads.train.objectives import (
 )
 
 
+def blind_blocks(
+    shape: torch.Size, dropout: float, device: torch.device, blind: bool = False
+) -> torch.Tensor | None:
+    """``[B, N]`` True where a training block sees the context: none when ``blind``, else each
+    is hidden from it with probability ``dropout``, drawn from the global CPU torch RNG (saved
+    in checkpoints, so a resumed run draws what an uninterrupted one would); None (no draw) at 0."""
+    if blind:
+        return torch.zeros(shape, dtype=torch.bool, device=device)
+    if dropout <= 0:
+        return None
+    return (torch.rand(shape, dtype=torch.float64) >= dropout).to(device)
+
+
 class DFlashObjective(Objective):
     """DFlash: blocks anchored at random answer positions, every block of a micro-batch drafted
     in one drafter pass (the context keys and values computed once per row):
@@ -60,15 +73,23 @@ class DFlashObjective(Objective):
         positions = torch.arange(T, device=feats.device).expand(B, T) if pos is None else pos
         return self.drafter.context_kv(feats, positions)
 
-    def draft(self, batch: dict, context: list, anchors: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """The drafter's output states ``[B, N, block, H]`` of the blocks at ``anchors``, one pass."""
+    def draft(
+        self,
+        batch: dict,
+        context: list,
+        anchors: torch.Tensor,
+        keep: torch.Tensor,
+        sees_context: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The drafter's output states ``[B, N, block, H]`` of the blocks at ``anchors``, one pass
+        (blocks whose ``sees_context`` is False read their own rows only)."""
         d, bs = self.drafter, self.drafter.block_size
         docs, valid, pos = self.geometry(batch)
         out = d(
             block_inputs(batch["input_ids"], anchors, bs, d.mask_token_id),
             block_positions(anchors, bs, pos),
             context,
-            block_mask(anchors, keep, bs, docs, valid)[:, None],
+            block_mask(anchors, keep, bs, docs, valid, sees_context)[:, None],
         )
         return out.view(*anchors.shape, bs, -1)
 
@@ -94,10 +115,13 @@ class DFlashObjective(Objective):
         candidates = anchor_candidates(batch["loss_mask"], pos)
         per_doc = self.cfg.anchors_per_row or candidates.shape[1]
         anchors, keep = sample_anchors(candidates, docs, per_doc, token_uniforms(valid))
+        blind = step < self.cfg.blind_steps
+        sees = blind_blocks(anchors.shape, self.cfg.context_dropout, anchors.device, blind)
         context = self.context(self.features(batch), pos)
         total, weight, stats, counted_rows = None, None, {}, 0
         for c in range(0, anchors.shape[1], self.TRAIN_ANCHORS):
-            part = (anchors[:, c : c + self.TRAIN_ANCHORS], keep[:, c : c + self.TRAIN_ANCHORS])
+            chunk = slice(c, c + self.TRAIN_ANCHORS)
+            part = (anchors[:, chunk], keep[:, chunk], None if sees is None else sees[:, chunk])
             loss_sum, w, chunk_stats, n = self.block_loss(batch, context, *part)
             total = loss_sum if total is None else total + loss_sum
             weight = w if weight is None else weight + w
@@ -109,11 +133,16 @@ class DFlashObjective(Objective):
         return total / weight.clamp(min=1), stats
 
     def block_loss(
-        self, batch: dict, context: list, anchors: torch.Tensor, keep: torch.Tensor
+        self,
+        batch: dict,
+        context: list,
+        anchors: torch.Tensor,
+        keep: torch.Tensor,
+        sees_context: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, Stats, int]:
         """The blocks at ``anchors``: (sum of w_k CE, sum of w_k, summed stats, counted rows)."""
         d, bs = self.drafter, self.drafter.block_size
-        h = self.draft(batch, context, anchors, keep)
+        h = self.draft(batch, context, anchors, keep, sees_context)
         source, counted = block_targets(anchors, keep, bs, batch["loss_mask"], batch.get("position_ids"))
         b, n, k = counted.nonzero(as_tuple=True)
         src = source[b, n, k]
