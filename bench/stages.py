@@ -49,11 +49,22 @@ def mark_done(path: Path, info: dict[str, Any] | None = None, settings: dict[str
     (path / ".done").write_text(json.dumps(record) + "\n")
 
 
+# overrides -> their typed config: the stages of one bench compose the same few configs again
+# and again (every rerun, every ablation row's layers), a third of a second each
+_COMPOSED: dict[tuple[str, ...], Config] = {}
+
+
 def compose(overrides: list[str]) -> Config:
-    """The typed root config for ``overrides`` (how a stage configures a training run)."""
+    """The typed root config for ``overrides`` (how a stage configures a training run); each
+    call gets its own copy, composed once per process (the config files do not change)."""
+    import copy
+
     from draftheads.conf.commands.compose import compose as compose_config
 
-    return compose_config(overrides)[0]
+    key = tuple(overrides)
+    if key not in _COMPOSED:
+        _COMPOSED[key] = compose_config(overrides)[0]
+    return copy.deepcopy(_COMPOSED[key])
 
 
 def load_rows(

@@ -166,6 +166,17 @@ def tokenizer_hash(tokenizer) -> str:
     return digest
 
 
+def share_hash(original, copy) -> None:
+    """Let ``copy`` (a deep copy of tokenizer ``original``) reuse ``original``'s hash, computed
+    once; the size, special tokens and template are checked again on use, so a later change to
+    the copy is hashed anew."""
+    tokenizer_hash(original)
+    try:
+        _HASHED[copy] = _HASHED[original]
+    except (TypeError, KeyError):
+        pass
+
+
 def fingerprint(model: nn.Module, tokenizer=None, name: str | None = None) -> TargetFingerprint:
     """The target's identity; ``tokenizer=None`` leaves the tokenizer hash empty (structure only)."""
     cfg = model.config

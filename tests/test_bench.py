@@ -34,6 +34,8 @@ def tiny_bench(tmp_path, *overrides: str, **settings):
 def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch, capsys):
     cfg, b = tiny_bench(
         tmp_path,
+        "decode.tree_prompts=4",  # the Medusa tree from 4 prompts' heads, 16 tokens each
+        "decode.tree_new_tokens=16",
         drafters=["medusa", "eagle3", "dflash"],
         distill_prompts=8,
         self_prompts=0,

@@ -199,11 +199,11 @@ def test_the_embedded_smollm2_served_answers_as_in_process(tmp_path, smollm2):
     try:
         url = server.running()
         served = distill(
-            model, tok, prompts, cfg_for(tmp_path / "s", endpoint=url, max_new_tokens=40), show_progress=False
+            model, tok, prompts, cfg_for(tmp_path / "s", endpoint=url, max_new_tokens=24), show_progress=False
         )
     finally:
         server.kill()
-    local = distill(model, tok, prompts, cfg_for(tmp_path / "l", max_new_tokens=40), show_progress=False)
+    local = distill(model, tok, prompts, cfg_for(tmp_path / "l", max_new_tokens=24), show_progress=False)
     same, n = identical_answers(rows_by_id(served), rows_by_id(local))
     print(f"SmolLM2 served greedy answers identical to in-process: {same:.3f} of {n}")
     assert same == 1.0

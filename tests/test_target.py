@@ -202,3 +202,24 @@ def test_the_embedded_conversion_is_whole_on_any_rank_and_replaces_an_incomplete
         assert torch.equal(loaded(ids).logits, model(ids).logits)
     save_converted(model, tok, tmp_path / "late.tmp")  # another process finishing later keeps it
     assert install(tmp_path / "late.tmp", out) == out and not (tmp_path / "late.tmp").exists()
+
+
+def test_a_tokenizer_loaded_again_is_a_fresh_copy_until_its_files_change(tmp_path):
+    from draftheads.heads.target import load_tokenizer
+    from draftheads.heads.target_fingerprint import tokenizer_hash
+    from tests.conftest import get_target
+
+    _, tok = get_target("llama")
+    tok.save_pretrained(tmp_path / "t")
+    cfg = TargetConfig(name_or_path=str(tmp_path / "t"))
+    first, second = load_tokenizer(cfg), load_tokenizer(cfg)
+    assert first is not second and tokenizer_hash(second) == tokenizer_hash(tok)
+    first.chat_template = "{{ messages[0]['content'] }}"
+    first.add_tokens(["<only-in-the-first>"])
+    third = load_tokenizer(cfg)  # what the caller changed stays with its copy
+    assert len(third) == len(tok) and third.chat_template == tok.chat_template
+    assert tokenizer_hash(third) == tokenizer_hash(tok) != tokenizer_hash(first)
+    # new files in the folder: loaded from disk again
+    first.save_pretrained(tmp_path / "t")
+    again = load_tokenizer(cfg)
+    assert len(again) == len(first) and tokenizer_hash(again) == tokenizer_hash(first)
