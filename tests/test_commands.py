@@ -8,10 +8,6 @@ from draftheads.conf.cli import main, parse
 from draftheads.heads import MedusaHeads, fingerprint
 from tests.conftest import get_target
 
-# the trained Medusa folder is shared by this module's tests:
-# under xdist they run on one worker, so its fixtures are built once
-pytestmark = pytest.mark.xdist_group("commands")
-
 
 def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()

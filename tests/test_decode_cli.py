@@ -13,10 +13,6 @@ from draftheads.decode.tree_select import head_accuracies, pick_size
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
 from tests.conftest import get_target
 
-# the trained Medusa folder is shared by this module's tests:
-# under xdist they run on one worker, so its fixtures are built once
-pytestmark = pytest.mark.xdist_group("decode_cli")
-
 
 @pytest.fixture(scope="module")
 def medusa_dir(tmp_path_factory):

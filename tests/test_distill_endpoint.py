@@ -37,10 +37,6 @@ from draftheads.heads.embedded_target import convert_smollm2
 from draftheads.heads.target import build_tiny
 from tests.conftest import get_target
 
-# one served target for the module's tests:
-# under xdist they run on one worker, so its fixtures are built once
-pytestmark = pytest.mark.xdist_group("distill_endpoint")
-
 PROMPTS = [
     PromptRow(f"q{i:02d}", "test", [f"Question {i}: how do I sort a list" + "?" * (i % 4)])
     if i % 7

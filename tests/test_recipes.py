@@ -15,10 +15,6 @@ from draftheads.conf.cli import main, parse
 from draftheads.conf.commands.compose import group_options
 from draftheads.train.devices import devices_problem
 
-# the dry runs are shared by this module's tests:
-# under xdist they run on one worker, so its fixtures are built once
-pytestmark = pytest.mark.xdist_group("recipes")
-
 RECIPES = group_options("recipe")
 GIB = 2**30
 

@@ -26,10 +26,6 @@ from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint, load_target
 from draftheads.heads.features import target_features
 from tests.conftest import get_target
 
-# the saved target and its pair are shared by this module's tests:
-# under xdist they run on one worker, so its fixtures are built once
-pytestmark = pytest.mark.xdist_group("sharded")
-
 # layers 1 and 2 on disk, everything else in memory
 DISK_MAP = {
     "model.embed_tokens": "cpu",

@@ -19,10 +19,6 @@ from draftheads.train.modules import EagleObjective
 from draftheads.train.recipe import TrainRecipe
 from tests.conftest import get_target
 
-# the teacher rows are shared by this module's tests:
-# under xdist they run on one worker, so its fixtures are built once
-pytestmark = pytest.mark.xdist_group("teacher")
-
 TOPK = 8
 
 

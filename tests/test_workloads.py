@@ -15,10 +15,6 @@ from draftheads.decode.cost import cache_file_name, context_bucket
 from draftheads.heads import EagleDrafter, fingerprint
 from tests.conftest import get_target
 
-# the trained EAGLE folder is shared by this module's tests:
-# under xdist they run on one worker, so its fixtures are built once
-pytestmark = pytest.mark.xdist_group("workloads")
-
 
 @pytest.fixture(scope="module")
 def eagle_dir(tmp_path_factory):
