@@ -20,109 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from draftheads.bench.ablation_rows import ABLATIONS, ROW_DATA
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig
 
 ANSWER_TOKENS = "answer_tokens.json"  # per shard of the teacher cache: trained (answer) tokens
-# recipe switches, each a row of overrides on the bench's EAGLE-3 (or Medusa, or DFlash) recipe;
-# ``decode.*`` overrides change how a row's drafter is decoded, not how it is trained, so such
-# a row decodes the drafter of the first row trained the same way (see :func:`drafter_row`)
-ABLATIONS: dict[str, list[str]] = {
-    "eagle3": [],
-    "eagle3 init from target": ["draft.init_from_target=true"],
-    "eagle3 ttt 7": ["draft.ttt_steps=7"],
-    "eagle3 vocab 16k": ["draft.draft_vocab_size=16384"],
-    "eagle3 vocab 32k": ["draft.draft_vocab_size=32768"],
-    "eagle3 full labels": ["train.soft_labels=full"],
-    # the drafter's own tree, every step: no lookup branch, no cost-aware pruning or skipping
-    "eagle3 drafter only": ["decode.lookup=false", "decode.cost_aware=false"],
-    "medusa": ["draft=medusa"],
-    "medusa 3 heads": ["draft=medusa", "draft.num_heads=3"],
-    "medusa 2 resblocks": ["draft=medusa", "draft.num_layers=2"],
-    "medusa-2": ["draft=medusa2"],
-    "dflash": ["draft=dflash"],
-    # twice the blocks of half the size: as many block rows, so about the same compute
-    "dflash block 8": ["draft=dflash", "draft.block_size=8", "draft.anchors_per_row=64"],
-    "dflash 2 layers": ["draft=dflash", "draft.num_decoder_layers=2"],
-    "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],
-    "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
-    "dflash chain": ["draft=dflash", "decode.tree=chain"],
-    "dflash drafter only": ["draft=dflash", "decode.lookup=false", "decode.cost_aware=false"],
-    # the reference DFlash recipe's levers, one at a time on the bench's DFlash recipe
-    "dflash regenerated": ["draft=dflash", "bench.data=regenerated"],
-    "dflash regenerated drafter only": [
-        "draft=dflash",
-        "bench.data=regenerated",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    "dflash spread": ["draft=dflash", "draft.feature_rule=spread"],
-    "dflash 2 layers spread": ["draft=dflash", "draft.num_decoder_layers=2", "draft.feature_rule=spread"],
-    "dflash 3 layers spread": ["draft=dflash", "draft.num_decoder_layers=3", "draft.feature_rule=spread"],
-    "dflash 5 layers spread": ["draft=dflash", "draft.num_decoder_layers=5", "draft.feature_rule=spread"],
-    "dflash 128 anchors": ["draft=dflash", "draft.anchors_per_row=128"],
-    "dflash every anchor": ["draft=dflash", "draft.anchors_per_row=0"],
-    "dflash 2 passes": ["draft=dflash", "bench.epochs=2"],
-    "dflash 4 passes": ["draft=dflash", "bench.epochs=4"],
-    "dflash reference lr": [
-        "draft=dflash",
-        "train.lr=6e-4",
-        "train.warmup_steps=0",
-        "train.warmup_ratio=0.04",
-    ],
-    "dflash init from target": ["draft=dflash", "draft.init_from_target=true"],
-    "dflash qk gain 2": ["draft=dflash", "draft.qk_gain=2"],
-    "dflash qk gain 3": ["draft=dflash", "draft.qk_gain=3"],
-    "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
-    "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],
-    "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],
-    # a share of the training blocks read their own rows only: the anchor is all they can use
-    "dflash context dropout 0.5": ["draft=dflash", "draft.context_dropout=0.5"],
-    "dflash context dropout 0.5 drafter only": [
-        "draft=dflash",
-        "draft.context_dropout=0.5",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    # almost every block blind: what the anchor row alone teaches block position 1
-    "dflash anchor only": ["draft=dflash", "draft.context_dropout=0.99"],
-    # the anchor first: a third of the run's 89 steps blind, then the whole context
-    "dflash blind 30 steps": ["draft=dflash", "draft.blind_steps=30"],
-    "dflash blind 30 steps drafter only": [
-        "draft=dflash",
-        "draft.blind_steps=30",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    # one row per optimizer step instead of four packed: four times the updates per token
-    "dflash micro-batch 1": ["draft=dflash", "train.micro_batch_size=1"],
-    "dflash micro-batch 1 drafter only": [
-        "draft=dflash",
-        "train.micro_batch_size=1",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    # EAGLE-3's levers on the same data
-    "eagle3 regenerated": ["bench.data=regenerated"],
-    "eagle3 regenerated drafter only": [
-        "bench.data=regenerated",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    "eagle3 2 passes": ["bench.epochs=2"],
-    "eagle3 ttt 2": ["draft.ttt_steps=2"],
-    "eagle3 lr 6e-4": ["train.lr=6e-4"],
-    "eagle3 micro-batch 1": ["train.micro_batch_size=1"],
-    "eagle3 micro-batch 1 drafter only": [
-        "train.micro_batch_size=1",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-}
-# the data a row trains on: the teacher-forced cache, or the target's own regenerated answers
-# (the distilled cache, ``bench.distill_prompts`` of them)
-ROW_DATA = ("teacher", "regenerated")
 
 
 def ablation_rows(names: list[str]) -> dict[str, list[str]]:

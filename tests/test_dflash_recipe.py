@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from draftheads.bench.study import ABLATIONS, check_ablations, row_layers, row_settings, split_overrides
+from draftheads.bench.ablation_rows import ABLATIONS
+from draftheads.bench.study import check_ablations, row_layers, row_settings, split_overrides
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig, spread_layers

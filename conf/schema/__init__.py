@@ -99,7 +99,7 @@ class BenchConfig:
     scaling_tokens: list[int] = field(default_factory=list)
     scaling_compute: int = 500_000
     scaling_steps_per_10k_tokens: int = 40
-    # recipe switches at equal data (rows of draftheads.bench.study.ABLATIONS, or [all])
+    # recipe switches at equal data (rows of draftheads.bench.ablation_rows.ABLATIONS, or [all])
     ablations: list[str] = field(default_factory=list)
     ablation_tokens: int = 68_000
     ablation_epochs: float = 1.0
