@@ -91,7 +91,8 @@ def folder_stamp(path) -> tuple | None:
     p = Path(path)
     if not p.is_dir():
         return None
-    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file()))
+    files = [(f.name, f.stat()) for f in p.iterdir() if f.is_file()]
+    return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in files))
 
 
 def load_tokenizer(cfg: TargetConfig):
