@@ -65,6 +65,12 @@ ABLATIONS: dict[str, list[str]] = {
     ],
     # almost every block blind: what the anchor row alone teaches block position 1
     "dflash anchor only": ["draft=dflash", "draft.context_dropout=0.99"],
+    "dflash anchor only drafter only": [
+        "draft=dflash",
+        "draft.context_dropout=0.99",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
     # the anchor first: a third of the run's 89 steps blind, then the whole context
     "dflash blind 30 steps": ["draft=dflash", "draft.blind_steps=30"],
     "dflash blind 30 steps drafter only": [
