@@ -51,6 +51,31 @@ ABLATIONS: dict[str, list[str]] = {
     ],
     "dflash init from target": ["draft=dflash", "draft.init_from_target=true"],
     "dflash qk gain 2": ["draft=dflash", "draft.qk_gain=2"],
+    # the first layer starts reading the anchor row: its logit this many nats above the others
+    "dflash anchor prior 5": ["draft=dflash", "draft.anchor_prior=5"],
+    "dflash anchor prior 7": ["draft=dflash", "draft.anchor_prior=7"],
+    # the output norm's starting gain: near-uniform first drafts instead of confident wrong ones
+    "dflash out gain 0.1": ["draft=dflash", "draft.out_gain=0.1"],
+    "dflash out gain 0.03": ["draft=dflash", "draft.out_gain=0.03"],
+    "dflash out gain 0.1 anchor prior 5": ["draft=dflash", "draft.out_gain=0.1", "draft.anchor_prior=5"],
+    "dflash out gain 0.1 drafter only": [
+        "draft=dflash",
+        "draft.out_gain=0.1",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
+    "dflash anchor prior 5 drafter only": [
+        "draft=dflash",
+        "draft.anchor_prior=5",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
+    "dflash anchor prior 7 drafter only": [
+        "draft=dflash",
+        "draft.anchor_prior=7",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
     "dflash qk gain 3": ["draft=dflash", "draft.qk_gain=3"],
     "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
     "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],

@@ -291,6 +291,12 @@ class DFlashDrafter(ReducedVocab, Drafter):
             layer.self_attn.q_norm.weight.fill_(gain)
             layer.self_attn.k_norm.weight.fill_(gain)
 
+    @torch.no_grad()
+    def set_out_gain(self, gain: float) -> None:
+        """Start the output norm's gain at ``gain`` (``draft.out_gain``): the draft logits
+        ``lm_head(norm(x))`` scale with it, so a small one starts the drafts near uniform."""
+        self.norm.weight.fill_(gain)
+
     # ---- compute ---------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.shared("embed")(input_ids)

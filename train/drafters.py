@@ -16,6 +16,7 @@ from torch import nn
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter, MedusaHeads
+from draftheads.heads.anchor_prior import set_anchor_prior
 from draftheads.heads.dflash import choose_mask_token
 from draftheads.heads.layer_init import last_layers
 from draftheads.heads.target import target_name
@@ -104,6 +105,11 @@ def init_drafter_weights(
             drafter.init_from_target(target)
     if isinstance(drafter, DFlashDrafter) and d.qk_gain != 1.0:
         drafter.set_qk_gain(d.qk_gain)
+    if isinstance(drafter, DFlashDrafter) and d.out_gain != 1.0:
+        drafter.set_out_gain(d.out_gain)
+    if isinstance(drafter, DFlashDrafter) and d.anchor_prior > 0:
+        with gathered([drafter.shared("embed").weight], stage):
+            set_anchor_prior(drafter, d.anchor_prior, drafter.target_ids())
     return info
 
 

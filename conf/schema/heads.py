@@ -242,6 +242,15 @@ class DraftConfig:
     # DFlash: the first this many optimizer steps train every block blind (the anchor alone), so
     # block position 1 learns to read its anchor before the context can stand in for it
     blind_steps: int = 0
+    # DFlash: the first layer starts with its block rows attending to their anchor row this many
+    # nats above the context and mask rows (0: the usual start). Only the starting weights change:
+    # the checkpoint and its exports are the same
+    anchor_prior: float = 0.0
+    # DFlash: the starting gain of the drafter's output norm. At 1 (the reference's start) a
+    # random block state reaches the target's lm_head as sharp as a real one: the first draft
+    # logits are confident and wrong (~60 nats of loss on SmolLM2) and the first steps of a short
+    # run go to undoing that. Small: the first drafts are near uniform over the draft vocabulary
+    out_gain: float = 1.0
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""
@@ -317,6 +326,10 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     if d.kind == "dflash":
         if d.qk_gain <= 0:
             return f"draft.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
+        if d.out_gain <= 0:
+            return f"draft.out_gain={d.out_gain} must be positive (the output norm's starting gain)"
+        if d.anchor_prior < 0:
+            return f"draft.anchor_prior={d.anchor_prior} must not be negative (a logit boost in nats; 0 is off)"
         if not 0 <= d.context_dropout < 1:
             return f"draft.context_dropout={d.context_dropout} must be in [0, 1) (the share of blocks trained blind)"
         if d.loss_gamma <= 0:
