@@ -79,6 +79,42 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash qk gain 3": ["draft=dflash", "draft.qk_gain=3"],
     "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
     "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],
+    # the reference's loss decay and start (draft=dflash's defaults before the two rows below won)
+    "dflash reference start": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=0"],
+    "dflash reference start drafter only": [
+        "draft=dflash",
+        "draft.loss_gamma=7",
+        "draft.anchor_prior=0",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
+    # the loss on the first block positions: acceptance is a prefix, so position 1 gates the rest
+    "dflash gamma 1": ["draft=dflash", "draft.loss_gamma=1"],
+    "dflash gamma 1 anchor prior 5": ["draft=dflash", "draft.loss_gamma=1", "draft.anchor_prior=5"],
+    "dflash gamma 1 anchor prior 7": ["draft=dflash", "draft.loss_gamma=1", "draft.anchor_prior=7"],
+    "dflash gamma 0.5": ["draft=dflash", "draft.loss_gamma=0.5"],
+    "dflash gamma 0.5 anchor prior 7": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=7"],
+    "dflash gamma 0.5 anchor prior 10": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=10"],
+    "dflash gamma 0.25 anchor prior 7": ["draft=dflash", "draft.loss_gamma=0.25", "draft.anchor_prior=7"],
+    "dflash gamma 0.5 anchor prior 7 drafter only": [
+        "draft=dflash",
+        "draft.loss_gamma=0.5",
+        "draft.anchor_prior=7",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
+    "dflash gamma 2 drafter only": [
+        "draft=dflash",
+        "draft.loss_gamma=2",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
+    "dflash gamma 1 drafter only": [
+        "draft=dflash",
+        "draft.loss_gamma=1",
+        "decode.lookup=false",
+        "decode.cost_aware=false",
+    ],
     "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],
     # a share of the training blocks read their own rows only: the anchor is all they can use
     "dflash context dropout 0.5": ["draft=dflash", "draft.context_dropout=0.5"],

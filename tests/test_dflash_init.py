@@ -1,5 +1,6 @@
-"""``draft.anchor_prior``: a DFlash drafter's first layer starts with its block rows reading their
-anchor row, in one rotary dimension that no context state and no mask row has."""
+"""A DFlash drafter's starting weights: ``draft.anchor_prior`` (the first layer's block rows start
+reading their anchor row, in one rotary dimension that no context state and no mask row has) and
+``draft.out_gain`` (the output norm's starting gain)."""
 
 from __future__ import annotations
 
@@ -80,4 +81,18 @@ def test_the_prior_reaches_the_checkpoint_through_training_and_a_negative_boost_
     assert attn.k_proj(ctx).unflatten(-1, (-1, attn.head_dim))[..., i].abs().max() < 1e-4
     with pytest.raises(UserError, match=r"draft.anchor_prior=-1.0 must not be negative") as e:
         DraftConfig(kind="dflash", anchor_prior=-1.0)
+    assert "\n" not in str(e.value)
+
+
+def test_out_gain_scales_the_first_draft_logits_and_a_non_positive_one_is_refused(tmp_path, rows):  # noqa: F811
+    out = train(config(tmp_path, *DFLASH, "draft.out_gain=0.25", "train.lr=1e-12", "train.max_steps=1"), rows)
+    model, tok = get_target("llama")
+    d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    torch.testing.assert_close(d.norm.weight, torch.full_like(d.norm.weight, 0.25), rtol=0, atol=1e-6)
+    x = torch.randn(2, 5, d.fc.out_features)
+    scaled = d.logits(d.norm(x))
+    d.norm.weight.data.fill_(1.0)
+    torch.testing.assert_close(scaled, 0.25 * d.logits(d.norm(x)))  # the head is linear, bias-free
+    with pytest.raises(UserError, match=r"draft.out_gain=0.0 must be positive") as e:
+        DraftConfig(kind="dflash", out_gain=0.0)
     assert "\n" not in str(e.value)
