@@ -92,6 +92,7 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash gamma 1": ["draft=dflash", "draft.loss_gamma=1"],
     "dflash gamma 1 anchor prior 5": ["draft=dflash", "draft.loss_gamma=1", "draft.anchor_prior=5"],
     "dflash gamma 1 anchor prior 7": ["draft=dflash", "draft.loss_gamma=1", "draft.anchor_prior=7"],
+    "dflash gamma 2 anchor prior 7": ["draft=dflash", "draft.loss_gamma=2", "draft.anchor_prior=7"],
     "dflash gamma 0.5": ["draft=dflash", "draft.loss_gamma=0.5"],
     "dflash gamma 0.5 anchor prior 7": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=7"],
     "dflash gamma 0.5 anchor prior 10": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=10"],

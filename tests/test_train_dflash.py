@@ -294,7 +294,7 @@ def test_logged_flops_are_the_matmuls_autograd_runs_plus_attention(layers):
 
 
 def test_dflash_trains_learns_and_writes_a_loadable_drafter(tmp_path, rows):
-    out = train(config(tmp_path, *DFLASH, "train.max_steps=12", "train.eval_every=12"), rows)
+    out = train(config(tmp_path, *DFLASH, "train.max_steps=24", "train.eval_every=24"), rows)
     ls = losses(out)
     assert sum(ls[-3:]) / 3 < 0.97 * sum(ls[:3]) / 3  # it learns
     model, tok = get_target("llama")
