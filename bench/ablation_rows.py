@@ -13,8 +13,6 @@ ABLATIONS: dict[str, list[str]] = {
     "eagle3 vocab 16k": ["draft.draft_vocab_size=16384"],
     "eagle3 vocab 32k": ["draft.draft_vocab_size=32768"],
     "eagle3 full labels": ["train.soft_labels=full"],
-    # the drafter's own tree, every step: no lookup branch, no cost-aware pruning or skipping
-    "eagle3 drafter only": ["decode.lookup=false", "decode.cost_aware=false"],
     "medusa": ["draft=medusa"],
     "medusa 3 heads": ["draft=medusa", "draft.num_heads=3"],
     "medusa 2 resblocks": ["draft=medusa", "draft.num_layers=2"],
@@ -26,15 +24,8 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],
     "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
     "dflash chain": ["draft=dflash", "decode.tree=chain"],
-    "dflash drafter only": ["draft=dflash", "decode.lookup=false", "decode.cost_aware=false"],
     # the reference DFlash recipe's levers, one at a time on the bench's DFlash recipe
     "dflash regenerated": ["draft=dflash", "bench.data=regenerated"],
-    "dflash regenerated drafter only": [
-        "draft=dflash",
-        "bench.data=regenerated",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
     "dflash spread": ["draft=dflash", "draft.feature_rule=spread"],
     "dflash 2 layers spread": ["draft=dflash", "draft.num_decoder_layers=2", "draft.feature_rule=spread"],
     "dflash 3 layers spread": ["draft=dflash", "draft.num_decoder_layers=3", "draft.feature_rule=spread"],
@@ -52,120 +43,83 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash init from target": ["draft=dflash", "draft.init_from_target=true"],
     "dflash qk gain 2": ["draft=dflash", "draft.qk_gain=2"],
     # the first layer starts reading the anchor row: its logit this many nats above the others
-    "dflash anchor prior 5": ["draft=dflash", "draft.anchor_prior=5"],
-    "dflash anchor prior 7": ["draft=dflash", "draft.anchor_prior=7"],
+    "dflash anchor prior 5": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=5"],
+    "dflash anchor prior 7": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=7"],
     # the output norm's starting gain: near-uniform first drafts instead of confident wrong ones
-    "dflash out gain 0.1": ["draft=dflash", "draft.out_gain=0.1"],
-    "dflash out gain 0.03": ["draft=dflash", "draft.out_gain=0.03"],
-    "dflash out gain 0.1 anchor prior 5": ["draft=dflash", "draft.out_gain=0.1", "draft.anchor_prior=5"],
-    "dflash out gain 0.1 drafter only": [
-        "draft=dflash",
-        "draft.out_gain=0.1",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    "dflash anchor prior 5 drafter only": [
-        "draft=dflash",
-        "draft.anchor_prior=5",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    "dflash anchor prior 7 drafter only": [
-        "draft=dflash",
-        "draft.anchor_prior=7",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    "dflash qk gain 3": ["draft=dflash", "draft.qk_gain=3"],
-    "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
-    "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2"],
-    # the reference's loss decay and start (draft=dflash's defaults before the two rows below won)
-    "dflash reference start": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=0"],
-    "dflash reference start drafter only": [
+    "dflash out gain 0.1": [
         "draft=dflash",
         "draft.loss_gamma=7",
         "draft.anchor_prior=0",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
+        "draft.out_gain=0.1",
     ],
+    "dflash out gain 0.03": [
+        "draft=dflash",
+        "draft.loss_gamma=7",
+        "draft.anchor_prior=0",
+        "draft.out_gain=0.03",
+    ],
+    "dflash out gain 0.1 anchor prior 5": [
+        "draft=dflash",
+        "draft.loss_gamma=7",
+        "draft.out_gain=0.1",
+        "draft.anchor_prior=5",
+    ],
+    "dflash qk gain 3": ["draft=dflash", "draft.qk_gain=3"],
+    "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
+    "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2", "draft.anchor_prior=0"],
+    # the reference's loss decay and start (draft=dflash's defaults before the two rows below won)
+    "dflash reference start": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=0"],
     # the loss on the first block positions: acceptance is a prefix, so position 1 gates the rest
-    "dflash gamma 1": ["draft=dflash", "draft.loss_gamma=1"],
+    "dflash gamma 1": ["draft=dflash", "draft.loss_gamma=1", "draft.anchor_prior=0"],
     "dflash gamma 1 anchor prior 5": ["draft=dflash", "draft.loss_gamma=1", "draft.anchor_prior=5"],
     "dflash gamma 1 anchor prior 7": ["draft=dflash", "draft.loss_gamma=1", "draft.anchor_prior=7"],
     "dflash gamma 2 anchor prior 7": ["draft=dflash", "draft.loss_gamma=2", "draft.anchor_prior=7"],
-    "dflash gamma 0.5": ["draft=dflash", "draft.loss_gamma=0.5"],
+    "dflash gamma 0.5": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=0"],
     "dflash gamma 0.5 anchor prior 7": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=7"],
     "dflash gamma 0.5 anchor prior 10": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=10"],
     "dflash gamma 0.25 anchor prior 7": ["draft=dflash", "draft.loss_gamma=0.25", "draft.anchor_prior=7"],
-    "dflash gamma 0.5 anchor prior 7 drafter only": [
-        "draft=dflash",
-        "draft.loss_gamma=0.5",
-        "draft.anchor_prior=7",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    "dflash gamma 2 drafter only": [
-        "draft=dflash",
-        "draft.loss_gamma=2",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
-    "dflash gamma 1 drafter only": [
-        "draft=dflash",
-        "draft.loss_gamma=1",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
     "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],
     # a share of the training blocks read their own rows only: the anchor is all they can use
     "dflash context dropout 0.5": ["draft=dflash", "draft.context_dropout=0.5"],
-    "dflash context dropout 0.5 drafter only": [
-        "draft=dflash",
-        "draft.context_dropout=0.5",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
     # almost every block blind: what the anchor row alone teaches block position 1
     "dflash anchor only": ["draft=dflash", "draft.context_dropout=0.99"],
-    "dflash anchor only drafter only": [
-        "draft=dflash",
-        "draft.context_dropout=0.99",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
     # the anchor first: a third of the run's 89 steps blind, then the whole context
     "dflash blind 30 steps": ["draft=dflash", "draft.blind_steps=30"],
-    "dflash blind 30 steps drafter only": [
-        "draft=dflash",
-        "draft.blind_steps=30",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
     # one row per optimizer step instead of four packed: four times the updates per token
     "dflash micro-batch 1": ["draft=dflash", "train.micro_batch_size=1"],
-    "dflash micro-batch 1 drafter only": [
-        "draft=dflash",
-        "train.micro_batch_size=1",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
     # EAGLE-3's levers on the same data
     "eagle3 regenerated": ["bench.data=regenerated"],
-    "eagle3 regenerated drafter only": [
-        "bench.data=regenerated",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
     "eagle3 2 passes": ["bench.epochs=2"],
     "eagle3 ttt 2": ["draft.ttt_steps=2"],
     "eagle3 lr 6e-4": ["train.lr=6e-4"],
     "eagle3 micro-batch 1": ["train.micro_batch_size=1"],
-    "eagle3 micro-batch 1 drafter only": [
-        "train.micro_batch_size=1",
-        "decode.lookup=false",
-        "decode.cost_aware=false",
-    ],
 }
+# the drafter's own tree verified at every step: no lookup branch, no cost-aware pruning or skipping
+DRAFTER_ONLY = ["decode.lookup=false", "decode.cost_aware=false"]
+# "<row> drafter only" decodes <row>'s drafter so (it trains nothing of its own)
+ABLATIONS.update(
+    {
+        f"{row} drafter only": [*ABLATIONS[row], *DRAFTER_ONLY]
+        for row in (
+            "eagle3",
+            "dflash",
+            "dflash regenerated",
+            "dflash reference start",
+            "dflash anchor prior 5",
+            "dflash anchor prior 7",
+            "dflash out gain 0.1",
+            "dflash gamma 2",
+            "dflash gamma 1",
+            "dflash gamma 0.5 anchor prior 7",
+            "dflash context dropout 0.5",
+            "dflash anchor only",
+            "dflash blind 30 steps",
+            "dflash micro-batch 1",
+            "eagle3 regenerated",
+            "eagle3 micro-batch 1",
+        )
+    }
+)
 # the data a row trains on: the teacher-forced cache, or the target's own regenerated answers
 # (the distilled cache, ``bench.distill_prompts`` of them)
 ROW_DATA = ("teacher", "regenerated")

@@ -12,15 +12,15 @@ import torch
 from draftheads.bench.block_attention import position1_attention, shares
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
-from draftheads.heads import Drafter, DFlashDrafter, fingerprint
+from draftheads.heads import DFlashDrafter, Drafter, fingerprint
 from draftheads.heads.anchor_prior import anchor_direction, prior_gain, set_anchor_prior
 from draftheads.heads.dflash import choose_mask_token
 from draftheads.heads.features import target_features
+from draftheads.train.recipe import train
 from tests.conftest import get_target
 from tests.test_dflash_recipe import rows  # noqa: F401  (the module's training rows)
 from tests.test_train_dflash import DFLASH
 from tests.test_train_recipe import config
-from draftheads.train.recipe import train
 
 
 def test_the_anchor_direction_reads_one_on_the_rows_and_zero_on_the_mask():
@@ -38,7 +38,9 @@ def smollm2_drafter(boost: float) -> tuple[DFlashDrafter, torch.Tensor, torch.Te
     features and 16 block anchors."""
     target, tok = get_target("smollm2")
     torch.manual_seed(0)
-    d = DFlashDrafter(fingerprint(target, tok), target.config.to_dict(), choose_mask_token(tok), draft_vocab_size=4096)
+    d = DFlashDrafter(
+        fingerprint(target, tok), target.config.to_dict(), choose_mask_token(tok), draft_vocab_size=4096
+    )
     d.attach(target).set_vocab(torch.arange(4096))
     if boost:
         set_anchor_prior(d, boost, d.target_ids())
@@ -68,7 +70,9 @@ def test_block_position_1_starts_on_its_anchor_and_no_context_state_carries_the_
 
 
 def test_the_prior_reaches_the_checkpoint_through_training_and_a_negative_boost_is_refused(tmp_path, rows):  # noqa: F811
-    out = train(config(tmp_path, *DFLASH, "draft.anchor_prior=4", "train.lr=1e-12", "train.max_steps=1"), rows)
+    out = train(
+        config(tmp_path, *DFLASH, "draft.anchor_prior=4", "train.lr=1e-12", "train.max_steps=1"), rows
+    )
     model, tok = get_target("llama")
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
     attn = d.layers[0].self_attn

@@ -23,7 +23,6 @@ from tests.conftest import get_target
 from tests.test_train_dflash import DFLASH, drafter_and_batch
 from tests.test_train_recipe import config, losses, make_rows
 
-
 # a starting-weights lever on its own: without the anchor prior, which rewrites one q/k row per head after it
 ALONE = ("draft.anchor_prior=0",)
 
@@ -110,7 +109,9 @@ def test_an_anchor_count_above_every_rows_answer_tokens_is_refused_before_traini
 
 def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, rows):
     out = train(
-        config(tmp_path, *DFLASH, *ALONE, "draft.init_from_target=true", "train.lr=1e-12", "train.max_steps=1"),
+        config(
+            tmp_path, *DFLASH, *ALONE, "draft.init_from_target=true", "train.lr=1e-12", "train.max_steps=1"
+        ),
         rows,
     )
     model, tok = get_target("llama")
@@ -133,7 +134,9 @@ def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, row
 
 
 def test_qk_gain_starts_the_attention_sharper_by_its_square(tmp_path, rows):
-    out = train(config(tmp_path, *DFLASH, *ALONE, "draft.qk_gain=3", "train.lr=1e-12", "train.max_steps=1"), rows)
+    out = train(
+        config(tmp_path, *DFLASH, *ALONE, "draft.qk_gain=3", "train.lr=1e-12", "train.max_steps=1"), rows
+    )
     model, tok = get_target("llama")
     attn = Drafter.from_pretrained(out, target=model, tokenizer=tok).layers[0].self_attn
     for norm in (attn.q_norm, attn.k_norm):

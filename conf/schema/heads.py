@@ -329,7 +329,9 @@ def draft_config_problem(d: DraftConfig) -> str | None:
         if d.out_gain <= 0:
             return f"draft.out_gain={d.out_gain} must be positive (the output norm's starting gain)"
         if d.anchor_prior < 0:
-            return f"draft.anchor_prior={d.anchor_prior} must not be negative (a logit boost in nats; 0 is off)"
+            return (
+                f"draft.anchor_prior={d.anchor_prior} must not be negative (a logit boost in nats; 0 is off)"
+            )
         if not 0 <= d.context_dropout < 1:
             return f"draft.context_dropout={d.context_dropout} must be in [0, 1) (the share of blocks trained blind)"
         if d.loss_gamma <= 0:
