@@ -66,6 +66,7 @@ ABLATIONS: dict[str, list[str]] = {
     ],
     "dflash qk gain 3": ["draft=dflash", "draft.qk_gain=3"],
     "dflash lr 3e-3": ["draft=dflash", "train.lr=3e-3"],
+    "dflash lr 2e-3": ["draft=dflash", "train.lr=2e-3"],
     "dflash gamma 2": ["draft=dflash", "draft.loss_gamma=2", "draft.anchor_prior=0"],
     # the reference's loss decay and start (draft=dflash's defaults before the two rows below won)
     "dflash reference start": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=0"],
