@@ -24,8 +24,12 @@ so that dimension i is twice as large as a random one before the q/k norms; the 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from draftheads.heads.dflash import DFlashDrafter
 
 # dimension i's raw size against a random dimension's, before the q/k norms
 SCALE = 2.0
@@ -50,7 +54,7 @@ def prior_gain(boost: float, head_dim: int) -> float:
 
 
 @torch.no_grad()
-def set_anchor_prior(drafter, boost: float, token_ids: torch.Tensor) -> None:
+def set_anchor_prior(drafter: DFlashDrafter, boost: float, token_ids: torch.Tensor) -> None:
     """Start ``drafter``'s first layer so its block rows attend to their anchor row with a logit
     ``boost`` nats above the other keys (see the module). ``token_ids`` are the tokens an anchor
     can be (the draft vocabulary); the fit runs in float64 on the CPU."""

@@ -103,13 +103,14 @@ def init_drafter_weights(
     if d.kind in ("eagle", "dflash") and d.init_from_target:
         with gathered(list(target.parameters()), stage):
             drafter.init_from_target(target)
-    if isinstance(drafter, DFlashDrafter) and d.qk_gain != 1.0:
-        drafter.set_qk_gain(d.qk_gain)
-    if isinstance(drafter, DFlashDrafter) and d.out_gain != 1.0:
-        drafter.set_out_gain(d.out_gain)
-    if isinstance(drafter, DFlashDrafter) and d.anchor_prior > 0:
-        with gathered([drafter.shared("embed").weight], stage):
-            set_anchor_prior(drafter, d.anchor_prior, drafter.target_ids())
+    if isinstance(drafter, DFlashDrafter):  # starting gains, then the prior over them
+        if d.qk_gain != 1.0:
+            drafter.set_qk_gain(d.qk_gain)
+        if d.out_gain != 1.0:
+            drafter.set_out_gain(d.out_gain)
+        if d.anchor_prior > 0:
+            with gathered([drafter.shared("embed").weight], stage):
+                set_anchor_prior(drafter, d.anchor_prior, drafter.target_ids())
     return info
 
 
