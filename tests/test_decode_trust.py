@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.schema.decode import DecodeConfig
-from draftheads.decode import SpeculativeGenerator, cost, dynamic
+from draftheads.decode import SpeculativeGenerator, cost, dynamic, generator
 from draftheads.decode import backend as backends
 from draftheads.decode.cost import MAX_WAIT, CostCurve, Planner, cached_curve, curve_key, measure_curve
 from draftheads.decode.select import from_rows, prune
@@ -366,6 +366,9 @@ def test_steps_without_the_drafter_run_no_drafter_and_keep_greedy_output(lookup,
     runs = []
     hook = d.register_forward_hook(lambda *_: runs.append(1))
     monkeypatch.setattr(Planner, "drafting", lambda self: False)
+    # verifying is free on this curve, so the lookup branch always pays (not the clock's call)
+    flat = lambda target, backend, cache, batch, context: CostCurve([batch, 64 * batch], [1.0, 1.0])  # noqa: E731
+    monkeypatch.setattr(generator, "cached_curve", flat)
     gen = SpeculativeGenerator(model, d, tok, DecodeConfig(lookup=lookup))
     try:
         check_rows("llama", gen, PROMPTS[:3] + ["a b c d a b c d a b c d a b c"])
