@@ -33,9 +33,8 @@ def test_the_anchor_direction_reads_one_on_the_rows_and_zero_on_the_mask():
     assert abs(float((x @ w).mean()) - 1) < 0.02 and float((x @ w).std()) < 0.2
 
 
-def smollm2_drafter(boost: float) -> tuple[DFlashDrafter, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A fresh SmolLM2 DFlash drafter (seeded) with the prior at ``boost``, and a text's ids,
-    features and 16 block anchors."""
+def smollm2_drafter(boost: float) -> DFlashDrafter:
+    """A fresh SmolLM2 DFlash drafter (seeded) with the prior at ``boost`` (0: none)."""
     target, tok = get_target("smollm2")
     torch.manual_seed(0)
     d = DFlashDrafter(
@@ -44,17 +43,16 @@ def smollm2_drafter(boost: float) -> tuple[DFlashDrafter, torch.Tensor, torch.Te
     d.attach(target).set_vocab(torch.arange(4096))
     if boost:
         set_anchor_prior(d, boost, d.target_ids())
-    ids = tok(inspect.getsource(inspect)[20000:26000], return_tensors="pt").input_ids[:, :160]
-    feats, _ = target_features(target, ids, torch.ones_like(ids), d.feature_layers())
-    anchors = torch.arange(32, 144, 7)[None]
-    return d, ids, feats, anchors
+    return d
 
 
 @torch.no_grad()
 def test_block_position_1_starts_on_its_anchor_and_no_context_state_carries_the_prior():
-    plain, ids, feats, anchors = smollm2_drafter(0.0)
-    primed = smollm2_drafter(5.0)[0]
-    T = ids.shape[1]
+    plain, primed = smollm2_drafter(0.0), smollm2_drafter(5.0)
+    target, tok = get_target("smollm2")
+    ids = tok(inspect.getsource(inspect)[20000:26000], return_tensors="pt").input_ids[:, :160]
+    feats, _ = target_features(target, ids, torch.ones_like(ids), plain.feature_layers())
+    anchors, T = torch.arange(32, 144, 7)[None], ids.shape[1]
     before = shares(position1_attention(plain, feats, ids, anchors), anchors, T, 16)
     after = shares(position1_attention(primed, feats, ids, anchors), anchors, T, 16)
     assert before["anchor row"] < 0.03 and after["anchor row"] > 0.3
