@@ -21,6 +21,8 @@ ABLATIONS: dict[str, list[str]] = {
     # twice the blocks of half the size: as many block rows, so about the same compute
     "dflash block 8": ["draft=dflash", "draft.block_size=8", "draft.anchors_per_row=64"],
     "dflash 2 layers": ["draft=dflash", "draft.num_decoder_layers=2"],
+    # a second layer lets block position k read position k-1's first-layer guess: train position 2 too
+    "dflash 2 layers gamma 1": ["draft=dflash", "draft.num_decoder_layers=2", "draft.loss_gamma=1"],
     "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],
     "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
     "dflash chain": ["draft=dflash", "decode.tree=chain"],
@@ -32,6 +34,9 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash 5 layers spread": ["draft=dflash", "draft.num_decoder_layers=5", "draft.feature_rule=spread"],
     "dflash 128 anchors": ["draft=dflash", "draft.anchors_per_row=128"],
     "dflash every anchor": ["draft=dflash", "draft.anchors_per_row=0"],
+    # a block at every answer position, shorter blocks: γ 0.5 trains positions 1-3 only anyway
+    "dflash block 8 every anchor": ["draft=dflash", "draft.block_size=8", "draft.anchors_per_row=0"],
+    "dflash block 4 every anchor": ["draft=dflash", "draft.block_size=4", "draft.anchors_per_row=0"],
     "dflash 2 passes": ["draft=dflash", "bench.epochs=2"],
     "dflash 4 passes": ["draft=dflash", "bench.epochs=4"],
     "dflash reference lr": [
@@ -79,6 +84,10 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash gamma 0.5 anchor prior 7": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=7"],
     "dflash gamma 0.5 anchor prior 10": ["draft=dflash", "draft.loss_gamma=0.5", "draft.anchor_prior=10"],
     "dflash gamma 0.25 anchor prior 7": ["draft=dflash", "draft.loss_gamma=0.25", "draft.anchor_prior=7"],
+    # each block's positions weighed by how likely its chain reaches them (speculators' D-PACE)
+    "dflash dpace": ["draft=dflash", "draft.position_weights=dpace"],
+    "dflash dpace alpha 0.2": ["draft=dflash", "draft.position_weights=dpace", "draft.dpace_alpha=0.2"],
+    "dflash dpace 2 layers": ["draft=dflash", "draft.position_weights=dpace", "draft.num_decoder_layers=2"],
     "dflash 4 passes lr 3e-3": ["draft=dflash", "bench.epochs=4", "train.lr=3e-3"],
     # a share of the training blocks read their own rows only: the anchor is all they can use
     "dflash context dropout 0.5": ["draft=dflash", "draft.context_dropout=0.5"],
@@ -111,6 +120,12 @@ ABLATIONS.update(
             "dflash out gain 0.1",
             "dflash gamma 2",
             "dflash gamma 1",
+            "dflash gamma 1 anchor prior 7",
+            "dflash 2 layers",
+            "dflash 2 layers gamma 1",
+            "dflash dpace",
+            "dflash dpace alpha 0.2",
+            "dflash dpace 2 layers",
             "dflash gamma 0.5 anchor prior 7",
             "dflash context dropout 0.5",
             "dflash anchor only",

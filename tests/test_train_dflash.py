@@ -26,6 +26,7 @@ from draftheads.train.objectives import (
     anchor_candidates,
     block_acceptance,
     block_decay,
+    dpace_weights,
     block_mask,
     block_positions,
     block_targets,
@@ -134,6 +135,25 @@ def test_decay_weights_and_block_acceptance():
     assert (correct & valid)[1, 1:].float().mean() == 0.75 and block_acceptance(correct, valid)[1] == 1
 
 
+def test_dpace_weights_are_the_gradient_of_the_expected_accepted_length():
+    """w_k = dE/dlog s_k for E = sum_j prod_{i<=j} s_i over the counted positions."""
+    g = torch.Generator().manual_seed(0)
+    accept = torch.rand(6, 8, generator=g)
+    counted = torch.rand(6, 8, generator=g) > 0.3
+    counted[:, 0] = False  # the root predicts nothing
+    alpha = 0.3
+    log_s = torch.where(counted, ((1 - alpha) * accept + alpha).log(), 0.0).requires_grad_()
+    reach = torch.cumprod(log_s.exp(), -1) * counted
+    reach.sum().backward()
+    torch.testing.assert_close(dpace_weights(accept, counted, alpha), log_s.grad * counted)
+    # a drafter sure of every position: position k weighs the counted positions from k on
+    sure = dpace_weights(torch.ones(1, 5), torch.tensor([[False, True, True, False, True]]), 0.5)
+    assert sure.tolist() == [[0.0, 3.0, 2.0, 0.0, 1.0]]
+    # a sure miss at position 1 leaves the rest alpha^j of their weight
+    miss = dpace_weights(torch.tensor([[0.0, 0.0, 1.0, 1.0]]), torch.tensor([[False, True, True, True]]), 0.5)
+    torch.testing.assert_close(miss, torch.tensor([[0.0, 1.5, 1.0, 0.5]]))
+
+
 def drafter_and_batch(soft: bool):
     model, tok = get_target("llama")
     from draftheads.heads.target_fingerprint import fingerprint
@@ -152,13 +172,16 @@ def drafter_and_batch(soft: bool):
     return model, d, batch
 
 
+@pytest.mark.parametrize("weights", ["decay", "dpace"])
 @pytest.mark.parametrize("soft", [False, True], ids=["data-tokens", "topk"])
-def test_one_pass_over_all_blocks_equals_each_block_drafted_alone(soft):
+def test_one_pass_over_all_blocks_equals_each_block_drafted_alone(soft, weights):
     """The objective drafts every block of a packed row in one masked pass; the loss must equal
-    each block drafted on its own, from its own document's context before its anchor only."""
+    each block drafted on its own, from its own document's context before its anchor only, its
+    positions weighed by the decay or (dpace) by the reach of the block's chain past them."""
     model, d, batch = drafter_and_batch(soft)
-    gamma = 3.0
-    obj = DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=4, loss_gamma=gamma), topk=5)
+    gamma, alpha = 3.0, 0.25
+    cfg = DraftConfig(kind="dflash", block_size=4, loss_gamma=gamma, position_weights=weights, dpace_alpha=alpha)
+    obj = DFlashObjective(d, model, cfg, topk=5)
     torch.manual_seed(7)
     loss, stats = obj(batch)
     pos, ids, feats = batch["position_ids"], batch["input_ids"], batch["features"]
@@ -174,6 +197,7 @@ def test_one_pass_over_all_blocks_equals_each_block_drafted_alone(soft):
         p = int(pos[0, a]) + torch.arange(4)
         mask = torch.ones(1, 1, 4, a - start + 4, dtype=torch.bool)
         logits = d.logits(d(d.block_inputs(ids[:, a]), p[None], kv, mask))[0]
+        ces, reach = {}, []
         for k in range(1, 4):
             j = a + k
             if j >= 11 or not batch["loss_mask"][0, j] or pos[0, j] != pos[0, a] + k:
@@ -181,9 +205,14 @@ def test_one_pass_over_all_blocks_equals_each_block_drafted_alone(soft):
             logp = logits[k].log_softmax(-1)
             if soft:
                 ce = -(batch["topk_logits"][0, j - 1].softmax(-1) * logp[batch["topk_ids"][0, j - 1]]).sum()
+                greedy = batch["topk_ids"][0, j - 1, 0]
             else:
-                ce = -logp[ids[0, j]]
-            w = math.exp(-(k - 1) / gamma)
+                ce, greedy = -logp[ids[0, j]], ids[0, j]
+            s = (1 - alpha) * logp[greedy].exp() + alpha
+            reach.append((reach[-1] if reach else 1.0) * s.detach())
+            ces[k] = ce
+        for i, (k, ce) in enumerate(ces.items()):
+            w = math.exp(-(k - 1) / gamma) if weights == "decay" else sum(reach[i:])
             num, den = num + w * ce, den + w
     torch.testing.assert_close(loss, num / den)
     assert stats["pos1/n"] == int(keep.sum())  # every real block counts its first position
@@ -307,6 +336,20 @@ def test_dflash_trains_learns_and_writes_a_loadable_drafter(tmp_path, rows):
     evals = [r for r in last if "eval/tau" in r][-1]
     assert evals["eval/tau"] >= 1.0 and {f"eval/pos{k}/acc_top1" for k in (1, 2, 3)} <= set(evals)
     assert any("train/block/tau" in r for r in last) and "DFlash" in (out / "README.md").read_text()
+
+
+def test_dpace_weights_train_from_the_command_line_and_bad_values_are_refused(tmp_path, rows):
+    out = train(config(tmp_path, *DFLASH, "draft.position_weights=dpace", "train.max_steps=2"), rows)
+    assert "position_weights: dpace" in (out / "resolved_config.yaml").read_text()
+    ls = losses(out)
+    assert len(ls) == 2 and all(math.isfinite(x) for x in ls)
+    for bad, message in (
+        ({"position_weights": "linear"}, r"draft.position_weights='linear' is unknown; use one of decay, dpace"),
+        ({"dpace_alpha": 0.0}, r"draft.dpace_alpha=0.0 must be in \(0, 1\]"),
+    ):
+        with pytest.raises(UserError, match=message) as e:
+            DraftConfig(kind="dflash", **bad)
+        assert "\n" not in str(e.value)
 
 
 def test_zero3_and_gradient_accumulation_train_dflash(tmp_path, rows):

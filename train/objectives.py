@@ -332,6 +332,24 @@ def block_decay(block: int, gamma: float, device: torch.device | None = None) ->
     return torch.where(k >= 1, torch.exp(-(k - 1) / gamma), 0.0)
 
 
+def dpace_weights(accept: torch.Tensor, counted: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``[..., block]`` D-PACE's loss weight of each block position: how much the block's expected
+    accepted length grows with that position's log-probability.
+
+    A chain is accepted up to its first miss, so with s_i = (1 - alpha) * p_i + alpha (p_i the
+    chance position i is accepted, smoothed so that an early miss does not zero everything
+    after it) the expected length is E = sum_j prod_{i<=j} s_i and
+
+        w_k = dE / d log s_k = sum_{j>=k} prod_{i<=j} s_i
+
+    over counted positions (an uncounted one neither counts nor breaks the chain). Position 1
+    weighs most; a later one weighs as much as the block's chain is likely to reach it, block by
+    block, where a fixed decay gives every block the same."""
+    s = torch.where(counted, (1 - alpha) * accept + alpha, torch.ones_like(accept))
+    reach = torch.cumprod(s, -1) * counted
+    return reach.flip(-1).cumsum(-1).flip(-1) * counted
+
+
 def block_acceptance(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Tokens a decoder gains per block (``[..., block]`` inputs, position 0 the root): 1 + the
     run of leading positions k >= 1 whose draft top-1 equals the target's greedy token

@@ -224,6 +224,11 @@ class DraftConfig:
     mask_token_id: int | None = None
     # loss weight of block position k (1-based): exp(-(k - 1) / gamma)
     loss_gamma: float = 7.0
+    # decay: the weights above; dpace: per block, the gradient of its expected accepted length
+    # (D-PACE, speculators' default), from the draft's probabilities of the target's tokens
+    # smoothed by dpace_alpha (loss_gamma is then unused)
+    position_weights: str = "decay"
+    dpace_alpha: float = 0.5
     # blocks per training row (per packed document), anchored at random answer positions;
     # 0: a block at every answer position
     anchors_per_row: int = 8
@@ -274,6 +279,7 @@ class DraftConfig:
 
 
 FEATURE_RULES = ("eagle3", "spread")
+POSITION_WEIGHTS = ("decay", "dpace")
 
 
 def draft_config_problem(d: DraftConfig) -> str | None:
@@ -336,6 +342,12 @@ def draft_config_problem(d: DraftConfig) -> str | None:
             return f"draft.context_dropout={d.context_dropout} must be in [0, 1) (the share of blocks trained blind)"
         if d.loss_gamma <= 0:
             return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
+        if d.position_weights not in POSITION_WEIGHTS:
+            return (
+                f"draft.position_weights={d.position_weights!r} is unknown; use one of {', '.join(POSITION_WEIGHTS)}"
+            )
+        if not 0 < d.dpace_alpha <= 1:
+            return f"draft.dpace_alpha={d.dpace_alpha} must be in (0, 1] (D-PACE's smoothing of each acceptance)"
         if d.mask_token_id is not None and d.mask_token_id < 0:
             return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
         if d.feature_layers is not None:

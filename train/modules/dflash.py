@@ -17,6 +17,7 @@ from draftheads.train.objectives import (
     block_inputs,
     block_mask,
     block_positions,
+    dpace_weights,
     block_targets,
     chunked_anchors,
     dflash_train_flops,
@@ -49,7 +50,7 @@ class DFlashObjective(Objective):
     in one drafter pass (the context keys and values computed once per row):
 
     L = sum w_k * CE(q_{a,k}, y_{a+k}) / sum w_k   over the counted positions k >= 1 of every block,
-    w_k = exp(-(k-1) / gamma)
+    w_k = exp(-(k-1) / gamma)   (``draft.position_weights=dpace``: per block, :func:`dpace_weights`)
 
     y is the data's next token, or the target's top-k at a+k-1 when the feature cache holds it
     (renormalised over the draft vocabulary). A position counts when its reference token (the
@@ -155,13 +156,34 @@ class DFlashObjective(Objective):
             ce = sparse_soft_cross_entropy(logits, ids, probs)
         else:
             ce = F.cross_entropy(logits, labels, reduction="none")
-        weight = block_decay(bs, self.cfg.loss_gamma, ce.device)[k] * in_vocab
+        weight = self.position_weights(logits, labels, in_vocab, (b, n, k), counted) * in_vocab
         stats = self.position_stats(ce, logits, labels, k, in_vocab)
         correct = torch.zeros_like(counted)
         correct[b, n, k] = d.draft_to_target(logits.argmax(-1)) == reference
         tau = block_acceptance(correct, counted)[counted[..., 1]].double()
         stats.update({"block/tau_sum": tau.sum(), "block/n": tau.new_tensor(float(tau.numel()))})
         return (ce * weight).sum(), weight.sum(), stats, b.numel()
+
+    def position_weights(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        in_vocab: torch.Tensor,
+        where: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        counted: torch.Tensor,
+    ) -> torch.Tensor:
+        """The loss weight of each counted row (at ``where`` in the ``[B, N, block]`` grid):
+        ``exp(-(k-1)/gamma)``, or with ``draft.position_weights=dpace`` the gradient of the
+        block's expected accepted length (:func:`dpace_weights`), position k's acceptance taken
+        as the draft's probability of the target's greedy token (0 outside the draft vocabulary)."""
+        b, n, k = where
+        if self.cfg.position_weights == "decay":
+            return block_decay(self.drafter.block_size, self.cfg.loss_gamma, logits.device)[k]
+        with torch.no_grad():
+            picked = logits.gather(-1, labels[:, None])[:, 0] - logits.logsumexp(-1)
+            accept = torch.zeros(counted.shape, dtype=logits.dtype, device=logits.device)
+            accept[b, n, k] = picked.exp() * in_vocab
+            return dpace_weights(accept, counted, self.cfg.dpace_alpha)[b, n, k]
 
     def flops(self, batch_rows: int, T: int, anchors: int, counted: int) -> float:
         """Matmul FLOPs of a micro-batch of ``batch_rows`` rows of ``T`` positions with ``anchors``
