@@ -104,8 +104,10 @@ ABLATIONS: dict[str, list[str]] = {
     "eagle3 lr 6e-4": ["train.lr=6e-4"],
     "eagle3 micro-batch 1": ["train.micro_batch_size=1"],
 }
-# the drafter's own tree verified at every step: no lookup branch, no cost-aware pruning or skipping
-DRAFTER_ONLY = ["decode.lookup=false", "decode.cost_aware=false"]
+# the drafter's own tree verified at every step: no lookup branch, no cost-aware pruning or
+# skipping (the decode settings, and the same as overrides)
+ALONE = {"lookup": False, "cost_aware": False}
+DRAFTER_ONLY = [f"decode.{key}={str(value).lower()}" for key, value in ALONE.items()]
 # "<row> drafter only" decodes <row>'s drafter so (it trains nothing of its own)
 ABLATIONS.update(
     {
@@ -134,6 +136,15 @@ ABLATIONS.update(
             "eagle3 regenerated",
             "eagle3 micro-batch 1",
         )
+    }
+)
+# "<row> full tree" decodes <row>'s drafter with the lookup branch but no planner: the whole tree
+# verified at every step (acceptance, not speed)
+FULL_TREE = ["decode.cost_aware=false"]
+ABLATIONS.update(
+    {
+        f"{row} full tree": [*ABLATIONS[row], *FULL_TREE]
+        for row in ("eagle3", "dflash", "dflash gamma 1 anchor prior 7", "dflash 2 layers gamma 1")
     }
 )
 # the data a row trains on: the teacher-forced cache, or the target's own regenerated answers

@@ -15,7 +15,9 @@ stages in :mod:`~draftheads.bench.study`); this module runs them in order:
 4. **tree**: the Medusa tree is chosen from measured head accuracies (``draftheads tree``).
 5. **eval**: every drafter on every prompt set (held-out, Spec-Bench, GSM8K test) against
    plain greedy ``generate`` and prompt lookup decoding, all in one loop per set: the greedy
-   runs are decoded once per turn for every drafter, and every ratio comes from one run.
+   runs are decoded once per turn for every drafter, and every ratio comes from one run. On
+   the sets of ``bench.drafter_only`` (held-out) every drafter is decoded once more with its
+   own tree alone (no lookup branch, no cost-aware planning): the drafter's own progress.
 6. **scaling**: τ on held-out prompts against training tokens for the EAGLE drafter.
 
 The results, with the commands, the hardware and each stage's minutes
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.bench import study
+from draftheads.bench.ablation_rows import ALONE
 from draftheads.bench.data_stages import stage_distill, stage_features
 from draftheads.bench.eval_stage import stage_eval
 from draftheads.bench.report import check_docs, scaling_plot, summary_lines, write_docs
@@ -54,6 +57,8 @@ STREAMED: dict[str, list[str]] = {"eagle3": [], "dflash": ["draft=dflash"]}
 # EAGLE's τ figures are measured with; ``bench.published_tree`` adds the EAGLE drafter under it
 PUBLISHED_TREE = {"dynamic": True, "top_k_draft": 10, "depth": 6, "total_tokens": 60, "cost_aware": False}
 TREE_ROW = "{kind} (EAGLE-2 tree)"
+# ``bench.drafter_only`` adds every drafter decoded with its own tree alone (ablation_rows.ALONE)
+ALONE_ROW = "{kind} (drafter only)"
 
 
 def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
@@ -108,9 +113,14 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
     if b.published_tree and eagle:
         row = results["drafters"][TREE_ROW.format(kind=eagle)] = {}
         for name in b.eval_sets:
-            reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, PUBLISHED_TREE)
+            tree = ("tree", PUBLISHED_TREE)
+            reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, tree)
             if eagle in reports:  # absent when the prompt set is
                 row[name] = reports[eagle]
+    for name in [n for n in b.eval_sets if n in b.drafter_only]:
+        reports = stage_eval(cfg, b, target, tok, trained, name, ("drafter-only", ALONE))
+        for kind, rep in reports.items():
+            results["drafters"].setdefault(ALONE_ROW.format(kind=kind), {})[name] = rep
     if b.teacher_tokens:
         points = study.stage_scaling(cfg, b, target, tok, cache)
         # the main drafter is a point of the equal-compute curve unless distilled data was added
@@ -166,6 +176,7 @@ def demo(cfg: DemoArgs) -> None:
         eval_prompts=6,
         eval_new_tokens=96,
         baselines=[],
+        drafter_only=[],
         shared_data="",  # the embedded default only
         docs="",
     )

@@ -14,8 +14,8 @@ from draftheads.conf.schema import BenchConfig
 
 def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
     """Minutes each stage of the main run took, read from the records the stages wrote (None:
-    a record made before stages were timed). Opt-in scaling points, ablation rows and the
-    published-tree evaluations are left out: the first two report their own training minutes,
+    a record made before stages were timed), the drafter-only evaluations included. Opt-in
+    scaling points, ablation rows and the published-tree evaluations are left out: the first two report their own training minutes,
     the last its tokens/s. An evaluation counts each of its decoding runs once, however many
     drafters shared it."""
     out = Path(b.out_dir)
@@ -35,14 +35,18 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
         if kind == "medusa":
             records.append(("medusa tree", out / kind / "tree.json"))
     times = {name: minutes(path) for name, path in records if path.is_file()}
-    for name in b.eval_sets:
+    evals = [(f"eval {name}", f"eval-{name}") for name in b.eval_sets]
+    evals += [
+        (f"eval {n}, drafter only", f"eval-{n}-drafter-only") for n in b.eval_sets if n in b.drafter_only
+    ]
+    for title, folder in evals:
         runs = set()
         for kind in b.drafters:
-            marker = out / kind / f"eval-{name}" / ".done"
+            marker = out / kind / folder / ".done"
             if marker.is_file():
                 record = json.loads(marker.read_text())
                 runs.add((tuple(record.get("decoded_with", [kind])), record.get("seconds")))
         if runs:
             seconds = [s for _, s in runs]
-            times[f"eval {name}"] = None if None in seconds else sum(seconds) / 60
+            times[title] = None if None in seconds else sum(seconds) / 60
     return times

@@ -18,14 +18,15 @@ from tests.conftest import get_target
 
 def tiny_bench(tmp_path, *overrides: str, **settings):
     """``(args, bench config)`` for the tiny target: outputs under ``tmp_path/bench``, no shared
-    data folder, no docs page, held-out prompts only and no extra baselines unless ``settings``
-    say otherwise."""
+    data folder, no docs page, held-out prompts only, no extra baselines and no drafter-only
+    rows unless ``settings`` say otherwise."""
     cfg = parse(["bench", "target=tiny-llama", *overrides]).args
     base = dict(
         out_dir=str(tmp_path / "bench"),
         shared_data=str(tmp_path / "no-shared-data"),
         eval_sets=["heldout"],
         baselines=[],
+        drafter_only=[],
         docs="",
     )
     return cfg, replace(cfg.bench, **{**base, **settings})
@@ -50,6 +51,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         eval_prompts=2,
         eval_new_tokens=8,
         baselines=["pld"],
+        drafter_only=["heldout"],
     )
     pipeline(cfg, b)
     out = tmp_path / "bench"
@@ -80,11 +82,20 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         "train eagle3",
         "train dflash",
         "eval heldout",
+        "eval heldout, drafter only",
     ] and all(m > 0 for m in stages.values())
     # every drafter was decoded in one loop per prompt set (the greedy runs shared)
     for kind in ("medusa", "eagle3", "dflash"):
         marker = json.loads((out / kind / "eval-heldout" / ".done").read_text())
         assert marker["decoded_with"] == ["medusa", "eagle3", "dflash"] and marker["seconds"] > 0
+    # and once more on held-out with its own tree alone: no lookup branch, no planner, no baselines
+    for kind in ("medusa", "eagle3", "dflash"):
+        alone = results["drafters"][f"{kind} (drafter only)"]
+        assert set(alone) == {"heldout"} and alone["heldout"]["greedy_identical"] == 1.0
+        assert "pld" not in alone["heldout"]
+        marker = json.loads((out / kind / "eval-heldout-drafter-only" / ".done").read_text())
+        assert marker["settings"]["decode"] == {"lookup": False, "cost_aware": False}
+        assert marker["settings"]["baselines"] == []
     # Spec-Bench is absent here: skipped, not failed; held-out was decoded exactly
     assert set(results["drafters"]["medusa"]) == {"heldout"}
     for kind in ("medusa", "eagle3", "dflash"):
@@ -150,7 +161,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     again = pipeline(cfg, b)
     decoded_with = {
         k: json.loads((out / k / "eval-heldout" / ".done").read_text())["decoded_with"]
-        for k in again["drafters"]
+        for k in ("medusa", "eagle3", "dflash")
     }
     assert decoded_with == {
         "medusa": ["medusa", "eagle3", "dflash"],
@@ -178,7 +189,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     # since a step verifies no node past the tokens left
     assert row["tree_tokens_per_step"] > 2 * (8 + 6) >= 2 * default["tree_tokens_per_step"]
     marker = json.loads((out / "eagle3" / "eval-heldout-tree" / ".done").read_text())
-    assert marker["settings"]["tree"] == {
+    assert marker["settings"]["decode"] == {
         "dynamic": True,
         "top_k_draft": 10,
         "depth": 6,

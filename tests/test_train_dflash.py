@@ -26,12 +26,12 @@ from draftheads.train.objectives import (
     anchor_candidates,
     block_acceptance,
     block_decay,
-    dpace_weights,
     block_mask,
     block_positions,
     block_targets,
     chunked_anchors,
     documents,
+    dpace_weights,
     sample_anchors,
     token_uniforms,
 )
@@ -180,7 +180,9 @@ def test_one_pass_over_all_blocks_equals_each_block_drafted_alone(soft, weights)
     positions weighed by the decay or (dpace) by the reach of the block's chain past them."""
     model, d, batch = drafter_and_batch(soft)
     gamma, alpha = 3.0, 0.25
-    cfg = DraftConfig(kind="dflash", block_size=4, loss_gamma=gamma, position_weights=weights, dpace_alpha=alpha)
+    cfg = DraftConfig(
+        kind="dflash", block_size=4, loss_gamma=gamma, position_weights=weights, dpace_alpha=alpha
+    )
     obj = DFlashObjective(d, model, cfg, topk=5)
     torch.manual_seed(7)
     loss, stats = obj(batch)
@@ -344,7 +346,10 @@ def test_dpace_weights_train_from_the_command_line_and_bad_values_are_refused(tm
     ls = losses(out)
     assert len(ls) == 2 and all(math.isfinite(x) for x in ls)
     for bad, message in (
-        ({"position_weights": "linear"}, r"draft.position_weights='linear' is unknown; use one of decay, dpace"),
+        (
+            {"position_weights": "linear"},
+            r"draft.position_weights='linear' is unknown; use one of decay, dpace",
+        ),
         ({"dpace_alpha": 0.0}, r"draft.dpace_alpha=0.0 must be in \(0, 1\]"),
     ):
         with pytest.raises(UserError, match=message) as e:

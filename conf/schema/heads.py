@@ -343,11 +343,11 @@ def draft_config_problem(d: DraftConfig) -> str | None:
         if d.loss_gamma <= 0:
             return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
         if d.position_weights not in POSITION_WEIGHTS:
-            return (
-                f"draft.position_weights={d.position_weights!r} is unknown; use one of {', '.join(POSITION_WEIGHTS)}"
-            )
+            return f"draft.position_weights={d.position_weights!r} is unknown; use one of {', '.join(POSITION_WEIGHTS)}"
         if not 0 < d.dpace_alpha <= 1:
-            return f"draft.dpace_alpha={d.dpace_alpha} must be in (0, 1] (D-PACE's smoothing of each acceptance)"
+            return (
+                f"draft.dpace_alpha={d.dpace_alpha} must be in (0, 1] (D-PACE's smoothing of each acceptance)"
+            )
         if d.mask_token_id is not None and d.mask_token_id < 0:
             return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
         if d.feature_layers is not None:
