@@ -47,6 +47,7 @@ ABLATIONS: dict[str, list[str]] = {
     ],
     "dflash init from target": ["draft=dflash", "draft.init_from_target=true"],
     "dflash qk gain 2": ["draft=dflash", "draft.qk_gain=2"],
+    "dflash qk gain 1.5": ["draft=dflash", "draft.qk_gain=1.5"],
     # the first layer starts reading the anchor row: its logit this many nats above the others
     "dflash anchor prior 5": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=5"],
     "dflash anchor prior 7": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=7"],
@@ -97,6 +98,7 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash blind 30 steps": ["draft=dflash", "draft.blind_steps=30"],
     # one row per optimizer step instead of four packed: four times the updates per token
     "dflash micro-batch 1": ["draft=dflash", "train.micro_batch_size=1"],
+    "dflash micro-batch 1 qk gain 1.5": ["draft=dflash", "train.micro_batch_size=1", "draft.qk_gain=1.5"],
     # EAGLE-3's levers on the same data
     "eagle3 regenerated": ["bench.data=regenerated"],
     "eagle3 2 passes": ["bench.epochs=2"],
@@ -133,6 +135,8 @@ ABLATIONS.update(
             "dflash anchor only",
             "dflash blind 30 steps",
             "dflash micro-batch 1",
+            "dflash micro-batch 1 qk gain 1.5",
+            "dflash qk gain 1.5",
             "eagle3 regenerated",
             "eagle3 micro-batch 1",
         )
