@@ -48,6 +48,15 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash init from target": ["draft=dflash", "draft.init_from_target=true"],
     "dflash qk gain 2": ["draft=dflash", "draft.qk_gain=2"],
     "dflash qk gain 1.5": ["draft=dflash", "draft.qk_gain=1.5"],
+    # as many key/value heads as query heads: a block row reads 576 value dimensions, not 192
+    "dflash 9 kv heads": ["draft=dflash", "draft.kv_heads=9"],
+    "dflash 9 kv heads gamma 1": ["draft=dflash", "draft.kv_heads=9", "draft.loss_gamma=1"],
+    "dflash 2 layers 9 kv heads gamma 1": [
+        "draft=dflash",
+        "draft.num_decoder_layers=2",
+        "draft.kv_heads=9",
+        "draft.loss_gamma=1",
+    ],
     # the first layer starts reading the anchor row: its logit this many nats above the others
     "dflash anchor prior 5": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=5"],
     "dflash anchor prior 7": ["draft=dflash", "draft.loss_gamma=7", "draft.anchor_prior=7"],
@@ -137,6 +146,9 @@ ABLATIONS.update(
             "dflash micro-batch 1",
             "dflash micro-batch 1 qk gain 1.5",
             "dflash qk gain 1.5",
+            "dflash 9 kv heads",
+            "dflash 9 kv heads gamma 1",
+            "dflash 2 layers 9 kv heads gamma 1",
             "eagle3 regenerated",
             "eagle3 micro-batch 1",
         )

@@ -60,6 +60,11 @@ def layer_shape(target_config: dict[str, Any], hidden: int, given: dict[str, Any
             out[key] = value
     heads = int(out.setdefault("num_attention_heads", max(1, hidden // 64)))
     out.setdefault("num_key_value_heads", heads)
+    if heads % int(out["num_key_value_heads"]):
+        raise UserError(
+            f"draft.kv_heads={out['num_key_value_heads']} does not divide the {heads} query heads; "
+            f"use a divisor of {heads}, or null for the target's"
+        )
     out.setdefault("head_dim", hidden // heads)
     out.setdefault("intermediate_size", 4 * hidden)
     out.setdefault("rms_norm_eps", 1e-6)

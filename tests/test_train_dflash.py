@@ -4,6 +4,7 @@ functions, hand-built rows), the objective against a block-by-block recomputatio
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -355,6 +356,30 @@ def test_dpace_weights_train_from_the_command_line_and_bad_values_are_refused(tm
         with pytest.raises(UserError, match=message) as e:
             DraftConfig(kind="dflash", **bad)
         assert "\n" not in str(e.value)
+
+
+def test_kv_heads_widen_the_drafter_layers_through_training_and_export(tmp_path, rows):
+    from draftheads.heads.engines import validate_export
+    from draftheads.heads.export import export_drafter
+
+    model, tok = get_target("llama")  # 4 query heads over 2 key/value heads
+    out = train(config(tmp_path, *DFLASH, "draft.kv_heads=4", "train.max_steps=1"), rows)
+    d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    attn = d.layers[0].self_attn
+    assert attn.kv_heads == 4 and attn.v_proj.out_features == 4 * attn.head_dim
+    exported = export_drafter(d, "vllm", tmp_path / "vllm")
+    assert json.loads((exported / "config.json").read_text())["num_key_value_heads"] == 4
+    assert validate_export(exported, "vllm", d.target_fingerprint.num_layers).method == "dflash"
+    with pytest.raises(UserError, match=r"draft.kv_heads=3 does not divide the 4 query heads") as e:
+        DFlashDrafter(
+            fingerprint(model, tok),
+            model.config.to_dict(),
+            mask_token_id=16,
+            layer_config={"num_key_value_heads": 3},
+        )
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match=r"draft.kv_heads=4 shapes DFlash layers only, not draft.kind=eagle"):
+        DraftConfig(kind="eagle", kv_heads=4)
 
 
 def test_zero3_and_gradient_accumulation_train_dflash(tmp_path, rows):

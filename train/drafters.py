@@ -51,6 +51,7 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
             num_decoder_layers=d.num_decoder_layers,
             feature_layers=d.training_layers(fp.num_layers),
             draft_vocab_size=d.draft_vocab_size,
+            layer_config=None if d.kv_heads is None else {"num_key_value_heads": d.kv_heads},
         )
     else:
         drafter = EagleDrafter(

@@ -236,6 +236,10 @@ class DraftConfig:
     # three, so one feature cache serves both drafters) or spread (the reference's rule: one
     # target layer per drafter layer, L//2 for one, else evenly from 1 to L-3)
     feature_rule: str = "eagle3"
+    # DFlash: the drafter layers' key/value heads (null: the target's). A block row reads its
+    # anchor token and the context only through attention values, kv_heads x head_dim wide
+    # (SmolLM2: 3 x 64 = 192 of 576); the target's query heads must be a multiple of it
+    kv_heads: int | None = None
     # DFlash: the starting gain of every layer's q and k norms (trained from there). Attention
     # logits scale with its square: at 1 they stay within +-sqrt(head_dim), too flat for a block
     # row to single out its anchor among hundreds of context keys early in training
@@ -303,6 +307,10 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     for key, (value, low) in at_least.items():
         if value < low:
             return f"draft.{key}={value} must be at least {low}"
+    if d.kv_heads is not None and d.kv_heads < 1:
+        return f"draft.kv_heads={d.kv_heads} must be at least 1; use null for the target's"
+    if d.kv_heads is not None and d.kind != "dflash":
+        return f"draft.kv_heads={d.kv_heads} shapes DFlash layers only, not draft.kind={d.kind}; use null"
     if d.draft_vocab_size is not None and d.draft_vocab_size < 1:
         return (
             f"draft.draft_vocab_size={d.draft_vocab_size} must be at least 1; "
