@@ -45,6 +45,8 @@ def summary_lines(results: dict[str, Any]) -> str:
             if "pld" in r:
                 line += f"  | prompt lookup τ {r['pld']['tau']:.2f} speedup {r['pld']['speedup']:.2f}×"
             lines.append(line)
+    for kind, r in results.get("drafter_only", {}).items():
+        lines.append(f"{kind:<7} heldout     τ {r['tau']:.2f}, drafter only (no lookup branch, no planner)")
     for p in results.get("scaling", []):
         lines.append(f"scaling: {p['answer_tokens']} answer tokens -> τ {p['tau']:.2f}")
     for name, r in results.get("ablations", {}).items():
@@ -167,6 +169,14 @@ def speed_lines(results: dict[str, Any], b: BenchConfig, figures_name: str) -> l
             rows,
         ),
     ]
+    alone = results.get("drafter_only") or {}
+    if alone:
+        taus = ", ".join(f"{kind} {r['tau']:.2f}" for kind, r in alone.items())
+        lines += [
+            "",
+            f"Held-out τ with each drafter's own tree alone (`bench.drafter_only`: no lookup branch, "
+            f"no planner, as the ablation rows' *drafter only*): {taus}.",
+        ]
     spec = {kind: reports["spec_bench"] for kind, reports in reps.items() if "spec_bench" in reports}
     kinds = [kind for kind, r in spec.items() if r.get("per_category")]
     if not kinds:
@@ -356,6 +366,7 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         "data": results.get("data"),
         "mixture": results.get("mixture"),
         "drafters": drafters,
+        "drafter_only": results.get("drafter_only", {}),
         "scaling": results.get("scaling", []),
         "ablations": results.get("ablations", {}),
         "stage_minutes": results.get("stage_minutes", {}),

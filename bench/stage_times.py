@@ -14,7 +14,7 @@ from draftheads.conf.schema import BenchConfig
 
 def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
     """Minutes each stage of the main run took, read from the records the stages wrote (None:
-    a record made before stages were timed), the drafter-only evaluations included. Opt-in
+    a record made before stages were timed), the drafter-only τ included. Opt-in
     scaling points, ablation rows and the published-tree evaluations are left out: the first two report their own training minutes,
     the last its tokens/s. An evaluation counts each of its decoding runs once, however many
     drafters shared it."""
@@ -35,18 +35,17 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
         if kind == "medusa":
             records.append(("medusa tree", out / kind / "tree.json"))
     times = {name: minutes(path) for name, path in records if path.is_file()}
-    evals = [(f"eval {name}", f"eval-{name}") for name in b.eval_sets]
-    evals += [
-        (f"eval {n}, drafter only", f"eval-{n}-drafter-only") for n in b.eval_sets if n in b.drafter_only
-    ]
-    for title, folder in evals:
+    for name in b.eval_sets:
         runs = set()
         for kind in b.drafters:
-            marker = out / kind / folder / ".done"
+            marker = out / kind / f"eval-{name}" / ".done"
             if marker.is_file():
                 record = json.loads(marker.read_text())
                 runs.add((tuple(record.get("decoded_with", [kind])), record.get("seconds")))
         if runs:
             seconds = [s for _, s in runs]
-            times[title] = None if None in seconds else sum(seconds) / 60
+            times[f"eval {name}"] = None if None in seconds else sum(seconds) / 60
+    alone = [out / kind / "drafter-only" / ".done" for kind in b.drafters]
+    if b.drafter_only and any(p.is_file() for p in alone):
+        times["held-out τ, drafter only"] = sum(minutes(p) or 0.0 for p in alone if p.is_file())
     return times

@@ -53,9 +53,10 @@ class BenchConfig:
       packed micro-batches, ~730 tokens/s ~ 24 min;
     * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; both drafters
       in one loop against stock and same-backend greedy and prompt lookup) ~ 30 min;
-    * held-out again per drafter with its own tree alone (``drafter_only``) ~ 1.5 min each
-      (estimated: 10 prompts took 44 s for a DFlash drafter; not yet timed inside a full run);
-    * total ~ 118-122 min, a little over two hours (``bench.drafter_only=[]``: ~ 118).
+    * held-out τ again per drafter with its own tree alone (``drafter_only``, no baselines)
+      ~ 1.2 min each (20 prompts: 1.21 min for a 150k-token EAGLE-3, 1.13 for a DFlash; not yet
+      timed inside a full run);
+    * total ~ 117-121 min (``bench.drafter_only=false``: ~ 118).
 
     ``published_tree=true`` adds a row per prompt set: the EAGLE drafter verified with EAGLE-2's
     published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
@@ -113,9 +114,9 @@ class BenchConfig:
     baselines: list[str] = field(default_factory=lambda: ["pld"])
     # also evaluate the EAGLE drafter with EAGLE-2's published tree (60 nodes, no cost-aware pruning)
     published_tree: bool = False
-    # the sets of eval_sets on which every drafter is decoded once more with its own tree alone
-    # (no lookup branch, no cost-aware planning): what the drafter itself learnt
-    drafter_only: list[str] = field(default_factory=lambda: ["heldout"])
+    # with heldout in eval_sets: every drafter's held-out τ once more with its own tree alone (no
+    # lookup branch, no cost-aware planning), as the ablation rows' "drafter only": what it learnt
+    drafter_only: bool = True
     docs: str = "docs/benchmarks.md"
 
     def __post_init__(self) -> None:
