@@ -29,21 +29,20 @@ def stage_eval(
     tok: PreTrainedTokenizerBase,
     heads: dict[str, Path],
     name: str,
-    variant: tuple[str, dict[str, Any]] | None = None,
+    tree: dict[str, Any] | None = None,
 ) -> dict[str, dict]:
     """Every drafter of ``heads`` (kind -> folder) on one prompt set, in one loop: stock and
     same-backend greedy run once per turn for all of them, the baselines once (reported with
     the first drafter). Each drafter's report is cached in its own ``eval-<set>`` folder; a
-    rerun decodes only the drafters whose report is missing. ``variant``: (a name, decode
-    settings that replace the configured ones), e.g. the pipeline's ``PUBLISHED_TREE`` or
-    ``DRAFTER_ONLY``, reported in ``eval-<set>-<name>`` folders without the baselines."""
+    rerun decodes only the drafters whose report is missing. ``tree``: decode settings that
+    replace the configured tree (the pipeline's ``PUBLISHED_TREE``), reported in
+    ``eval-<set>-tree`` folders without the baselines."""
     from draftheads.decode.evaluate import run_eval
     from draftheads.decode.report import environment, summarize, write_report
     from draftheads.heads import Drafter
 
     first = next(iter(heads))
-    suffix, tree = variant or ("", None)
-    folder = f"eval-{name}" + (f"-{suffix}" if suffix else "")
+    folder = f"eval-{name}" + ("-tree" if tree else "")
 
     def made(kind: str) -> dict[str, Any]:
         return {
@@ -51,7 +50,7 @@ def stage_eval(
             "new_tokens": b.eval_new_tokens,
             "per_category": b.spec_bench_per_category,
             "baselines": list(b.baselines) if kind == first and not tree else [],
-            **({"decode": tree} if tree else {}),
+            **({"tree": tree} if tree else {}),
         }
 
     reports = {

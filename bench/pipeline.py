@@ -111,7 +111,7 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
     if b.published_tree and eagle:
         row = results["drafters"][TREE_ROW.format(kind=eagle)] = {}
         for name in b.eval_sets:
-            reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, ("tree", PUBLISHED_TREE))
+            reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, PUBLISHED_TREE)
             if eagle in reports:  # absent when the prompt set is
                 row[name] = reports[eagle]
     if b.drafter_only and "heldout" in b.eval_sets:

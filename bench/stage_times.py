@@ -14,10 +14,10 @@ from draftheads.conf.schema import BenchConfig
 
 def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
     """Minutes each stage of the main run took, read from the records the stages wrote (None:
-    a record made before stages were timed), the drafter-only τ included. Opt-in
-    scaling points, ablation rows and the published-tree evaluations are left out: the first two report their own training minutes,
-    the last its tokens/s. An evaluation counts each of its decoding runs once, however many
-    drafters shared it."""
+    a record made before stages were timed), the drafter-only τ included. Opt-in scaling
+    points, ablation rows and the published-tree evaluations are left out: the first two report
+    their own training minutes, the last its tokens/s. An evaluation counts each of its decoding
+    runs once, however many drafters shared it."""
     out = Path(b.out_dir)
 
     def minutes(record: Path) -> float | None:

@@ -36,7 +36,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
-from draftheads.conf.schema.heads import dflash_feature_layers, dflash_layers_problem
+from draftheads.conf.schema.layers import dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size, frozen_rows

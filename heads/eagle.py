@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.heads import eagle_input_layers, feature_layers_problem
+from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal

@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import save_file
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.heads import feature_layers_problem
+from draftheads.conf.schema.layers import feature_layers_problem
 from draftheads.heads.base import Drafter
 from draftheads.heads.card import num_speculative_tokens, serve_command, sglang_refusal
 from draftheads.heads.checkpoint import (

@@ -194,7 +194,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     # since a step verifies no node past the tokens left
     assert row["tree_tokens_per_step"] > 2 * (8 + 6) >= 2 * default["tree_tokens_per_step"]
     marker = json.loads((out / "eagle3" / "eval-heldout-tree" / ".done").read_text())
-    assert marker["settings"]["decode"] == {
+    assert marker["settings"]["tree"] == {
         "dynamic": True,
         "top_k_draft": 10,
         "depth": 6,
