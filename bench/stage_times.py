@@ -45,7 +45,7 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
         if runs:
             seconds = [s for _, s in runs]
             times[f"eval {name}"] = None if None in seconds else sum(seconds) / 60
-    alone = [out / kind / "drafter-only" / ".done" for kind in b.drafters]
-    if b.drafter_only and any(p.is_file() for p in alone):
-        times["held-out τ, drafter only"] = sum(minutes(p) or 0.0 for p in alone if p.is_file())
+    alone = [minutes(p) for kind in b.drafters if (p := out / kind / "drafter-only" / ".done").is_file()]
+    if b.drafter_only and alone:
+        times["held-out τ, drafter only"] = None if None in alone else sum(alone)
     return times
