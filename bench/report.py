@@ -393,13 +393,14 @@ def check_docs(path: Path) -> None:
 
 
 # keys of docs/benchmarks.json that other commands write, kept when the bench rewrites it
-KEPT_KEYS = ("workloads", "reduced_runs")
+KEPT_KEYS = ("workloads", "reduced_runs", "full_runs")
 
 
 def write_figures(results: dict[str, Any], settings: dict[str, Any], path: Path) -> None:
     """``docs/benchmarks.json``: the figures of ``docs/benchmarks.md`` with the command and settings.
     What other runs recorded there is kept: the ``workloads`` rows of ``draftheads speed
-    speed.workloads=true`` and the ``reduced_runs`` (smaller benches, each with its own command)."""
+    speed.workloads=true``, the ``reduced_runs`` (smaller benches, each with its own command) and
+    the ``full_runs`` (whole benches recorded beside the main one, e.g. on another machine)."""
     record = {"command": results.get("command", "draftheads bench"), "settings": settings, **figures(results)}
     earlier = read_json(path) if path.exists() else None
     for key in KEPT_KEYS:

@@ -93,12 +93,14 @@ def test_curve_keys_are_every_batch_and_context_bucket_the_rows_ask_for():
 def test_the_bench_keeps_the_workload_rows_when_it_rewrites_the_figures(tmp_path):
     path = tmp_path / "benchmarks.json"
     runs = [{"command": "draftheads bench bench.teacher_tokens=40000", "ablations": {"dflash": {"tau": 1.8}}}]
+    full = [{"name": "another machine", "command": "draftheads bench", "drafters": {"dflash": {}}}]
     earlier = {"command": "c", "settings": {}, "workloads": {"batches": [{"batch": 4}]}, "reduced_runs": runs}
+    earlier["full_runs"] = full
     path.write_text(json.dumps(earlier))
     write_figures({"drafters": {}, "train": {"steps": 3}}, {"s": 1}, path)
     record = json.loads(path.read_text())
     assert record["workloads"] == {"batches": [{"batch": 4}]} and record["train"] == {"steps": 3}
-    assert record["reduced_runs"] == runs
+    assert record["reduced_runs"] == runs and record["full_runs"] == full
     assert record["settings"] == {"s": 1}
 
 

@@ -56,7 +56,14 @@ class BenchConfig:
     * held-out τ again per drafter with its own tree alone (``drafter_only``, no baselines)
       ~ 1.2 min each (20 prompts: 1.21 min for a 150k-token EAGLE-3, 1.13 for a DFlash; not yet
       timed inside a full run);
-    * total ~ 117-121 min (``bench.drafter_only=false``: ~ 118).
+    * total ~ 117-121 min (``bench.drafter_only=false``: ~ 118) with Medusa and EAGLE-3 alone.
+
+    The default also trains DFlash (``draft=dflash``) on EAGLE-3's data and passes, so that both
+    drafters are reported side by side. Timed whole on an AMD EPYC with AVX-512 (2 cores): 107 min
+    (distillation 6.6, features 24.7 + 5.8, Medusa 4.2 + 1.0, EAGLE-3 20.6, DFlash 16.7,
+    evaluation of the three 22.8, drafter only 4.3). On the AVX2 EPYC above DFlash would add
+    about 17 min of training and 5 of decoding (~140 min, past two hours):
+    ``'bench.drafters=[medusa,eagle3]'`` leaves it out there.
 
     ``published_tree=true`` adds a row per prompt set: the EAGLE drafter verified with EAGLE-2's
     published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
@@ -93,7 +100,7 @@ class BenchConfig:
     topk: int = 64
     shard_mb: float = 64.0
     save_every: int = 200
-    drafters: list[str] = field(default_factory=lambda: ["medusa", "eagle3"])
+    drafters: list[str] = field(default_factory=lambda: ["medusa", "eagle3", "dflash"])
     medusa_steps: int = 150
     medusa_tokens: int = 68_000
     eagle_steps: int = 1500
