@@ -54,8 +54,8 @@ class BenchConfig:
     * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; both drafters
       in one loop against stock and same-backend greedy and prompt lookup) ~ 30 min;
     * held-out τ again per drafter with its own tree alone (``drafter_only``, no baselines)
-      ~ 1.2 min each (20 prompts: 1.21 min for a 150k-token EAGLE-3, 1.13 for a DFlash; not yet
-      timed inside a full run);
+      ~ 1.2 min each (20 prompts: 1.21 min for a 150k-token EAGLE-3, 1.13 for a DFlash, timed
+      alone; 4.3 min for the three drafters inside the AVX-512 run below);
     * total ~ 117-121 min (``bench.drafter_only=false``: ~ 118) with Medusa and EAGLE-3 alone.
 
     The default also trains DFlash (``draft=dflash``) on EAGLE-3's data and passes, so that both
