@@ -21,6 +21,8 @@ ABLATIONS: dict[str, list[str]] = {
     # twice the blocks of half the size: as many block rows, so about the same compute
     "dflash block 8": ["draft=dflash", "draft.block_size=8", "draft.anchors_per_row=64"],
     "dflash 2 layers": ["draft=dflash", "draft.num_decoder_layers=2"],
+    "dflash 3 layers": ["draft=dflash", "draft.num_decoder_layers=3"],
+    "dflash 5 layers": ["draft=dflash", "draft.num_decoder_layers=5"],
     # a second layer lets block position k read position k-1's first-layer guess: train position 2 too
     "dflash 2 layers gamma 1": ["draft=dflash", "draft.num_decoder_layers=2", "draft.loss_gamma=1"],
     "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],

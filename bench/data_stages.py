@@ -102,7 +102,7 @@ def stage_features(
     topk = b.topk if b.teacher_tokens else 0
     # every layer the drafters and ablation rows read (EAGLE-3's: a superset of Medusa's final
     # state), so one cache serves them all
-    layers = study.row_layers(list(b.ablations), list(b.drafters), fingerprint(target).num_layers)
+    layers = study.row_layers(study.cached_rows(b), list(b.drafters), fingerprint(target).num_layers)
     made = {"data": [d.name for d in data_dirs], "topk": topk, "layers": layers}
     if done(out, made):
         return out

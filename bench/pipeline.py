@@ -17,8 +17,11 @@ stages in :mod:`~draftheads.bench.study`); this module runs them in order:
    plain greedy ``generate`` and prompt lookup decoding, all in one loop per set: the greedy
    runs are decoded once per turn for every drafter, and every ratio comes from one run. With
    ``bench.drafter_only`` every drafter's held-out τ is measured once more with its own tree
-   alone (no lookup branch, no cost-aware planning): the drafter's own progress.
-6. **scaling**: τ on held-out prompts against training tokens for the EAGLE drafter.
+   alone (no lookup branch, no cost-aware planning): the drafter's own progress
+   (:mod:`~draftheads.bench.drafter_only`).
+6. **scaling**: τ on held-out prompts against training tokens for the EAGLE drafter; the
+   opt-in ablation rows at equal data, and ``bench.variants``: rows trained on the main data and
+   passes, each measured drafter only.
 
 The results, with the commands, the hardware and each stage's minutes
 (:mod:`~draftheads.bench.stage_times`), are written to ``bench.docs``.
@@ -36,13 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.bench import study
-from draftheads.bench.ablation_rows import ALONE, DRAFTER_ONLY
 from draftheads.bench.data_stages import stage_distill, stage_features
+from draftheads.bench.drafter_only import check_variants, main_data, stage_alone, stage_variants
 from draftheads.bench.eval_stage import stage_eval
 from draftheads.bench.report import check_docs, scaling_plot, summary_lines, write_docs
 from draftheads.bench.scaling import main_point, stage_scaling
 from draftheads.bench.stage_times import stage_minutes
-from draftheads.bench.stages import done, load_rows, log, mark_done
+from draftheads.bench.stages import load_rows, log
 from draftheads.bench.train_stages import stage_train, stage_tree
 from draftheads.conf.commands.args import BenchArgs, DemoArgs
 from draftheads.conf.schema import BenchConfig
@@ -66,6 +69,7 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
     from draftheads.heads.target_fingerprint import fingerprint
 
     study.check_ablations(b)
+    check_variants(b)
     guard_out_dir(b.out_dir, "bench", "bench.out_dir")
     t0 = time.perf_counter()
     target, tok = load_target(cfg.target)
@@ -81,16 +85,14 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
     results: dict[str, Any] = {"drafters": {}, "scaling": [], "train": {}, "ablations": {}}
     if b.teacher_tokens:
         results["data"] = json.loads((cache / ".done").read_text())
+    streamed = bool(b.teacher_tokens) and (bool(b.variants) or any(k in STREAMED for k in b.drafters))
+    data = main_data(b, cache, distilled) if streamed else None  # equal compute to the scaling points
+    if data and data[3]:
+        results["mixture"] = {**json.loads((distilled / ".done").read_text()), **data[3]}
     for kind in b.drafters:
         heads = Path(b.out_dir) / kind
-        if b.teacher_tokens and kind in STREAMED:  # streamed from the cache, equal compute to scaling
-            tokens = json.loads((cache / ".done").read_text())["answer_tokens"]
-            source, note = cache, {}
-            epochs = b.scaling_compute / max(tokens, 1)  # passes over the teacher tokens
-            if distilled is not None:  # the same passes over a view that adds the distilled ones
-                source, note = study.mixture(b, cache, distilled)
-                results["mixture"] = {**json.loads((distilled / ".done").read_text()), **note}
-                tokens += note["distilled_tokens"]
+        if data and kind in STREAMED:  # streamed from the cache (or the view with the distilled answers)
+            source, tokens, epochs, note = data
             study.train_on(cfg, b, target, source, heads, tokens, epochs, STREAMED[kind], note=note)
         else:
             limit = b.medusa_tokens if b.teacher_tokens and kind == "medusa" else None
@@ -126,25 +128,11 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
         results["ablations"] = study.stage_ablations(cfg, b, target, tok, cache, distilled)
     elif eagle and b.scaling_tokens:
         results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle) + main_point(results, eagle)
+    if data and b.variants:
+        results["variants"] = stage_variants(cfg, b, target, tok, data)
     results["stage_minutes"] = stage_minutes(b)
     results["seconds"] = time.perf_counter() - t0
     return results
-
-
-def stage_alone(cfg: BenchArgs | DemoArgs, b: BenchConfig, target, tok, heads: Path) -> dict[str, Any]:
-    """τ of the drafter at ``heads`` on the held-out prompts, decoded with its own tree alone (no
-    lookup branch, no planner) as the ablation rows' "drafter only" τ is: what the drafter
-    itself learnt. Cached in ``heads/drafter-only`` with its minutes."""
-    folder = heads / "drafter-only"
-    settings = {"prompts": b.eval_prompts, "new_tokens": b.eval_new_tokens, "decode": ALONE}
-    if done(folder, settings):
-        return json.loads((folder / "tau.json").read_text())
-    (folder / "tau.json").unlink(missing_ok=True)  # a record of an interrupted run
-    log(f"held-out τ of {heads.name}, drafter only")
-    t0 = time.perf_counter()
-    tau = study.heldout_tau(cfg, b, target, tok, heads, DRAFTER_ONLY, folder)
-    mark_done(folder, {"seconds": time.perf_counter() - t0}, settings)
-    return tau
 
 
 def bench(cfg: BenchArgs) -> None:

@@ -51,6 +51,8 @@ def summary_lines(results: dict[str, Any]) -> str:
         lines.append(f"scaling: {p['answer_tokens']} answer tokens -> τ {p['tau']:.2f}")
     for name, r in results.get("ablations", {}).items():
         lines.append(f"ablation {name}: τ {r['tau']:.2f}")
+    for name, r in results.get("variants", {}).items():
+        lines.append(f"variant {name}: τ {r['tau']:.2f}, drafter only")
     return "\n".join(lines)
 
 
@@ -275,23 +277,35 @@ def study_lines(results: dict[str, Any], b: BenchConfig) -> list[str]:
                 else ""
             ),
             "",
-            *table(
-                [
-                    "row",
-                    "overrides",
-                    "data",
-                    "answer tokens",
-                    "epochs",
-                    "training minutes",
-                    "simulated τ",
-                    "position 1 top-1",
-                    "drafting, greedy steps",
-                    "τ",
-                ],
-                [ablation_cells(name, r) for name, r in results["ablations"].items()],
-            ),
+            *table(ROW_HEADER, [ablation_cells(name, r) for name, r in results["ablations"].items()]),
+        ]
+    if results.get("variants"):
+        lines += [
+            "",
+            "### Recipe rows at full data: the recorded run",
+            "",
+            "Rows trained on the main drafters' own data and passes (`bench.variants`), held-out τ "
+            "with the drafter's own tree alone (no lookup branch, no planner), as the main drafters' "
+            "drafter-only τ above.",
+            "",
+            *table(ROW_HEADER, [ablation_cells(name, r) for name, r in results["variants"].items()]),
         ]
     return lines
+
+
+# the columns of an ablation or variant row (:func:`ablation_cells`)
+ROW_HEADER = [
+    "row",
+    "overrides",
+    "data",
+    "answer tokens",
+    "epochs",
+    "training minutes",
+    "simulated τ",
+    "position 1 top-1",
+    "drafting, greedy steps",
+    "τ",
+]
 
 
 def ablation_cells(name: str, r: dict[str, Any]) -> list[str]:
@@ -315,8 +329,8 @@ def ablation_cells(name: str, r: dict[str, Any]) -> list[str]:
 
 def figures(results: dict[str, Any]) -> dict[str, Any]:
     """Every figure of the tables: the environment, training, acceptance and speed per drafter and
-    prompt set (prompt lookup's beside it), Spec-Bench per category, the scaling points and the
-    ablation rows."""
+    prompt set (prompt lookup's beside it), Spec-Bench per category, the scaling points, the
+    ablation rows and the variants."""
     keys = (
         "tau",
         "speedup",
@@ -369,6 +383,7 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         "drafter_only": results.get("drafter_only", {}),
         "scaling": results.get("scaling", []),
         "ablations": results.get("ablations", {}),
+        "variants": results.get("variants", {}),
         "stage_minutes": results.get("stage_minutes", {}),
         "seconds": results.get("seconds"),
     }

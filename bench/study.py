@@ -28,15 +28,16 @@ from draftheads.conf.schema.heads import DraftConfig
 ANSWER_TOKENS = "answer_tokens.json"  # per shard of the teacher cache: trained (answer) tokens
 
 
-def ablation_rows(names: list[str]) -> dict[str, list[str]]:
-    """The named rows of :data:`ABLATIONS` (``all``: every row), refusing unknown names."""
+def ablation_rows(names: list[str], key: str = "bench.ablations") -> dict[str, list[str]]:
+    """The named rows of :data:`ABLATIONS` (``all``: every row), refusing unknown names (given
+    under ``key``)."""
     from draftheads.conf.errors import UserError
 
     if names == ["all"]:
         return dict(ABLATIONS)
     bad = [n for n in names if n not in ABLATIONS]
     if bad:
-        raise UserError(f"bench.ablations: unknown rows {bad}; use all or some of {list(ABLATIONS)}")
+        raise UserError(f"{key}: unknown rows {bad}; use all or some of {list(ABLATIONS)}")
     return {n: ABLATIONS[n] for n in names}
 
 
@@ -77,6 +78,11 @@ def row_settings(trained: list[str]) -> tuple[list[str], str, float | None]:
     if data not in ROW_DATA:
         raise ValueError(f"ablation row data {data!r} is not one of {ROW_DATA}")
     return rest, data, epochs
+
+
+def cached_rows(b: BenchConfig) -> list[str]:
+    """Every row trained from the bench's feature caches: the ablation rows and the variants."""
+    return [*ablation_rows(list(b.ablations)), *b.variants]
 
 
 def row_layers(names: list[str], drafters: list[str], num_layers: int) -> list[int]:
@@ -165,13 +171,13 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
     out = Path(b.out_dir) / "teacher"
     L = fingerprint(target).num_layers
     made = {"teacher_tokens": b.teacher_tokens, "topk": b.topk, "max_rows": cfg.data.max_rows}
-    made["layers"] = row_layers(list(b.ablations), list(b.drafters), L)
+    made["layers"] = row_layers(cached_rows(b), list(b.drafters), L)
     if done(out, made):
         return out
     t0 = time.perf_counter()
     ds, tokens = teacher_dataset(cfg, b, tok)
     log(f"teacher: {len(ds)} rows, {tokens} distinct answer tokens, top-{b.topk} logits")
-    layers = row_layers(list(b.ablations), list(b.drafters), fingerprint(target).num_layers)
+    layers = row_layers(cached_rows(b), list(b.drafters), fingerprint(target).num_layers)
     build_feature_cache(target, tok, ds, out, layers, topk=b.topk, shard_mb=b.shard_mb, batch_tokens=2048)
     write_answer_tokens(out, [sum(m) for m in ds["loss_mask"]])
     mark_done(out, {"rows": len(ds), "answer_tokens": tokens, "seconds": time.perf_counter() - t0}, made)

@@ -113,6 +113,9 @@ class BenchConfig:
     ablations: list[str] = field(default_factory=list)
     ablation_tokens: int = 68_000
     ablation_epochs: float = 1.0
+    # rows of the same table trained on the main drafters' own data and passes, each measured
+    # drafter only (bench/drafter_only.py): levers at full data, e.g. [dflash 2 layers]
+    variants: list[str] = field(default_factory=list)
     eval_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench", "gsm8k_test"])
     eval_prompts: int = 20
     spec_bench_per_category: int = 1
