@@ -32,6 +32,23 @@ def tiny_bench(tmp_path, *overrides: str, **settings):
     return cfg, replace(cfg.bench, **{**base, **settings})
 
 
+def tiny_mixture_bench(tmp_path, **settings):
+    """:func:`tiny_bench` with teacher-forced text (600 answer tokens) and 4 distilled answers
+    beside it, one held-out prompt of 6 new tokens."""
+    base = dict(
+        distill_prompts=4,
+        distill_new_tokens=6,
+        distill_batch_size=4,
+        teacher_tokens=600,
+        scaling_compute=1200,
+        topk=8,
+        shard_mb=0.1,
+        eval_prompts=1,
+        eval_new_tokens=6,
+    )
+    return tiny_bench(tmp_path, "data.max_rows=12", **{**base, **settings})
+
+
 def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, monkeypatch, capsys):
     cfg, b = tiny_bench(
         tmp_path,
@@ -398,21 +415,7 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
 def test_distilled_answers_join_the_teacher_cache_by_view_for_the_main_drafter_only(tmp_path, tiny_llama):
     """With teacher-forced data and distillation, the distilled answers get their own top-k cache;
     the main EAGLE-3 drafter reads teacher rows then distilled rows ``distill_repeats`` times."""
-    cfg, b = tiny_bench(
-        tmp_path,
-        "data.max_rows=12",
-        distill_prompts=4,
-        distill_new_tokens=6,
-        distill_batch_size=4,
-        distill_repeats=3,
-        teacher_tokens=600,
-        scaling_compute=1200,
-        topk=8,
-        shard_mb=0.1,
-        drafters=["eagle3"],
-        eval_prompts=1,
-        eval_new_tokens=6,
-    )
+    cfg, b = tiny_mixture_bench(tmp_path, distill_repeats=3, drafters=["eagle3"])
     out = tmp_path / "bench"
     results = pipeline(cfg, b)
     teacher = json.loads((out / "teacher" / "manifest.json").read_text())

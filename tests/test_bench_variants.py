@@ -13,7 +13,7 @@ from draftheads.bench.pipeline import pipeline
 from draftheads.bench.report import write_docs
 from draftheads.conf.cli import parse
 from draftheads.conf.errors import UserError
-from tests.test_bench import tiny_bench
+from tests.test_bench import tiny_mixture_bench
 
 
 def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
@@ -22,20 +22,10 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
     """With distilled answers beside the teacher-forced text, a variant reads the main drafters'
     mixture for the same passes (``bench.epochs`` multiplies them), trains its own overrides, and
     is decoded with its own tree alone; a rerun trains and decodes nothing."""
-    cfg, b = tiny_bench(
+    cfg, b = tiny_mixture_bench(
         tmp_path,
-        "data.max_rows=12",
-        distill_prompts=4,
-        distill_new_tokens=6,
-        distill_batch_size=4,
-        teacher_tokens=600,
-        scaling_compute=1200,
-        topk=8,
-        shard_mb=0.1,
         drafters=["dflash"],
         variants=["dflash 2 layers", "eagle3 2 passes", "dflash 2 layers drafter only"],
-        eval_prompts=1,
-        eval_new_tokens=6,
         drafter_only=True,
     )
     out = tmp_path / "bench"
