@@ -86,8 +86,9 @@ def cached_rows(b: BenchConfig) -> list[str]:
 
 
 def row_layers(names: list[str], drafters: list[str], num_layers: int) -> list[int]:
-    """Every target layer that the bench's drafters and the named ablation rows read: the one
-    feature cache each data source gets holds their union, so every row trains from it."""
+    """Every target layer that the bench's drafters and the named rows (ablations, variants)
+    read: the one feature cache each data source gets holds their union, so every row trains
+    from it."""
     from draftheads.bench.stages import compose
 
     layers: set[int] = set(DraftConfig(kind="eagle", version=3).training_layers(num_layers))
@@ -177,8 +178,9 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
     t0 = time.perf_counter()
     ds, tokens = teacher_dataset(cfg, b, tok)
     log(f"teacher: {len(ds)} rows, {tokens} distinct answer tokens, top-{b.topk} logits")
-    layers = row_layers(cached_rows(b), list(b.drafters), fingerprint(target).num_layers)
-    build_feature_cache(target, tok, ds, out, layers, topk=b.topk, shard_mb=b.shard_mb, batch_tokens=2048)
+    build_feature_cache(
+        target, tok, ds, out, made["layers"], topk=b.topk, shard_mb=b.shard_mb, batch_tokens=2048
+    )
     write_answer_tokens(out, [sum(m) for m in ds["loss_mask"]])
     mark_done(out, {"rows": len(ds), "answer_tokens": tokens, "seconds": time.perf_counter() - t0}, made)
     return out
