@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from draftheads.bench import study
 from draftheads.bench.ablation_rows import ALONE, DRAFTER_ONLY
@@ -23,8 +23,14 @@ from draftheads.conf.commands.args import BenchArgs, DemoArgs
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
 
-# the main drafters' data: (cache or mixture view, answer tokens, passes, what the view adds)
-MainData = tuple[Path, int, float, dict[str, Any]]
+
+class MainData(NamedTuple):
+    """What the streamed main drafters train on."""
+
+    source: Path  # the teacher cache, or the view that adds the distilled answers
+    tokens: int  # answer tokens in one pass over it
+    epochs: float  # passes
+    note: dict[str, Any]  # what the view adds (distilled tokens, repeats); empty without one
 
 
 def stage_alone(cfg: BenchArgs | DemoArgs, b: BenchConfig, target, tok, heads: Path) -> dict[str, Any]:
@@ -50,9 +56,9 @@ def main_data(b: BenchConfig, teacher: Path, distilled: Path | None) -> MainData
     tokens = json.loads((teacher / ".done").read_text())["answer_tokens"]
     epochs = b.scaling_compute / max(tokens, 1)
     if distilled is None:
-        return teacher, tokens, epochs, {}
+        return MainData(teacher, tokens, epochs, {})
     source, note = study.mixture(b, teacher, distilled)
-    return source, tokens + note["distilled_tokens"], epochs, note
+    return MainData(source, tokens + note["distilled_tokens"], epochs, note)
 
 
 def check_variants(b: BenchConfig) -> None:
@@ -93,9 +99,8 @@ def stage_variants(cfg: BenchArgs, b: BenchConfig, target, tok, data: MainData) 
     rows = {}
     for name, extra in study.ablation_rows(list(b.variants)).items():
         trained, _, passes = study.row_settings(study.split_overrides(extra)[0])
-        heads = (
-            Path(b.out_dir) / "variants" / study.drafter_row(name).replace(" ", "-")
-        )  # "x drafter only": x's
+        # a row named "x drafter only" trains and is stored as x
+        heads = Path(b.out_dir) / "variants" / study.drafter_row(name).replace(" ", "-")
         info = study.train_on(
             cfg, b, target, source, heads, tokens, epochs * (passes or 1), trained, note=note
         )

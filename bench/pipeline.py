@@ -87,8 +87,8 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
         results["data"] = json.loads((cache / ".done").read_text())
     streamed = bool(b.teacher_tokens) and (bool(b.variants) or any(k in STREAMED for k in b.drafters))
     data = main_data(b, cache, distilled) if streamed else None  # equal compute to the scaling points
-    if data and data[3]:
-        results["mixture"] = {**json.loads((distilled / ".done").read_text()), **data[3]}
+    if data and data.note:
+        results["mixture"] = {**json.loads((distilled / ".done").read_text()), **data.note}
     for kind in b.drafters:
         heads = Path(b.out_dir) / kind
         if data and kind in STREAMED:  # streamed from the cache (or the view with the distilled answers)
