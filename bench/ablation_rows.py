@@ -18,6 +18,8 @@ ABLATIONS: dict[str, list[str]] = {
     "medusa 2 resblocks": ["draft=medusa", "draft.num_layers=2"],
     "medusa-2": ["draft=medusa2"],
     "dflash": ["draft=dflash"],
+    # draft=dflash's defaults before two layers with γ 1 won at the full bench's data
+    "dflash 1 layer": ["draft=dflash"],
     # twice the blocks of half the size: as many block rows, so about the same compute
     "dflash block 8": ["draft=dflash", "draft.block_size=8", "draft.anchors_per_row=64"],
     "dflash 2 layers": ["draft=dflash", "draft.num_decoder_layers=2"],
@@ -25,6 +27,7 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash 5 layers": ["draft=dflash", "draft.num_decoder_layers=5"],
     # a second layer lets block position k read position k-1's first-layer guess: train position 2 too
     "dflash 2 layers gamma 1": ["draft=dflash", "draft.num_decoder_layers=2", "draft.loss_gamma=1"],
+    "dflash 2 layers gamma 2": ["draft=dflash", "draft.num_decoder_layers=2", "draft.loss_gamma=2"],
     "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],
     "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
     "dflash chain": ["draft=dflash", "decode.tree=chain"],
@@ -117,6 +120,25 @@ ABLATIONS: dict[str, list[str]] = {
     "eagle3 lr 6e-4": ["train.lr=6e-4"],
     "eagle3 micro-batch 1": ["train.micro_batch_size=1"],
 }
+# Every DFlash row but "dflash" was measured on one layer with γ 0.5, draft=dflash's defaults
+# until then: each keeps that base (its own values win), so its figures reproduce.
+ONE_LAYER = {"draft.num_decoder_layers": "1", "draft.loss_gamma": "0.5"}
+
+
+def on_one_layer(row: list[str]) -> list[str]:
+    """``row`` (``draft=dflash`` first) on the one-layer recipe: the base's keys it does not set
+    come after ``draft=dflash``, then the row's own overrides."""
+    keys = {o.split("=", 1)[0] for o in row}
+    return [row[0], *(f"{k}={v}" for k, v in ONE_LAYER.items() if k not in keys), *row[1:]]
+
+
+ABLATIONS.update(
+    {
+        name: on_one_layer(row)
+        for name, row in ABLATIONS.items()
+        if row[:1] == ["draft=dflash"] and name != "dflash"
+    }
+)
 # the drafter's own tree verified at every step: no lookup branch, no cost-aware pruning or
 # skipping (the decode settings, and the same as overrides)
 ALONE = {"lookup": False, "cost_aware": False}
@@ -128,6 +150,8 @@ ABLATIONS.update(
         for row in (
             "eagle3",
             "dflash",
+            "dflash 1 layer",
+            "dflash 2 layers gamma 2",
             "dflash regenerated",
             "dflash reference start",
             "dflash anchor prior 5",

@@ -368,8 +368,9 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     # a decoding-only row decodes the drafter its training twin trains (here trained for it), on
     # the same tokens, reading three of the cache's four layers
     chain = results["ablations"]["dflash chain"]
-    assert chain["overrides"] == ["draft=dflash"] and chain["answer_tokens"] == row["answer_tokens"]
-    assert (out / "ablations" / "dflash" / "drafter" / "model.safetensors").is_file()
+    one_layer = ["draft=dflash", "draft.num_decoder_layers=1", "draft.loss_gamma=0.5"]
+    assert chain["overrides"] == one_layer and chain["answer_tokens"] == row["answer_tokens"]
+    assert (out / "ablations" / "dflash-1-layer" / "drafter" / "model.safetensors").is_file()
     assert (out / "ablations" / "dflash-chain" / "tau.json").is_file() and chain["tau"] >= 1.0
 
     # interrupted: a later stage's output is gone; the rerun redoes that stage only

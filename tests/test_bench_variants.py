@@ -8,12 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from draftheads.bench.ablation_rows import ALONE
+from draftheads.bench.ablation_rows import ABLATIONS, ALONE, ONE_LAYER
 from draftheads.bench.pipeline import pipeline
 from draftheads.bench.report import write_docs
 from draftheads.conf.cli import parse
 from draftheads.conf.errors import UserError
 from tests.test_bench import tiny_mixture_bench
+
+ONE = [f"{k}={v}" for k, v in ONE_LAYER.items()]  # the one-layer recipe's overrides
 
 
 def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
@@ -25,30 +27,32 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
     cfg, b = tiny_mixture_bench(
         tmp_path,
         drafters=["dflash"],
-        variants=["dflash 2 layers", "eagle3 2 passes", "dflash 2 layers drafter only"],
+        variants=["dflash 1 layer", "eagle3 2 passes", "dflash 1 layer drafter only"],
         drafter_only=True,
     )
     out = tmp_path / "bench"
     results = pipeline(cfg, b)
     main = results["train"]["dflash"]
-    deep, passes = results["variants"]["dflash 2 layers"], results["variants"]["eagle3 2 passes"]
-    assert deep["overrides"] == ["draft=dflash", "draft.num_decoder_layers=2"] and passes["overrides"] == []
-    for row in (deep, passes):
+    one, passes = results["variants"]["dflash 1 layer"], results["variants"]["eagle3 2 passes"]
+    assert one["overrides"] == ["draft=dflash", *ONE] and passes["overrides"] == []
+    for row in (one, passes):
         assert (
             row["answer_tokens"] == main["answer_tokens"]
             and row["distilled_tokens"] == main["distilled_tokens"] > 0
         )
         assert row["data"] == "teacher + distilled" and 1.0 <= row["tau"] <= 1 + 6 and row["prompts"] == 1
     # a row named "... drafter only" is its training twin, measured the same way
-    assert results["variants"]["dflash 2 layers drafter only"] == deep
-    assert deep["epochs"] == pytest.approx(main["epochs"]) and passes["epochs"] == pytest.approx(
+    assert results["variants"]["dflash 1 layer drafter only"] == one
+    assert one["epochs"] == pytest.approx(main["epochs"]) and passes["epochs"] == pytest.approx(
         2 * main["epochs"]
     )
-    config = json.loads((out / "variants" / "dflash-2-layers" / "config.json").read_text())
-    assert config["kind"] == "dflash" and config["spec"]["num_decoder_layers"] == 2
+    # the main DFlash has draft=dflash's two layers, the variant the one-layer recipe
+    config = json.loads((out / "variants" / "dflash-1-layer" / "config.json").read_text())
+    assert config["kind"] == "dflash" and config["spec"]["num_decoder_layers"] == 1
+    assert json.loads((out / "dflash" / "config.json").read_text())["spec"]["num_decoder_layers"] == 2
     eagle = json.loads((out / "variants" / "eagle3-2-passes" / "config.json").read_text())
     assert eagle["kind"] == "eagle" and eagle["spec"]["version"] == 3
-    for folder in ("dflash-2-layers", "eagle3-2-passes"):
+    for folder in ("dflash-1-layer", "eagle3-2-passes"):
         marker = json.loads((out / "variants" / folder / "drafter-only" / ".done").read_text())
         assert marker["settings"]["decode"] == ALONE
     # the variants' minutes are their own, not a stage of the main run
@@ -65,13 +69,40 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
     docs = tmp_path / "docs" / "benchmarks.md"
     write_docs(again, b, docs)
     assert (
-        json.loads(docs.with_suffix(".json").read_text())["variants"]["dflash 2 layers"]["tau"] == deep["tau"]
+        json.loads(docs.with_suffix(".json").read_text())["variants"]["dflash 1 layer"]["tau"] == one["tau"]
     )
     text = docs.read_text()
     assert (
         "### Recipe rows at full data" in text
-        and "| dflash 2 layers | `draft=dflash draft.num_decoder_layers=2` |" in text
+        and f"| dflash 1 layer | `draft=dflash {' '.join(ONE)}` |" in text
     )
+
+
+def test_every_dflash_row_but_the_defaults_keeps_the_one_layer_recipe_it_was_measured_on():
+    """A change of draft=dflash's defaults moves the "dflash" row only: every other DFlash row sets
+    the depth and the loss decay, its own values over the one-layer base's."""
+    assert ABLATIONS["dflash"] == ["draft=dflash"]
+    assert ABLATIONS["dflash 1 layer"] == ["draft=dflash", *ONE]
+    assert ABLATIONS["dflash 2 layers"] == [
+        "draft=dflash",
+        "draft.loss_gamma=0.5",
+        "draft.num_decoder_layers=2",
+    ]
+    assert ABLATIONS["dflash 2 layers gamma 1"] == [
+        "draft=dflash",
+        "draft.num_decoder_layers=2",
+        "draft.loss_gamma=1",
+    ]
+    defaults = {"dflash", "dflash drafter only", "dflash full tree"}  # draft=dflash as it is
+    rows = {n: r for n, r in ABLATIONS.items() if r[:1] == ["draft=dflash"] and n not in defaults}
+    assert len(rows) > 50
+    for name, row in rows.items():
+        keys = [o.split("=", 1)[0] for o in row]
+        assert {*ONE_LAYER} <= {*keys} and len(keys) == len({*keys}), name
+    cfg = parse(["train", *ABLATIONS["dflash reference start"]]).args.draft
+    assert (cfg.num_decoder_layers, cfg.loss_gamma) == (1, 7.0)
+    cfg = parse(["train", "draft=dflash"]).args.draft
+    assert (cfg.num_decoder_layers, cfg.loss_gamma) == (2, 1.0)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from draftheads.bench.ablation_rows import ABLATIONS
+from draftheads.bench.ablation_rows import ABLATIONS, ONE_LAYER
 from draftheads.bench.study import check_ablations, row_layers, row_settings, split_overrides
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
@@ -26,6 +26,7 @@ from tests.test_train_recipe import config, losses, make_rows
 
 # a starting-weights lever on its own: without the anchor prior, which rewrites one q/k row per head after it
 ALONE = ("draft.anchor_prior=0",)
+ONE = [f"{k}={v}" for k, v in ONE_LAYER.items()]  # the one-layer recipe every DFlash row keeps
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,12 @@ def test_a_depth_the_spread_rule_cannot_place_is_refused_in_one_line():
 
 
 def test_training_a_spread_drafter_reads_the_rules_layers(tmp_path, rows):
-    out = train(config(tmp_path, *DFLASH, "draft.feature_rule=spread", "train.max_steps=2"), rows)
+    out = train(
+        config(
+            tmp_path, *DFLASH, "draft.feature_rule=spread", "draft.num_decoder_layers=1", "train.max_steps=2"
+        ),
+        rows,
+    )
     model, tok = get_target("llama")
     assert Drafter.from_pretrained(out, target=model, tokenizer=tok).feature_layers() == [2]  # L // 2
     with pytest.raises(UserError, match=r"the target has 4 layers"):
@@ -111,7 +117,13 @@ def test_an_anchor_count_above_every_rows_answer_tokens_is_refused_before_traini
 def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, rows):
     out = train(
         config(
-            tmp_path, *DFLASH, *ALONE, "draft.init_from_target=true", "train.lr=1e-12", "train.max_steps=1"
+            tmp_path,
+            *DFLASH,
+            *ALONE,
+            "draft.num_decoder_layers=1",
+            "draft.init_from_target=true",
+            "train.lr=1e-12",
+            "train.max_steps=1",
         ),
         rows,
     )
@@ -185,7 +197,7 @@ def test_answers_regenerated_by_another_target_are_refused(tmp_path):
 
 def test_bench_rows_split_data_and_passes_and_the_cache_holds_every_rows_layers():
     trained, data, epochs = row_settings(split_overrides(ABLATIONS["dflash regenerated"])[0])
-    assert (trained, data, epochs) == (["draft=dflash"], "regenerated", None)
+    assert (trained, data, epochs) == (["draft=dflash", *ONE], "regenerated", None)
     assert row_settings(["draft=dflash", "bench.epochs=2"]) == (["draft=dflash"], "teacher", 2.0)
     layers = row_layers(["eagle3", "dflash 3 layers spread", "dflash spread"], ["eagle3"], 30)
     assert layers == sorted({2, 15, 27, 30} | {1, 14, 27} | {15})
