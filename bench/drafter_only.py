@@ -37,14 +37,28 @@ def stage_alone(cfg: BenchArgs | DemoArgs, b: BenchConfig, target, tok, heads: P
     """τ of the drafter at ``heads`` on the held-out prompts, decoded with its own tree alone (no
     lookup branch, no planner) as the ablation rows' "drafter only" τ is: what the drafter
     itself learnt. Cached in ``heads/drafter-only`` with its minutes."""
-    folder = heads / "drafter-only"
-    settings = {"prompts": b.eval_prompts, "new_tokens": b.eval_new_tokens, "decode": ALONE}
+    return heldout_stage(cfg, b, target, tok, heads, "drafter-only", ALONE)
+
+
+def stage_defaults(cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path) -> dict[str, Any]:
+    """τ of the drafter at ``heads`` on the held-out prompts with the decoder's defaults (lookup
+    branch, cost-aware planner), as the main drafters' held-out τ is. Cached in
+    ``heads/defaults-tau``."""
+    return heldout_stage(cfg, b, target, tok, heads, "defaults-tau", {})
+
+
+def heldout_stage(cfg, b: BenchConfig, target, tok, heads: Path, name: str, decode: dict[str, bool]) -> dict:
+    """The held-out τ of ``heads`` decoded with the ``decode`` settings over the configured ones,
+    cached in ``heads/<name>`` with its minutes."""
+    folder = heads / name
+    settings = {"prompts": b.eval_prompts, "new_tokens": b.eval_new_tokens, "decode": decode}
     if done(folder, settings):
         return json.loads((folder / "tau.json").read_text())
     (folder / "tau.json").unlink(missing_ok=True)  # a record of an interrupted run
-    log(f"held-out τ of {heads.name}, drafter only")
+    log(f"held-out τ of {heads.name}, " + ("drafter only" if decode else "with the decoder's defaults"))
     t0 = time.perf_counter()
-    tau = study.heldout_tau(cfg, b, target, tok, heads, DRAFTER_ONLY, folder)
+    overrides = [f"decode.{k}={str(v).lower()}" for k, v in decode.items()]  # ALONE: DRAFTER_ONLY
+    tau = study.heldout_tau(cfg, b, target, tok, heads, overrides, folder)
     mark_done(folder, {"seconds": time.perf_counter() - t0}, settings)
     return tau
 
@@ -107,5 +121,8 @@ def stage_variants(cfg: BenchArgs, b: BenchConfig, target, tok, data: MainData) 
         record = {k: v for k, v in info.items() if k != "settings"}
         rows[name] = {**record, "data": "teacher + distilled" if note else "teacher"}
         rows[name].update(stage_alone(cfg, b, target, tok, heads))
-        log(f"variant {name}: tau {rows[name]['tau']:.2f} drafter only")
+        rows[name]["defaults"] = stage_defaults(cfg, b, target, tok, heads)
+        log(
+            f"variant {name}: tau {rows[name]['tau']:.2f} drafter only, {rows[name]['defaults']['tau']:.2f} with the defaults"
+        )
     return rows

@@ -52,7 +52,10 @@ def summary_lines(results: dict[str, Any]) -> str:
     for name, r in results.get("ablations", {}).items():
         lines.append(f"ablation {name}: τ {r['tau']:.2f}")
     for name, r in results.get("variants", {}).items():
-        lines.append(f"variant {name}: τ {r['tau']:.2f}, drafter only")
+        line = f"variant {name}: τ {r['tau']:.2f}, drafter only"
+        lines.append(
+            line + (f"; {r['defaults']['tau']:.2f} with the decoder's defaults" if "defaults" in r else "")
+        )
     return "\n".join(lines)
 
 
@@ -286,9 +289,12 @@ def study_lines(results: dict[str, Any], b: BenchConfig) -> list[str]:
             "",
             "Rows trained on the main drafters' own data and passes (`bench.variants`), held-out τ "
             "with the drafter's own tree alone (no lookup branch, no planner), as the main drafters' "
-            "drafter-only τ above.",
+            "drafter-only τ above, and with the decoder's defaults, as the main drafters' held-out τ.",
             "",
-            *table(ROW_HEADER, [ablation_cells(name, r) for name, r in results["variants"].items()]),
+            *table(
+                [*ROW_HEADER, "τ, decoder's defaults"],
+                [[*ablation_cells(name, r), defaults_cell(r)] for name, r in results["variants"].items()],
+            ),
         ]
     return lines
 
@@ -325,6 +331,11 @@ def ablation_cells(name: str, r: dict[str, Any]) -> list[str]:
         f"{r['draft_greedy_steps']:.3f}" if r.get("draft_greedy_steps") is not None else "",
         f"{r['tau']:.2f}",
     ]
+
+
+def defaults_cell(r: dict[str, Any]) -> str:
+    """A variant's held-out τ with the decoder's defaults; blank in an older record without it."""
+    return f"{r['defaults']['tau']:.2f}" if "defaults" in r else ""
 
 
 def figures(results: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,8 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
             and row["distilled_tokens"] == main["distilled_tokens"] > 0
         )
         assert row["data"] == "teacher + distilled" and 1.0 <= row["tau"] <= 1 + 6 and row["prompts"] == 1
+        # and once more with the decoder's defaults (lookup branch, planner), as the main drafters are
+        assert 1.0 <= row["defaults"]["tau"] <= 1 + 6 and row["defaults"]["prompts"] == 1
     # a row named "... drafter only" is its training twin, measured the same way
     assert results["variants"]["dflash 1 layer drafter only"] == one
     assert one["epochs"] == pytest.approx(main["epochs"]) and passes["epochs"] == pytest.approx(
@@ -55,6 +57,8 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
     for folder in ("dflash-1-layer", "eagle3-2-passes"):
         marker = json.loads((out / "variants" / folder / "drafter-only" / ".done").read_text())
         assert marker["settings"]["decode"] == ALONE
+        marker = json.loads((out / "variants" / folder / "defaults-tau" / ".done").read_text())
+        assert marker["settings"]["decode"] == {}
     # the variants' minutes are their own, not a stage of the main run
     assert not any("variant" in stage for stage in results["stage_minutes"])
 
@@ -75,6 +79,7 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
     assert (
         "### Recipe rows at full data" in text
         and f"| dflash 1 layer | `draft=dflash {' '.join(ONE)}` |" in text
+        and f"| {one['tau']:.2f} | {one['defaults']['tau']:.2f} |" in text
     )
 
 
