@@ -4,8 +4,9 @@
 cost-aware planner, so that τ moves with the drafter alone. ``bench.variants`` trains recipe rows
 (names of :data:`~draftheads.bench.ablation_rows.ABLATIONS`) on the main drafters' own data and
 passes (the teacher-forced cache, plus the distilled answers when there are any) and measures
-each the same way: a lever that pays only with more data, such as a drafter's depth, shows at
-the bench's size, beside the main drafter it would replace. Each row is cached in
+each the same way, and once more with the decoder's defaults as the main drafters' held-out τ
+is: a lever that pays only with more data, such as a drafter's depth, shows at the bench's size,
+beside the main drafter it would replace. Each row is cached in
 ``bench.out_dir/variants/<row>``, resumable as every training stage.
 """
 

@@ -84,8 +84,9 @@ class BenchConfig:
     and ``bench.ablations=[all]`` (16 rows: the 10 EAGLE-3 and Medusa ones ~90 min, Medusa-2, which
     trains the target's LoRA adapters, ~30 of them; the 6 DFlash ones are not timed yet).
     A ``variants`` row trains on the main run's data and passes, so it costs a main run of its
-    own plus ~1.2 min of drafter-only decoding; on the AVX-512 EPYC: DFlash with 2 layers 27.9
-    min, with 5 layers 61.4, with 2 passes 33.3.
+    own plus ~2.5 min of held-out decoding (drafter only and with the decoder's defaults); on the
+    AVX-512 EPYC: DFlash with one layer 16.7 min, with 2 layers 27.7–27.9, with 5 layers 61.4,
+    with one layer and 2 passes 33.3.
     """
 
     out_dir: str = "outputs/bench"
