@@ -44,6 +44,8 @@ PROMPTS = [
     for i in range(24)
 ]
 START_S = 120.0
+# one worker runs every test here, so the module's server starts once (and once more after the kill)
+pytestmark = pytest.mark.xdist_group("served")
 
 
 def free_port() -> int:

@@ -17,6 +17,8 @@ from draftheads.train.devices import devices_problem
 
 RECIPES = group_options("recipe")
 GIB = 2**30
+# one worker runs every test here, so each recipe's dry run (seconds each) runs once
+pytestmark = pytest.mark.xdist_group("recipes")
 
 
 @pytest.fixture(scope="module")
