@@ -31,6 +31,12 @@ def done(path: Path, settings: dict[str, Any] | None = None) -> bool:
     made = json.loads(marker.read_text()).get("settings")
     want = json.loads(json.dumps(settings))
     if settings is not None and made is not None and made != want:
+        if unrecorded := sorted(set(want) - set(made)):
+            raise UserError(
+                f"{path} was made by an earlier draftheads, which did not record its {', '.join(unrecorded)}; "
+                f"delete {path} to redo that stage, or set bench.out_dir to a new folder"
+            )
+        made, want = flat(made), flat(want)
         keys = sorted(k for k in {*made, *want} if made.get(k) != want.get(k))
         was = ", ".join(f"{k}={made.get(k)}" for k in keys)
         now = ", ".join(f"{k}={want.get(k)}" for k in keys)
@@ -39,6 +45,26 @@ def done(path: Path, settings: dict[str, Any] | None = None) -> bool:
             "or set bench.out_dir to a new folder"
         )
     return True
+
+
+def flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as ``a.b=value`` keys, so that a refusal names the one value that differs."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def drafter_settings(tcfg: Config) -> dict[str, Any]:
+    """The resolved drafter settings a training stage ran with, recorded in its marker beside its
+    overrides: a changed default of the draft config retrains the stage (after a one-line
+    refusal) instead of reusing a drafter made under the old one."""
+    from dataclasses import asdict
+
+    return asdict(tcfg.draft)
 
 
 def mark_done(path: Path, info: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> None:

@@ -240,24 +240,31 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
     """One cached training run on the answer tokens of ``cache`` (EAGLE: streamed from disk;
     Medusa: its final states in memory), ``epochs`` passes; returns its ``.done`` record
     (with ``note`` added to it)."""
-    from draftheads.bench.stages import compose, done, load_rows, log, mark_done, target_group
+    from draftheads.bench.stages import (
+        compose,
+        done,
+        drafter_settings,
+        load_rows,
+        log,
+        mark_done,
+        target_group,
+    )
     from draftheads.train.recipe import train
 
-    made = {"answer_tokens": tokens, "epochs": round(epochs, 6), "overrides": list(extra), **(note or {})}
-    if done(out, made):
-        return json.loads((out / ".done").read_text())
     medusa = any(o.startswith("draft=medusa") for o in extra)
     kind = "medusa" if medusa else "dflash" if "draft=dflash" in extra else "eagle3"
     over = recipe(kind, out, list(extra), b.save_every)
     over += [f"train.epochs={epochs:g}", "train.progress=false"]
-    rows = None
-    if medusa:
-        rows = load_rows(cache, target.config.hidden_size, "last")
-    else:
+    if not medusa:
         over += ["train.features=offline", f"train.feature_cache={cache}"]
+    tcfg = compose([f"target={target_group(cfg)}", *over])
+    made = {"answer_tokens": tokens, "epochs": round(epochs, 6), "overrides": list(extra), **(note or {})}
+    made["draft"] = drafter_settings(tcfg)
+    if done(out, made):
+        return json.loads((out / ".done").read_text())
+    rows = load_rows(cache, target.config.hidden_size, "last") if medusa else None
     log(f"train {out.name}: {tokens} answer tokens x {epochs:.2f} epochs {' '.join(extra)}")
     t0 = time.perf_counter()
-    tcfg = compose([f"target={target_group(cfg)}", *over])
     tcfg.target = cfg.target
     train(tcfg, rows=rows)
     info = {

@@ -18,6 +18,7 @@ from draftheads.bench.stages import (
     answer_tokens,
     compose,
     done,
+    drafter_settings,
     log,
     mark_done,
     target_group,
@@ -34,12 +35,17 @@ def stage_train(cfg: BenchArgs, b: BenchConfig, kind: str, rows: list[dict], ste
     """A ``kind`` drafter trained on ``rows`` for ``steps`` steps into ``out``."""
     from draftheads.train.recipe import train
 
-    made = {"kind": kind, "steps": steps, "answer_tokens": answer_tokens(rows)}
+    tcfg = compose([f"target={target_group(cfg)}", *train_overrides(kind, out, steps)])
+    made = {
+        "kind": kind,
+        "steps": steps,
+        "answer_tokens": answer_tokens(rows),
+        "draft": drafter_settings(tcfg),
+    }
     if done(out, made):
         return out
     log(f"train {kind}: {len(rows)} rows, {made['answer_tokens']} answer tokens, {steps} steps")
     t0 = time.perf_counter()
-    tcfg = compose([f"target={target_group(cfg)}", *train_overrides(kind, out, steps)])
     tcfg.target = cfg.target
     train(tcfg, rows=rows)
     mark_done(

@@ -69,6 +69,23 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
     monkeypatch.setattr("draftheads.bench.study.heldout_tau", nothing)
     again = pipeline(cfg, b)
     assert again["variants"] == results["variants"]
+    # a drafter made under another draft=dflash default (its marker records the resolved draft
+    # settings) is refused in one line naming the value, not reported as today's
+    marker = out / "dflash" / ".done"
+    record = json.loads(marker.read_text())
+    record["settings"]["draft"]["num_decoder_layers"] = 1
+    marker.write_text(json.dumps(record))
+    with pytest.raises(
+        UserError, match=r"was made with draft.num_decoder_layers=1, not draft.num_decoder_layers=2; delete"
+    ) as e:
+        pipeline(cfg, b)
+    assert "\n" not in str(e.value)
+    del record["settings"]["draft"]  # a marker from before the draft settings were recorded
+    marker.write_text(json.dumps(record))
+    with pytest.raises(
+        UserError, match=r"made by an earlier draftheads, which did not record its draft; delete"
+    ):
+        pipeline(cfg, b)
 
     docs = tmp_path / "docs" / "benchmarks.md"
     write_docs(again, b, docs)
