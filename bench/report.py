@@ -52,10 +52,8 @@ def summary_lines(results: dict[str, Any]) -> str:
     for name, r in results.get("ablations", {}).items():
         lines.append(f"ablation {name}: τ {r['tau']:.2f}")
     for name, r in results.get("variants", {}).items():
-        line = f"variant {name}: τ {r['tau']:.2f}, drafter only"
-        lines.append(
-            line + (f"; {r['defaults']['tau']:.2f} with the decoder's defaults" if "defaults" in r else "")
-        )
+        with_defaults = f"; {defaults_cell(r)} with the decoder's defaults" if "defaults" in r else ""
+        lines.append(f"variant {name}: τ {r['tau']:.2f}, drafter only{with_defaults}")
     return "\n".join(lines)
 
 
