@@ -142,7 +142,14 @@ ABLATIONS.update(
 # the drafter's own tree verified at every step: no lookup branch, no cost-aware pruning or
 # skipping (the decode settings, and the same as overrides)
 ALONE = {"lookup": False, "cost_aware": False}
-DRAFTER_ONLY = [f"decode.{key}={str(value).lower()}" for key, value in ALONE.items()]
+
+
+def decode_overrides(decode: dict[str, bool]) -> list[str]:
+    """Decode settings as the ``decode.key=value`` overrides a row (or a stage) passes."""
+    return [f"decode.{key}={str(value).lower()}" for key, value in decode.items()]
+
+
+DRAFTER_ONLY = decode_overrides(ALONE)
 # "<row> drafter only" decodes <row>'s drafter so (it trains nothing of its own)
 ABLATIONS.update(
     {

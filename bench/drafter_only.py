@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from draftheads.bench import study
-from draftheads.bench.ablation_rows import ALONE, DRAFTER_ONLY
+from draftheads.bench.ablation_rows import ALONE, DRAFTER_ONLY, decode_overrides
 from draftheads.bench.stages import done, log, mark_done
 from draftheads.conf.commands.args import BenchArgs, DemoArgs
 from draftheads.conf.errors import UserError
@@ -58,8 +58,7 @@ def heldout_stage(cfg, b: BenchConfig, target, tok, heads: Path, name: str, deco
     (folder / "tau.json").unlink(missing_ok=True)  # a record of an interrupted run
     log(f"held-out τ of {heads.name}, " + ("drafter only" if decode else "with the decoder's defaults"))
     t0 = time.perf_counter()
-    overrides = [f"decode.{k}={str(v).lower()}" for k, v in decode.items()]  # ALONE: DRAFTER_ONLY
-    tau = study.heldout_tau(cfg, b, target, tok, heads, overrides, folder)
+    tau = study.heldout_tau(cfg, b, target, tok, heads, decode_overrides(decode), folder)
     mark_done(folder, {"seconds": time.perf_counter() - t0}, settings)
     return tau
 
