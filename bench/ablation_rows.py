@@ -28,6 +28,7 @@ ABLATIONS: dict[str, list[str]] = {
     # a second layer lets block position k read position k-1's first-layer guess: train position 2 too
     "dflash 2 layers gamma 1": ["draft=dflash", "draft.num_decoder_layers=2", "draft.loss_gamma=1"],
     "dflash 2 layers gamma 2": ["draft=dflash", "draft.num_decoder_layers=2", "draft.loss_gamma=2"],
+    "dflash 3 layers gamma 1": ["draft=dflash", "draft.num_decoder_layers=3", "draft.loss_gamma=1"],
     "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],
     "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
     "dflash chain": ["draft=dflash", "decode.tree=chain"],
@@ -159,6 +160,7 @@ ABLATIONS.update(
             "dflash",
             "dflash 1 layer",
             "dflash 2 layers gamma 2",
+            "dflash 3 layers gamma 1",
             "dflash regenerated",
             "dflash reference start",
             "dflash anchor prior 5",
