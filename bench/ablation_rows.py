@@ -29,6 +29,13 @@ ABLATIONS: dict[str, list[str]] = {
     "dflash 2 layers gamma 1": ["draft=dflash", "draft.num_decoder_layers=2", "draft.loss_gamma=1"],
     "dflash 2 layers gamma 2": ["draft=dflash", "draft.num_decoder_layers=2", "draft.loss_gamma=2"],
     "dflash 3 layers gamma 1": ["draft=dflash", "draft.num_decoder_layers=3", "draft.loss_gamma=1"],
+    # twice the blocks per row on the defaults' depth and decay: more labels from each answer token
+    "dflash 2 layers gamma 1 64 anchors": [
+        "draft=dflash",
+        "draft.num_decoder_layers=2",
+        "draft.loss_gamma=1",
+        "draft.anchors_per_row=64",
+    ],
     "dflash gamma 4": ["draft=dflash", "draft.loss_gamma=4"],
     "dflash gamma 14": ["draft=dflash", "draft.loss_gamma=14"],
     "dflash chain": ["draft=dflash", "decode.tree=chain"],
@@ -161,6 +168,7 @@ ABLATIONS.update(
             "dflash 1 layer",
             "dflash 2 layers gamma 2",
             "dflash 3 layers gamma 1",
+            "dflash 2 layers gamma 1 64 anchors",
             "dflash regenerated",
             "dflash reference start",
             "dflash anchor prior 5",
