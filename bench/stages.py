@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,6 @@ def drafter_settings(tcfg: Config) -> dict[str, Any]:
     """The resolved drafter settings a training stage ran with, recorded in its marker beside its
     overrides: a changed default of the draft config retrains the stage (after a one-line
     refusal) instead of reusing a drafter made under the old one."""
-    from dataclasses import asdict
-
     return asdict(tcfg.draft)
 
 
