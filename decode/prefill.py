@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from draftheads.decode import static
-from draftheads.decode.cost import Planner
+from draftheads.decode.planner import Planner
 from draftheads.decode.processing import Processing
 from draftheads.decode.proposers.base import Prefill, Proposer
 from draftheads.decode.stats import DecodeStats

@@ -34,8 +34,8 @@ from torch import nn
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import kv, static
 from draftheads.decode.context import cap_depth, depth_caps
-from draftheads.decode.cost import Planner
 from draftheads.decode.kv import tree_mask
+from draftheads.decode.planner import Planner
 from draftheads.decode.prefill import Sampling, State
 from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Tree, single_node
 from draftheads.decode.select import drop_padding, prune

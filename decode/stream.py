@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode.context import check_request
-from draftheads.decode.cost import Planner
+from draftheads.decode.planner import Planner
 from draftheads.decode.prefill import Sampling, output_uniforms
 from draftheads.decode.processing import Processing, check_lossless, resolve
 from draftheads.decode.stats import DecodeStats

@@ -25,7 +25,7 @@ from transformers import DynamicCache
 
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator, static
-from draftheads.decode.cost import Planner
+from draftheads.decode.planner import Planner
 from draftheads.decode.proposers import WithLookup, combined
 from draftheads.decode.proposers.eagle import fixed_tree
 from draftheads.heads import fingerprint

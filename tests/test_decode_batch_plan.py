@@ -9,7 +9,8 @@ import torch
 
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
-from draftheads.decode.cost import MAX_WAIT, CostCurve, Planner
+from draftheads.decode.cost import CostCurve
+from draftheads.decode.planner import MAX_WAIT, Planner
 from draftheads.heads import fingerprint
 from tests.conftest import get_target
 from tests.test_decode import PROMPTS, SMALL, check_rows, coarse_curves, drafter, small_vocab_target

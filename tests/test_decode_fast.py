@@ -13,7 +13,8 @@ from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode import backend as backends
 from draftheads.decode.context import cap_depth
-from draftheads.decode.cost import CostCurve, Planner, cached_curve, curve_key, next_depth
+from draftheads.decode.cost import CostCurve, cached_curve, curve_key
+from draftheads.decode.planner import Planner, next_depth
 from draftheads.decode.proposers import Accepted, LookupProposer, Prefill, Tree, combined
 from draftheads.decode.proposers.lookup import NgramIndex
 from draftheads.decode.select import add_chains, drop_padding, from_rows, monotone, prune

@@ -16,7 +16,8 @@ from torch import nn
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator, cost, dynamic, generator
 from draftheads.decode import backend as backends
-from draftheads.decode.cost import MAX_WAIT, CostCurve, Planner, cached_curve, curve_key, measure_curve
+from draftheads.decode.cost import CostCurve, cached_curve, curve_key, measure_curve
+from draftheads.decode.planner import MAX_WAIT, Planner
 from draftheads.decode.select import from_rows, prune
 from draftheads.decode.stop import Stopper
 from draftheads.heads import fingerprint

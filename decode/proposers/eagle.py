@@ -10,7 +10,7 @@ Trees are EAGLE-2 dynamic trees (expand the ``top_k_draft`` most confident nodes
 then keep the ``total_tokens`` most confident overall) or a static tree. A node's score is
 the drafter's probability of its path, Π q. With a plan from the decoder, a dynamic tree is
 drafted ``plan.depth`` levels deep, a depth the planner set from the previous step's expansion
-(:meth:`draftheads.decode.cost.Planner.replan`), so nothing is read on the host while drafting;
+(:meth:`draftheads.decode.planner.Planner.replan`), so nothing is read on the host while drafting;
 the expansion is left in the plan for the decoder to read with the tree's scores.
 
 On ``decode.backend=cuda-graphs`` (or with ``graphs`` given) dynamic trees are drafted at a

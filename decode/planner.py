@@ -1,0 +1,169 @@
+"""The planner: per step, how many drafted tokens are worth verifying, and whether to draft.
+
+A step with a tree whose node i (root excluded) is accepted with probability p_i yields, in
+expectation, ``E = 1 + Σ p_i`` tokens per row (the bonus token included) and costs
+``d + c(B * T)`` seconds (drafting, then verifying T nodes for each of B rows). The planner
+keeps, per step, the number of nodes n that maximises expected tokens per second::
+
+    n* = argmax_n  Σ_b (1 + Σ_{i<=n} p_b,(i)) / (d + c(B (n + 1)))
+
+(p_b,(i): row b's i-th best node score; a NaN score counts as 0). n = 0 verifies the root
+alone: a plain decoding step.
+
+How deep an EAGLE-2 tree is drafted is decided one step late, so that drafting never waits on a
+host read: a further draft pass pays for itself when, even if every frontier node's children
+were accepted (their total probability is at most the frontier's), the step's rate would beat
+the best rate available without it. Once a step has read its tree's scores (with every
+candidate's and each level's frontier in the same transfer), that test is applied to each level
+in turn, and the next step drafts up to the first level that did not pay, or one level more
+than this step did when all paid (up to ``decode.depth``), so a tree grows back as scores rise.
+
+Whether to draft at all is judged on what drafted steps really gave, not on the scores:
+``edge`` is a running mean of a drafted step's measured rate, ``(B + accepted drafts) /
+(drafting + verify forward)``, over a plain step's ``B / c(B)``. When a drafted step keeps no
+node, or ``edge`` is not above 1, the planner skips the drafter for ``wait`` steps (plain steps,
+or lookup branches alone), then re-probes: it drafts one step and verifies at least one node,
+so fresh acceptance reaches ``edge`` and ``trust`` even when the scores say nothing pays.
+``wait`` doubles (up to :data:`MAX_WAIT`) while probes keep failing and is back at 1 once
+drafting pays.
+
+Measured time corrects the curve as decoding goes: ``scale`` follows the ratio of the measured
+verify forward to the curve's prediction, and the draft pass cost is a running mean. Measured
+acceptance corrects the scores: the expected number of accepted drafts of a verified tree is
+Σ p_i over its nodes, and ``trust`` follows the ratio of accepted drafts to that sum (a drafter
+that is over-confident gets its scores scaled down, an under-confident one up, capped at 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from draftheads.decode.cost import CostCurve
+
+MAX_WAIT = 32  # the most steps the planner goes without drafting before it probes again
+
+
+def next_depth(paid: Iterable[bool], depth: int, cap: int) -> int:
+    """The levels to draft next step; ``paid`` says, for i = 0, 1, ..., whether level ``i + 2``
+    paid for its draft pass given levels ``1..i + 1`` (judged after a step that drafted ``depth``).
+
+    Up to the first level that did not pay; when every level judged paid, one level more than
+    ``depth``, at most ``cap``, so the tree grows back when it can.
+    """
+    missed = next((i for i, p in enumerate(paid) if not p), None)
+    return missed + 1 if missed is not None else min(depth + 1, cap)
+
+
+def _probabilities(scores: torch.Tensor, trust: float) -> torch.Tensor:
+    """Node scores as acceptance probabilities: scaled by ``trust``, in [0, 1], NaN as 0."""
+    return torch.nan_to_num(scores.float(), nan=0.0).mul(trust).clamp(0.0, 1.0)
+
+
+class Planner:
+    """Per-step choices from the cost curve, corrected by what the steps really cost."""
+
+    def __init__(self, curve: CostCurve, batch: int) -> None:
+        self.curve, self.batch = curve, batch
+        self.scale = 1.0  # observed / predicted verify time
+        self.pass_s = curve(1) * 0.1  # one draft pass, until measured
+        self.draft_s = 0.0  # this step's drafting so far
+        self.trust = 1.0  # observed / predicted accepted drafts
+        self.accepted, self.predicted = 2.0, 2.0  # running sums behind ``trust`` (a mild prior)
+        self.edge = 1.0  # running mean of a drafted step's measured rate over a plain step's
+        self.wait = 1  # steps to skip the drafter the next time drafting does not pay
+        self.skip = 0  # steps still to skip
+        self.probe = False  # the next drafted step follows a skip: verify something
+        self.chosen: int | None = None  # nodes chosen for this step's tree, when it was drafted
+        self.depth: int | None = None  # levels an EAGLE-2 tree drafts next (None: its cap)
+        self.step_s = 0.0  # this step's drafting and verify forward, measured
+
+    def verify_s(self, tokens: int) -> float:
+        return self.scale * self.curve(tokens)
+
+    def best(
+        self, scores: torch.Tensor, valid: torch.Tensor | None = None, draft_s: float | None = None
+    ) -> tuple[int, float, float]:
+        """``(n, expected tokens, seconds)`` of the best number of nodes per row (root excluded)
+        for node scores ``[B, N]`` (root excluded), with ``draft_s`` of drafting (default: this
+        step's)."""
+        draft_s = self.draft_s if draft_s is None else draft_s
+        s = _probabilities(scores, self.trust)
+        s = s if valid is None else torch.where(valid, s, 0.0)
+        B, N = s.shape
+        gain = s.sort(dim=-1, descending=True).values.cumsum(-1).sum(0).tolist()  # Σ_b Σ_{i<=n}
+        best = (0, float(B), draft_s + self.verify_s(B))
+        for n in range(1, N + 1):
+            e, t = B + gain[n - 1], draft_s + self.verify_s(B * (n + 1))
+            if e / t > best[1] / best[2]:
+                best = (n, e, t)
+        return best
+
+    def drafting(self) -> bool:
+        """Whether to run the drafter this step (False while drafting does not pay, between probes)."""
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
+
+    def choose(self, scores: torch.Tensor, valid: torch.Tensor | None = None, drafted: bool = True) -> int:
+        """How many nodes per row to verify this step (:meth:`best`); a probe (the first drafted
+        step after a skip) verifies at least one. ``drafted``: the drafter ran for this tree."""
+        n, _, _ = self.best(scores, valid)
+        if drafted:
+            self.chosen = n
+            n, self.probe = (max(n, 1) if self.probe else n), False
+        return n
+
+    def expand(self, scores: torch.Tensor, frontier: torch.Tensor, passes: int) -> bool:
+        """Whether one more draft pass over ``frontier [B, k]`` can raise the expected rate, after
+        ``passes`` passes drafted the nodes scored ``scores [B, N]``."""
+        n, e, t = self.best(scores, draft_s=passes * self.pass_s)
+        k = frontier.shape[1]
+        optimistic = e + float(_probabilities(frontier, self.trust).sum())
+        cost = t + self.pass_s + self.verify_s(self.batch * (n + 1 + k)) - self.verify_s(self.batch * (n + 1))
+        return optimistic / cost > e / t
+
+    def replan(self, scores: torch.Tensor, frontiers: torch.Tensor, counts: list[int], cap: int) -> int:
+        """Set (and return) the next step's depth from this step's expansion, on the host:
+        ``scores [B, C]`` every candidate's path probability, ``counts[d - 1]`` those of levels
+        1..d, ``frontiers [B, D, k]`` each level's frontier (``D = len(counts)`` levels drafted).
+
+        Level d + 1 paid when :meth:`expand` says so given levels 1..d (d passes), judged for
+        every level drafted after the first and for the one after the last, below ``cap``.
+        """
+        drafted = len(counts)
+        paid = (  # lazily: judging stops at the first level that did not pay
+            self.expand(scores[:, : counts[d - 1]], frontiers[:, d - 1], d)
+            for d in range(1, min(drafted, cap - 1) + 1)
+        )
+        self.depth = next_depth(paid, drafted, cap)
+        return self.depth
+
+    def calibrate(self, predicted: float, accepted: float) -> None:
+        """Fold one step's predicted (Σ p of verified nodes) and accepted drafts into ``trust``;
+        after a drafted step, its measured rate into ``edge``, and decide whether to skip."""
+        self.predicted = 0.95 * self.predicted + predicted
+        self.accepted = 0.95 * self.accepted + accepted
+        self.trust = min(max(self.accepted / max(self.predicted, 1e-6), 0.1), 10.0)
+        chosen, self.chosen = self.chosen, None
+        if chosen is None:
+            return
+        plain = self.batch / self.verify_s(self.batch)
+        self.edge = 0.7 * self.edge + 0.3 * (self.batch + accepted) / max(self.step_s, 1e-9) / plain
+        if chosen > 0 and self.edge > 1.0:
+            self.wait = 1
+        else:
+            self.skip, self.probe = self.wait, True
+            self.wait = min(2 * self.wait, MAX_WAIT)
+
+    def observe(self, draft_s: float, passes: int, verify_s: float, tokens: int) -> None:
+        """Fold one step's measured times in (exponential moving averages): ``verify_s`` is the
+        verify forward alone (with the acceptance rule), what the curve measures."""
+        if passes > 0:
+            self.pass_s = 0.8 * self.pass_s + 0.2 * (draft_s / passes)
+        predicted = self.curve(tokens)
+        if predicted > 0:
+            self.scale = 0.9 * self.scale + 0.1 * min(max(verify_s / predicted, 0.25), 4.0)
+        self.step_s, self.draft_s = draft_s + verify_s, 0.0
