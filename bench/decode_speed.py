@@ -174,7 +174,7 @@ def speed(args: SpeedArgs) -> None:
 
 def format_curves(target, backend: str, cache_dir: str | None) -> str:
     """The verify-cost curve on eager and on ``backend``: ms, and relative to eager's 1-token step."""
-    from draftheads.decode.cost import cached_curve
+    from draftheads.decode.cost_cache import cached_curve
 
     dev, dtype = next(target.parameters()).device, next(target.parameters()).dtype
     names = list(dict.fromkeys(["eager", backends.resolve(backend, dev, dtype)]))

@@ -133,50 +133,22 @@ def run(args) -> dict[str, Any]:
     return record
 
 
-def curve_keys(lengths: list[int], batch_sizes: list[int]) -> set[tuple[int, int]]:
-    """``(rows, context bucket)`` of every batch that decoding ``lengths``-token prompts in
-    order, ``batch_sizes`` rows at a time (left-padded to the longest), asks a cost curve for."""
-    from draftheads.decode.cost import context_bucket
-
-    keys = set()
-    for size in batch_sizes:
-        for i in range(0, len(lengths), size):
-            chunk = lengths[i : i + size]
-            keys.add((len(chunk), context_bucket(max(chunk))))
-    return keys
-
-
-def warm_curves(gen, tokenizer, prompts: list, batch_sizes: list[int]) -> None:
-    """Measure (or read) now every cost curve the timed runs will ask for, so that no row's
-    timing includes a curve's one-off measurement; the curves are cached on disk for the
-    generators the rows build."""
-    from draftheads.decode.prompting import encode_prompt
-
-    if not gen.config.cost_aware:
-        return  # the planner reads no curve
-    lengths = [encode_prompt(tokenizer, p.turns[0]).shape[1] for p in prompts]
-    for rows, context in sorted(curve_keys(lengths, batch_sizes)):
-        gen.cost_curve(rows, context)
-
-
-def batch_rows(gen, target, tok, drafter, prompts: list, args, directory: str | None) -> list[dict]:
+def batch_rows(target, tok, drafter, prompts: list, args, directory: str | None) -> list[dict]:
     """Speculative against batched greedy ``generate`` at each of ``speed.batch_sizes``."""
     from draftheads.bench.decode_speed import format_rows, measure_speed
 
     s, dc = args.speed, args.decode
-    warm_curves(gen, tok, prompts, list(s.batch_sizes))
     texts_ = [p.turns[0] for p in prompts]
     rows = measure_speed(target, drafter, tok, texts_, tuple(s.batch_sizes), dc.max_new_tokens, dc, directory)
     print(format_rows(rows), flush=True)
     return rows
 
 
-def long_rows(gen, target, tok, drafter, prompts: list, decode) -> dict[str, Any]:
+def long_rows(target, tok, drafter, prompts: list, decode) -> dict[str, Any]:
     """The long set as ``draftheads eval`` reports a set, transformers' prompt lookup beside it."""
     from draftheads.decode.evaluate import run_eval
     from draftheads.decode.report import summarize, summary_line
 
-    warm_curves(gen, tok, prompts, [1])
     turns = run_eval(target, tok, {"heads": drafter}, prompts, decode, ["pld"], progress=False)["heads"]
     report = summarize(turns, ["pld"])
     report.pop("per_category", None)
@@ -184,11 +156,10 @@ def long_rows(gen, target, tok, drafter, prompts: list, decode) -> dict[str, Any
     return report
 
 
-def sampling_rows(gen, target, tok, drafter, prompts: list, decode, temperatures: list[float]) -> list[dict]:
+def sampling_rows(target, tok, drafter, prompts: list, decode, temperatures: list[float]) -> list[dict]:
     """Speed and τ at each temperature against same-backend sampling ``generate``."""
     from draftheads.decode.sampling_eval import format_rows, run_sampling
 
-    warm_curves(gen, tok, prompts, [1])
     rows = run_sampling(target, tok, drafter, prompts, decode, temperatures)
     print(format_rows(rows), flush=True)
     return rows
@@ -205,16 +176,16 @@ def measure(args, target, tok, drafter, directory: str | None) -> dict[str, Any]
     gen = SpeculativeGenerator(target, drafter, tok, dc, tree_dir=directory)
     record: dict[str, Any] = {"backend": {c.part: asdict(c) for c in gen.choices}}
     held = texts("heldout", s.prompts, tok)
-    record["batches"] = batch_rows(gen, target, tok, drafter, held, args, directory)
+    record["batches"] = batch_rows(target, tok, drafter, held, args, directory)
     long = fitting(texts("long", None, tok), tok, position_limit(target.config), "long")[: s.long_prompts]
     if long:
-        record["long"] = long_rows(gen, target, tok, drafter, long, dc)
+        record["long"] = long_rows(target, tok, drafter, long, dc)
     record["sampling"] = {}
     for source in s.sampling_sets:
         prompts = texts(source, s.prompts, tok)
         if prompts:
             print(f"sampling, {source}:", flush=True)
             record["sampling"][source] = sampling_rows(
-                gen, target, tok, drafter, prompts, dc, list(s.temperatures)
+                target, tok, drafter, prompts, dc, list(s.temperatures)
             )
     return record

@@ -11,7 +11,8 @@ stock PyTorch's ``linear`` on one CPU and lose to it on the next. So on first us
 
 The timings are cached as JSON beside the cost curves (same folder), one file per part, device,
 thread count, dtype and model shapes; a file whose key differs in anything (another device,
-thread count, torch or shape) is measured again, never reused. A backend named explicitly is
+thread count, torch or shape), or whose timings are not finite and positive, is said in one line
+and measured again, never reused (the same validation as the cost model's). A backend named explicitly is
 used as asked; when another candidate was measured faster the decoder says by how much.
 """
 
@@ -31,8 +32,8 @@ from torch import nn
 
 from draftheads.decode import backend as backends
 from draftheads.decode.context import position_limit
-from draftheads.decode.cost import default_cache_dir, device_name
-from draftheads.heads.checkpoint import atomic_write
+from draftheads.decode.cost import device_name
+from draftheads.decode.cost_cache import default_cache_dir, finite_seconds, read_record, write_record
 
 CHOICE_VERSION = 1
 STEPS = 5  # timed calls per candidate (after one untimed call that pays one-off costs)
@@ -168,24 +169,23 @@ def time_layers(layers: list[nn.Linear], name: str, cache: backends.PackCache | 
 def measured(
     key: dict, names: tuple[str, ...], timer: Callable[[str], float], cache_dir: str | Path | None = None
 ) -> tuple[dict[str, float], bool]:
-    """``(seconds per candidate, whether they came from the cache)``: the cache file when its key
-    matches exactly and it times every candidate, else ``timer`` on each now, written for next time."""
+    """``(seconds per candidate, whether they came from the cache)``: the cache file when it is
+    sound for ``key`` and times every candidate (:func:`~draftheads.decode.cost_cache.read_record`:
+    anything else is said in one line), else ``timer`` on each now, written for next time."""
     folder = Path(cache_dir) if cache_dir else default_cache_dir()
     f = folder / cache_file(key)
-    try:
-        data = json.loads(f.read_text())
-        seconds = {n: float(data["seconds"][n]) for n in names}
-        if data.get("key") == key and all(s > 0 for s in seconds.values()):
-            return seconds, True
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
+
+    def problem(data: dict) -> str | None:
+        seconds = data.get("seconds")
+        if not isinstance(seconds, dict) or not all(finite_seconds(seconds.get(n)) for n in names):
+            return f"it does not time every one of {', '.join(names)} in finite positive seconds"
+        return None
+
+    data = read_record(f, key, problem, "backend timings")
+    if data is not None:
+        return {n: float(data["seconds"][n]) for n in names}, True
     seconds = {n: timer(n) for n in names}
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        record = json.dumps({"key": key, "seconds": seconds}, indent=1)
-        atomic_write(f, lambda tmp: tmp.write_text(record))
-    except OSError:
-        pass  # an unwritable cache only costs a measurement next time
+    write_record(folder, f, {"key": key, "seconds": seconds}, "backend timings")
     return seconds, False
 
 

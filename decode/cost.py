@@ -1,37 +1,45 @@
-"""What a step costs, and how many drafted tokens are worth verifying.
+"""What a target forward costs: the verify-cost curve, and the model it is read from.
 
 The verify-cost curve ``c(n)``: seconds for one target forward that reads ``n`` new tokens
 (over all rows of a batch) after a cached context, under a 4-D tree mask, followed by the argmax
 of its logits (greedy's acceptance rule), on this device, model, dtype, backend and attention
-implementation, for a batch size and a context-length bucket. It is measured once and cached as
-JSON keyed by all of those (the file name carries the device and thread count too, so two
-set-ups never overwrite each other); a cache written for anything else is measured again.
+implementation. The planner (:mod:`draftheads.decode.planner`) reads one per call.
 
-The planner that reads it is :mod:`draftheads.decode.planner`.
+No call measures: the curve of any batch and context comes from a :class:`CostModel` measured
+once per set-up, before any timed work (:mod:`draftheads.decode.cost_cache` caches it). The
+model is a few points at batch 1: every size at a short context ``c0`` and three sizes at a long
+one ``c1``. A forward's cost is its linear layers, a function of the tokens it reads, plus
+attention over the cache, linear in the cached tokens for every row (reading its keys and
+values) and for every new token (its scores)::
+
+    c(B, n, ctx) = f(B n) + (ctx - c0) (a B + b B n)
+
+``f``: the short context's curve (linear between sizes); ``a`` and ``b``: a least-squares line
+through the long context's extra seconds over ``f``, per cached token, against the tokens read.
+The planner's online correction (its ``scale``) takes up what the model misses.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import platform
-import re
 import statistics
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from draftheads.decode import backend as backends
 from draftheads.decode.context import position_limit
-from draftheads.heads.checkpoint import atomic_write
 from draftheads.heads.masks import additive_mask
 
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 CURVE_VERSION = 2
+MODEL_VERSION = 1
+MODEL_SIZES = (1, 2, 4, 8, 16, 32, 64)  # tokens per forward at the short context
+LONG_SIZES = (1, 8, 32)  # tokens per forward at the long context: enough for a and b
+MODEL_CONTEXTS = (128, 1024)  # c0 and c1 (fewer where the model's positions end)
+REPEATS = 3  # timed forwards per point, after one that pays one-off costs
 CONTEXT_BUCKET = 128  # context lengths are bucketed to 128, 256, 512, ... cached tokens
 
 
@@ -105,39 +113,35 @@ def curve_key(target, backend: str, batch: int = 1, context: int = CONTEXT_BUCKE
     }
 
 
+def model_key(target, backend: str) -> dict:
+    """Everything a :class:`CostModel` depends on: :func:`curve_key` less batch and context."""
+    key = curve_key(target, backend)
+    del key["batch"], key["context"]
+    return {**key, "version": MODEL_VERSION}
+
+
 @torch.no_grad()
-def measure_curve(
-    target,
-    backend: str,
-    sizes: tuple[int, ...] = CURVE_SIZES,
-    context: int = CONTEXT_BUCKET,
-    repeats: int = 5,
-    batch: int = 1,
-) -> CostCurve:
+def measure_points(
+    target, backend: str, sizes: tuple[int, ...], context: int, repeats: int = REPEATS, batch: int = 1
+) -> list[float]:
     """Median seconds of a target forward over ``n`` new tokens per row of ``batch`` rows after
-    the context's bucket of cached tokens (fewer where the model's positions end), then the
-    argmax of its logits; ``sizes`` are tokens per row, the curve's sizes all rows' tokens."""
+    ``context`` cached tokens, then the argmax of its logits, for each ``n`` in ``sizes``."""
     from transformers import DynamicCache
 
     p = next(target.parameters())
     dev, dtype = p.device, p.dtype
     vocab = int(target.config.vocab_size)
-    limit = position_limit(target.config)
-    ctx = context_bucket(context)
-    if limit is not None:
-        sizes = tuple(n for n in sizes if n < limit) or (1,)
-        ctx = max(1, min(ctx, limit - max(sizes)))
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (batch, ctx), generator=gen).to(dev)
+    prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(dev)
     out = []
     with backends.applied(backend, target):
         cache = DynamicCache()
         target(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
         for n in sizes:
             new = torch.randint(0, vocab, (batch, n), generator=gen).to(dev)
-            allowed = torch.ones(n, ctx + n, dtype=torch.bool, device=dev).tril(ctx)
+            allowed = torch.ones(n, context + n, dtype=torch.bool, device=dev).tril(context)
             mask = additive_mask(allowed[None].expand(batch, -1, -1), dtype)
-            pos = torch.arange(ctx, ctx + n, device=dev)[None].expand(batch, -1)
+            pos = torch.arange(context, context + n, device=dev)[None].expand(batch, -1)
             times = []
             for _ in range(repeats + 1):
                 _sync(dev)
@@ -155,109 +159,104 @@ def measure_curve(
                 times.append(time.perf_counter() - t0)
                 cache.crop(-n)  # back to the context alone
             out.append(statistics.median(times[1:]))  # the first call pays one-off costs
+    return out
+
+
+def fitting(sizes: tuple[int, ...], context: int, limit: int | None) -> tuple[tuple[int, ...], int]:
+    """``sizes`` and ``context`` cut to a model's ``limit`` positions (None: no limit)."""
+    if limit is None:
+        return sizes, context
+    sizes = tuple(n for n in sizes if n < limit) or (1,)
+    return sizes, max(1, min(context, limit - max(sizes)))
+
+
+def measure_curve(
+    target,
+    backend: str,
+    sizes: tuple[int, ...] = CURVE_SIZES,
+    context: int = CONTEXT_BUCKET,
+    repeats: int = 5,
+    batch: int = 1,
+) -> CostCurve:
+    """The curve measured directly at ``batch`` rows after the context's bucket of cached tokens
+    (fewer where the model's positions end); ``sizes`` are tokens per row, the curve's sizes all
+    rows' tokens. The decoder reads :class:`CostModel` instead; this is the model's yardstick."""
+    sizes, ctx = fitting(sizes, context_bucket(context), position_limit(target.config))
+    out = measure_points(target, backend, sizes, ctx, repeats, batch)
     return CostCurve([batch * n for n in sizes], out, curve_key(target, backend, batch, context))
+
+
+@dataclass
+class CostModel:
+    """Measured points behind ``c(B, n, ctx)`` (module docstring): ``seconds[i]`` one forward over
+    ``sizes[i]`` tokens after ``context`` cached ones, ``long_seconds[i]`` over ``long_sizes[i]``
+    after ``long_context`` (no long points where the model's positions end too soon)."""
+
+    sizes: list[int]
+    seconds: list[float]
+    context: int
+    long_sizes: list[int] = field(default_factory=list)
+    long_seconds: list[float] = field(default_factory=list)
+    long_context: int = 0
+    key: dict = field(default_factory=dict)
+
+    def slopes(self) -> tuple[float, float]:
+        """``(a, b)``: seconds per cached token for each row and for each new token, from the
+        least-squares line ``extra(n) / (c1 - c0) = a + b n`` (each clamped at 0)."""
+        span = self.long_context - self.context
+        if span <= 0 or not self.long_sizes:
+            return 0.0, 0.0
+        f = CostCurve(self.sizes, self.seconds)
+        xs = [float(n) for n in self.long_sizes]
+        ys = [(t - f(n)) / span for n, t in zip(self.long_sizes, self.long_seconds)]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var > 0 else 0.0
+        return max(0.0, my - b * mx), b
+
+    def curve(self, batch: int, context: int) -> CostCurve:
+        """``c(B, n, ctx)`` at ``B = batch`` and ``ctx = context`` for the model's sizes of ``n``,
+        as the curve of all rows' tokens; never below half the short context's cost (a context
+        shorter than ``c0`` saves attention, not the linear layers)."""
+        a, b = self.slopes()
+        f = CostCurve(self.sizes, self.seconds)
+        extra = context - self.context
+        sizes = [batch * n for n in self.sizes]
+        seconds = [max(f(N) + extra * (a * batch + b * N), 0.5 * f(N)) for N in sizes]
+        return CostCurve(sizes, rising(seconds), {**self.key, "batch": batch, "context": context})
+
+
+def rising(seconds: list[float]) -> list[float]:
+    """Each value at least those before it: a forward over more tokens does not cost less, so a
+    dip is measurement noise."""
+    out, top = [], 0.0
+    for t in seconds:
+        top = max(top, t)
+        out.append(top)
+    return out
+
+
+def measure_model(target, backend: str, repeats: int = REPEATS) -> CostModel:
+    """The model's points on this set-up: :data:`MODEL_SIZES` at ``c0``, :data:`LONG_SIZES` at
+    ``c1`` (:data:`MODEL_CONTEXTS`, fewer where the model's positions end)."""
+    limit = position_limit(target.config)
+    c0, c1 = MODEL_CONTEXTS
+    sizes, c0 = fitting(MODEL_SIZES, c0, limit)
+    model = CostModel(list(sizes), rising(measure_points(target, backend, sizes, c0, repeats)), c0)
+    long_sizes, c1 = fitting(tuple(n for n in LONG_SIZES if n in sizes), c1, limit)
+    if c1 >= 2 * c0:  # a context span worth fitting a slope on
+        model.long_sizes = list(long_sizes)
+        model.long_seconds = rising(measure_points(target, backend, long_sizes, c1, repeats))
+        model.long_context = c1
+    model.key = model_key(target, backend)
+    return model
+
+
+def model_forwards() -> int:
+    """How many target forwards :func:`measure_model` runs at most (for its announcement)."""
+    return (len(MODEL_SIZES) + len(LONG_SIZES)) * (REPEATS + 1) + 2
 
 
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-
-
-def default_cache_dir() -> Path:
-    """``$DRAFTHEADS_COST_CACHE``, else ``$XDG_CACHE_HOME/draftheads/cost``."""
-    if os.environ.get("DRAFTHEADS_COST_CACHE"):
-        return Path(os.environ["DRAFTHEADS_COST_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "draftheads" / "cost"
-
-
-def cache_file_name(key: dict) -> str:
-    """One file per set-up: model, dtype, backend, device, threads, attention, batch, context."""
-    parts = [
-        key["model"],
-        key["dtype"],
-        key["backend"],
-        key["device"],
-        f"t{key['threads']}",
-        key["attention"],
-        f"b{key['batch']}",
-        f"c{key['context']}",
-    ]
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(x) for x in parts)) + ".json"
-
-
-def curve_problem(sizes: object, seconds: object) -> str | None:
-    """Why a cached curve cannot be used (a hand-edited or damaged file), or None: its sizes must
-    be positive integers, strictly increasing, and its seconds as many finite positive numbers,
-    never falling as tokens grow."""
-    if (
-        not isinstance(sizes, list)
-        or not isinstance(seconds, list)
-        or not sizes
-        or len(sizes) != len(seconds)
-    ):
-        return "sizes and seconds are not two lists of one length"
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
-        return "a size is not a positive integer"
-    if any(b <= a for a, b in zip(sizes, sizes[1:])):
-        return "sizes do not increase"
-    if any(
-        isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0
-        for t in seconds
-    ):
-        return "seconds are not all finite and positive"
-    if any(b < a for a, b in zip(seconds, seconds[1:])):
-        return "seconds fall as tokens grow"
-    return None
-
-
-def monotone(curve: CostCurve) -> CostCurve:
-    """``curve`` with each size's seconds at least those of the sizes below it: a forward over
-    more tokens does not cost less, so a dip is measurement noise (and the cached file passes
-    :func:`curve_problem`)."""
-    seconds, top = [], 0.0
-    for t in curve.seconds:
-        top = max(top, t)
-        seconds.append(top)
-    return CostCurve(list(curve.sizes), seconds, curve.key)
-
-
-def read_cached(f: Path, key: dict) -> CostCurve | None:
-    """The curve cached in ``f`` for ``key``, or None: no such file, another set-up's, or one that
-    :func:`curve_problem` refuses (said on stderr, since it is measured again)."""
-    try:
-        data = json.loads(f.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("key") != key:
-        return None
-    why = curve_problem(data.get("sizes"), data.get("seconds"))
-    if why is not None:
-        print(f"note: the verify-cost curve {f} is unusable ({why}); measuring it again", file=sys.stderr)
-        return None
-    return CostCurve(data["sizes"], [float(t) for t in data["seconds"]], data["key"])
-
-
-def cached_curve(
-    target, backend: str, cache_dir: str | Path | None = None, batch: int = 1, context: int = CONTEXT_BUCKET
-) -> CostCurve:
-    """The curve for this set-up, ``batch`` rows and the bucket of ``context``: from the cache when
-    its key matches exactly and its values are sound (:func:`read_cached`), else measured now and
-    written (atomically) for next time; a cache that cannot be written is said on stderr."""
-    key = curve_key(target, backend, batch, context)
-    path = Path(cache_dir) if cache_dir else default_cache_dir()
-    f = path / cache_file_name(key)
-    cached = read_cached(f, key)
-    if cached is not None:
-        return cached
-    curve = monotone(measure_curve(target, backend, context=context, batch=batch))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        atomic_write(f, lambda tmp: tmp.write_text(json.dumps(asdict(curve), indent=1)))
-    except OSError as e:
-        print(
-            f"note: the verify-cost curve cannot be cached in {path} ({e.strerror or e}), so it is measured "
-            "again on every run; set decode.cost_cache=DIR to a writable folder",
-            file=sys.stderr,
-        )
-    return curve

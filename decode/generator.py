@@ -2,7 +2,8 @@
 
 Construction checks that the target can take a tree attention mask, places the drafter with
 the target's lm_head, picks the backends by measurement and builds the drafter's tree; it also
-keeps the verify-cost curves the planner reads. A call then runs in three phases, each in its
+measures (once per set-up, cached) the verify-cost model the planner reads, so that no call
+pauses to measure. A call then runs in three phases, each in its
 own module and mixed into the class:
 
 * stream.py (:class:`Streaming`): ``generate`` and ``stream``, the call's settings and checks,
@@ -27,7 +28,8 @@ from draftheads.decode import backend as backends
 from draftheads.decode import backend_choice
 from draftheads.decode.capture import Capturing
 from draftheads.decode.context import position_limit
-from draftheads.decode.cost import CostCurve, cached_curve, context_bucket
+from draftheads.decode.cost import CostCurve, CostModel
+from draftheads.decode.cost_cache import cached_model
 from draftheads.decode.prefill import Prefilling
 from draftheads.decode.proposers import build_proposer
 from draftheads.decode.proposers.base import Proposer
@@ -93,7 +95,10 @@ class SpeculativeGenerator(Streaming, Capturing, Prefilling, Stepping):
         self.static = (
             drafter_tree(drafter, self.config, tree_dir, self.device) if drafter is not None else None
         )
-        self.curves: dict[tuple[int, int], CostCurve] = {}  # (batch, context bucket) -> curve
+        # measured here, once per set-up (announced), so that no call pauses to measure
+        self.cost_model: CostModel | None = (
+            cached_model(target, self.backend, self.config.cost_cache) if self.config.cost_aware else None
+        )
         self.limit = position_limit(target.config)
         self.last_stats = DecodeStats()
 
@@ -103,11 +108,11 @@ class SpeculativeGenerator(Streaming, Capturing, Prefilling, Stepping):
 
     def cost_curve(self, batch: int = 1, context: int = 1) -> CostCurve:
         """The verify-cost curve of this device, target and backend for ``batch`` rows after
-        ``context`` cached tokens (measured once per batch and context bucket, cached)."""
-        key = (batch, context_bucket(context))
-        if key not in self.curves:
-            self.curves[key] = cached_curve(self.target, self.backend, self.config.cost_cache, batch, context)
-        return self.curves[key]
+        ``context`` cached tokens, from the model measured at construction (read from the cache,
+        or measured then when ``decode.cost_aware`` was off)."""
+        if self.cost_model is None:
+            self.cost_model = cached_model(self.target, self.backend, self.config.cost_cache)
+        return self.cost_model.curve(batch, context)
 
     def backend_lines(self) -> list[str]:
         """One line per part saying which backend runs it and what each candidate's call cost."""

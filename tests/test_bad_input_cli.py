@@ -165,7 +165,7 @@ def test_the_same_drafter_may_refresh_its_report(workdir):
     ],
 )
 def test_a_corrupted_cost_curve_is_measured_again_and_said(tmp_path, tiny_llama, capsys, edit, why):
-    from draftheads.decode.cost import cached_curve, curve_problem
+    from draftheads.decode.cost_cache import cached_curve, curve_problem
 
     model, _, _ = tiny_llama
     good = cached_curve(model, "eager", tmp_path)
@@ -182,7 +182,7 @@ def test_a_corrupted_cost_curve_is_measured_again_and_said(tmp_path, tiny_llama,
 
 
 def test_an_unwritable_cost_cache_is_said_to_python_callers(tiny_llama, capsys):
-    from draftheads.decode.cost import cached_curve
+    from draftheads.decode.cost_cache import cached_curve
 
     model, _, _ = tiny_llama
     cached_curve(model, "eager", "/proc/draftheads-cost")

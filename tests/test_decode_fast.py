@@ -13,7 +13,8 @@ from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode import backend as backends
 from draftheads.decode.context import cap_depth
-from draftheads.decode.cost import CostCurve, cached_curve, curve_key
+from draftheads.decode.cost import CostCurve, CostModel, model_key
+from draftheads.decode.cost_cache import cached_model
 from draftheads.decode.planner import Planner, next_depth
 from draftheads.decode.proposers import Accepted, LookupProposer, Prefill, Tree, combined
 from draftheads.decode.proposers.lookup import NgramIndex
@@ -172,21 +173,42 @@ def test_the_planner_sets_the_next_depth_from_the_levels_a_step_drafted():
     assert p.replan(scores, torch.tensor([[sure, [0.8, 0.8], [0.7, 0.7]]]), counts, cap=3) == 3
 
 
-def test_cost_cache_is_reused_only_for_the_same_key(tmp_path, tiny_llama):
+def test_cost_cache_is_reused_only_for_the_same_key_and_anything_else_is_said(tmp_path, tiny_llama, capsys):
     model, _, _ = tiny_llama
-    c1 = cached_curve(model, "eager", tmp_path)
+    c1 = cached_model(model, "eager", tmp_path)
+    assert "measuring the verify cost of this machine once" in capsys.readouterr().err
     files = list(tmp_path.glob("*.json"))
-    assert len(files) == 1 and json.loads(files[0].read_text())["key"] == curve_key(model, "eager")
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"] == model_key(model, "eager")
     data = json.loads(files[0].read_text())
     data["seconds"] = [s * 1000 for s in data["seconds"]]
     files[0].write_text(json.dumps(data))
-    assert cached_curve(model, "eager", tmp_path).seconds == data["seconds"]  # same key: reused
-    data["key"]["device"] = "cpu:another machine"
-    files[0].write_text(json.dumps(data))
-    fresh = cached_curve(model, "eager", tmp_path)  # written elsewhere: measured again
-    assert fresh.key == c1.key and fresh.seconds != data["seconds"]
+    assert cached_model(model, "eager", tmp_path).seconds == data["seconds"]  # same key: reused
+    assert capsys.readouterr().err == ""  # quietly
+    for edit, why in (
+        ({"device": "cpu:another machine"}, "measured for another set-up (device 'cpu:another machine'"),
+        ({"threads": 64}, "measured for another set-up (threads 64"),
+    ):
+        files[0].write_text(json.dumps({**data, "key": {**data["key"], **edit}}))
+        fresh = cached_model(model, "eager", tmp_path)  # written elsewhere: said, measured again
+        assert fresh.key == c1.key and fresh.seconds != data["seconds"]
+        err = capsys.readouterr().err
+        assert why in err and "measuring it again" in err and "measuring the verify cost" in err
     files[0].write_text("{not json")
-    assert cached_curve(model, "eager", tmp_path).key == c1.key
+    assert cached_model(model, "eager", tmp_path).key == c1.key
+    assert "cannot be read (JSONDecodeError)" in capsys.readouterr().err
+
+
+def test_the_cost_model_reads_the_context_and_batch_into_every_curve():
+    m = CostModel([1, 2, 4], [1.0, 1.2, 2.0], 100, [1, 4], [1.9, 3.8], 1100)
+    a, b = m.slopes()  # extra per cached token: (0.9 - 0) / 1000 at 1 token, 1.8 / 1000 at 4
+    assert a == pytest.approx(0.0006) and b == pytest.approx(0.0003)
+    assert m.curve(1, 100).seconds == pytest.approx([1.0, 1.2, 2.0])  # at c0: the short curve
+    assert m.curve(1, 1100)(4) == pytest.approx(3.8) and m.curve(1, 1100)(1) == pytest.approx(1.9)
+    long = m.curve(2, 600)  # two rows of n tokens: f(2n) + 500 (2a + b 2n)
+    assert long.sizes == [2, 4, 8] and long(4) == pytest.approx(2.0 + 500 * (2 * a + 4 * b))
+    assert m.curve(1, 0).seconds == pytest.approx([0.91, 1.08, 1.82])  # shorter than c0: less attention
+    flat = CostModel([1, 2], [1.0, 1.0], 128)  # no long points (a model with few positions): no slope
+    assert flat.slopes() == (0.0, 0.0) and flat.curve(3, 5000).seconds == [1.0, 1.0]
 
 
 # ---- backends --------------------------------------------------------------------------------------

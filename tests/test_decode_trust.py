@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from draftheads.conf.schema.decode import DecodeConfig
-from draftheads.decode import SpeculativeGenerator, cost, dynamic, generator
+from draftheads.decode import SpeculativeGenerator, cost, cost_cache, dynamic
 from draftheads.decode import backend as backends
-from draftheads.decode.cost import CostCurve, cached_curve, curve_key, measure_curve
+from draftheads.decode.cost import CostCurve, measure_curve
+from draftheads.decode.cost_cache import cached_curve
 from draftheads.decode.planner import MAX_WAIT, Planner
 from draftheads.decode.select import from_rows, prune
 from draftheads.decode.stop import Stopper
@@ -368,8 +369,8 @@ def test_steps_without_the_drafter_run_no_drafter_and_keep_greedy_output(lookup,
     hook = d.register_forward_hook(lambda *_: runs.append(1))
     monkeypatch.setattr(Planner, "drafting", lambda self: False)
     # verifying is free on this curve, so the lookup branch always pays (not the clock's call)
-    flat = lambda target, backend, cache, batch, context: CostCurve([batch, 64 * batch], [1.0, 1.0])  # noqa: E731
-    monkeypatch.setattr(generator, "cached_curve", flat)
+    flat = lambda self, batch=1, context=1: CostCurve([batch, 64 * batch], [1.0, 1.0])  # noqa: E731
+    monkeypatch.setattr(SpeculativeGenerator, "cost_curve", flat)
     gen = SpeculativeGenerator(model, d, tok, DecodeConfig(lookup=lookup))
     try:
         check_rows("llama", gen, PROMPTS[:3] + ["a b c d a b c d a b c d a b c"])
@@ -410,23 +411,23 @@ def test_the_planner_times_the_verify_forward_as_its_curve_does(monkeypatch):
     assert gen.last_stats.verify_time_s == 6.0 * len(seen)
 
 
-def test_curves_are_cached_per_set_up_and_never_overwrite_each_other(tmp_path, monkeypatch):
+def test_cost_models_are_cached_per_set_up_and_never_overwrite_each_other(tmp_path, monkeypatch):
+    """One model file per device, thread count and attention; every batch and context is read
+    from it, never measured."""
     model, _ = get_target("llama")
     measured: list[dict] = []
 
-    def fake(target, backend, context=cost.CONTEXT_BUCKET, batch=1, **_):
-        key = curve_key(target, backend, batch, context)
+    def fake(target, backend, **_):
+        key = cost.model_key(target, backend)
         measured.append(key)
-        return CostCurve([batch, 2 * batch], [1.0, 2.0], key)
+        return cost.CostModel([1, 2], [1.0, 2.0], 128, [1], [1.5], 1024, key)
 
-    monkeypatch.setattr(cost, "measure_curve", fake)
+    monkeypatch.setattr(cost_cache, "measure_model", fake)
     setups = [
-        (device, threads, attention, batch, context)
+        (device, threads, attention)
         for device in ("cpu:one", "cpu:two")
         for threads in (1, 2)
         for attention in ("sdpa", "eager")
-        for batch in (1, 4)
-        for context in (100, 1000)
     ]
 
     def curve_of(device, threads, attention, batch, context) -> CostCurve:
@@ -435,16 +436,13 @@ def test_curves_are_cached_per_set_up_and_never_overwrite_each_other(tmp_path, m
         monkeypatch.setattr(model.config, "_attn_implementation", attention)
         return cached_curve(model, "eager", tmp_path, batch=batch, context=context)
 
-    for device, threads, attention, batch, context in setups:
-        key = curve_of(device, threads, attention, batch, context).key
-        assert (key["attention"], key["batch"], key["context"]) == (
-            attention,
-            batch,
-            cost.context_bucket(context),
-        )
+    for setup in setups:
+        for batch, context in ((1, 100), (4, 1000)):
+            key = curve_of(*setup, batch, context).key
+            assert (key["attention"], key["batch"], key["context"]) == (setup[2], batch, context)
     assert len(list(tmp_path.glob("*.json"))) == len(setups) == len(measured)
-    for setup in setups:  # every set-up finds its own curve again, measured nothing more
-        assert curve_of(*setup).key == curve_key(model, "eager", setup[3], setup[4])
+    for setup in setups:  # every set-up finds its own model again, measured nothing more
+        assert curve_of(*setup, 2, 300).key == {**cost.model_key(model, "eager"), "batch": 2, "context": 300}
     assert len(measured) == len(setups)
 
 

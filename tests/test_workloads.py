@@ -8,10 +8,8 @@ import json
 import pytest
 
 from draftheads.bench.report import write_figures
-from draftheads.bench.workloads import curve_keys, warm_curves
 from draftheads.conf.cli import main
 from draftheads.decode import backend as backends
-from draftheads.decode.cost import cache_file_name, context_bucket
 from draftheads.heads import EagleDrafter, fingerprint
 from tests.conftest import get_target
 
@@ -78,18 +76,6 @@ def test_workload_rows_keep_greedy_output_and_land_in_the_figures_file(eagle_dir
     assert "workload rows written to" in captured.out and "| temperature |" in captured.out
 
 
-def test_curve_keys_are_every_batch_and_context_bucket_the_rows_ask_for():
-    lengths = [100, 300, 40, 1500, 60]
-    assert curve_keys(lengths, [1]) == {(1, context_bucket(n)) for n in lengths}
-    # batches are left-padded to their longest prompt; the last one may hold fewer rows
-    assert curve_keys(lengths, [2]) == {
-        (2, context_bucket(300)),
-        (2, context_bucket(1500)),
-        (1, context_bucket(60)),
-    }
-    assert curve_keys(lengths, [8]) == {(5, context_bucket(1500))}
-
-
 def test_the_bench_keeps_the_workload_rows_when_it_rewrites_the_figures(tmp_path):
     path = tmp_path / "benchmarks.json"
     runs = [{"command": "draftheads bench bench.teacher_tokens=40000", "ablations": {"dflash": {"tau": 1.8}}}]
@@ -139,24 +125,3 @@ def test_workload_settings_no_run_can_use_are_refused(capsys):
     assert "error: speed.temperatures has 0.0; use temperatures > 0" in capsys.readouterr().err
     assert main(["speed", "heads=none", "speed.workloads=true", "speed.sampling_sets=[nowhere]"]) == 1
     assert "speed.sampling_sets" in capsys.readouterr().err
-
-
-def test_warm_curves_measures_every_curve_the_rows_read_before_timing(tmp_path):
-    from draftheads.conf.schema.decode import DecodeConfig
-    from draftheads.data.prompts import load_prompts
-    from draftheads.decode import SpeculativeGenerator
-    from draftheads.decode.prompting import encode_prompt
-
-    model, tok = get_target("llama")
-    prompts = load_prompts("heldout", tokenizer=tok)[:3]
-    lengths = [encode_prompt(tok, p.turns[0]).shape[1] for p in prompts]
-    gen = SpeculativeGenerator(model, None, tok, DecodeConfig(cost_cache=str(tmp_path)))
-    warm_curves(gen, tok, prompts, [1, 2])
-    assert set(gen.curves) == curve_keys(lengths, [1, 2])
-    # on disk, where the generators the rows build read them
-    assert all((tmp_path / cache_file_name(c.key)).is_file() for c in gen.curves.values())
-    plain = SpeculativeGenerator(
-        model, None, tok, DecodeConfig(cost_cache=str(tmp_path / "off"), cost_aware=False)
-    )
-    warm_curves(plain, tok, prompts, [1, 2])
-    assert plain.curves == {}  # the planner reads no curve
