@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import check_prompt_source
+from draftheads.data.copy_prompts import copy_items
 from draftheads.data.embedded import embedded_items, humaneval_items
 from draftheads.data.formats import RowError, check_format, detect_format, to_example
 from draftheads.data.long_prompts import long_items
@@ -131,6 +132,8 @@ def load_prompts(
         rows = [PromptRow(it.id, "humaneval", [it.prompt]) for it in humaneval_items()]
     elif source == "long":
         rows = [PromptRow(i, category, [text]) for i, category, text in long_items()]
+    elif source == "copy":
+        rows = [PromptRow(i, category, [text]) for i, category, text in copy_items()]
     elif source in SHARED:
         rows = _from_rows(str(shared_path(source)), fmt, fields, source.split("_")[0])
     else:

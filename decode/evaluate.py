@@ -54,6 +54,9 @@ class TurnResult:
     stock_time_s: float = 0.0  # the target's stock (eager) greedy generate
     identical_stock: bool = True  # the output also equals stock generate's
     tree_tokens: list[int] = field(default_factory=list)  # nodes verified per step
+    # spec_time_s in parts (decode/stats.py), with ``outside``: the call's time outside its stream
+    # (building generate's output); the parts add up to spec_time_s
+    time_split: dict[str, float] = field(default_factory=dict)
 
 
 class ForwardCounter:
@@ -164,6 +167,7 @@ def evaluate_prompts(
                         stock_time_s=stock_s,
                         identical_stock=torch.equal(stock_new, out_new),
                         tree_tokens=list(stats.tree_tokens),
+                        time_split={**stats.split(), "outside": spec_s - stats.total_time_s},
                     )
                 )
                 accepted[name] += sum(stats.accepted_lengths)
@@ -266,7 +270,8 @@ def run_eval(
     }
     for line in dict.fromkeys(line for g in generators.values() for line in g.backend_lines()):
         print(line, file=sys.stderr)  # each choice once
-    for _ in range(warmup):  # first calls pay one-off costs (allocation, packing, the cost curve)
+    # building a generator measured (or read) its verify-cost model: no timed call measures
+    for _ in range(warmup):  # first calls pay one-off costs (allocation, packing)
         ids = encode_prompt(tokenizer, "Hello").to(device)
         for name in dict.fromkeys(["eager", *(g.backend for g in generators.values())]):
             with backends.applied(name, target):

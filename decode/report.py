@@ -62,6 +62,12 @@ def summarize(results: list[TurnResult], baselines: list[str]) -> dict[str, Any]
         per_step = (draft_s + verify_s) / max(len(steps), 1)
         out["step_cost_greedy_steps"] = per_step / greedy_s if greedy_s else 0.0
         out["draft_cost_greedy_steps"] = draft_s / max(len(steps), 1) / greedy_s if greedy_s else 0.0
+        # the speculative wall time in parts that add up to it (decode/stats.py), in seconds
+        parts = dict.fromkeys((k for r in rs for k in r.time_split), 0.0)
+        for r in rs:
+            for k, v in r.time_split.items():
+                parts[k] += v
+        out["time_split_s"] = parts
         for b in baselines:
             b_new = sum(r.baselines[b]["new_tokens"] for r in rs)
             b_s = sum(r.baselines[b]["time_s"] for r in rs)
@@ -150,6 +156,8 @@ def write_markdown(report: dict[str, Any], baselines: list[str], path: Path) -> 
     lines.append(row("**all**", report))
     for cat, r in report.get("per_category", {}).items():
         lines.append(row(cat, r))
+    if report.get("time_split_s"):
+        lines += ["", f"Speculative decoding's {split_line(report)}."]
     if report.get("sampling"):
         from draftheads.decode.sampling_eval import format_rows
 
@@ -182,3 +190,11 @@ def summary_line(report: dict[str, Any], baselines: list[str]) -> str:
     for b in baselines:
         line += f"  | {b}: τ {report[b]['tau']:.2f} speedup {report[b]['speedup']:.2f}×"
     return line
+
+
+def split_line(report: dict[str, Any]) -> str:
+    """One line: where the speculative runs' wall time went, part by part (they add up to it)."""
+    parts = report.get("time_split_s") or {}
+    total = sum(parts.values())
+    shown = ", ".join(f"{k} {v:.2f}s" for k, v in parts.items() if v >= 0.005 or k != "outside")
+    return f"time {total:.2f}s: {shown}" if parts else ""

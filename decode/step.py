@@ -78,7 +78,6 @@ class Stepping:
 
     def step(self, state: State, how: Sampling, stopper: Stopper, stats: DecodeStats) -> list[list[int]]:
         """One draft-verify step for every active row; returns each input row's new tokens."""
-        t0 = self._now()
         planner = state.planner
         skip = planner is not None and self.drafter is not None and not planner.drafting()
         plan = Plan(planner.depth) if planner is not None and not skip else None
@@ -88,29 +87,28 @@ class Stepping:
         else:
             tree = state.proposer.propose(state.root, state.pos, plan)
         tree = cap_depth(tree, self._depth_caps(state, how))  # no node past max_new_tokens or the positions
-        draft_s = self._now() - t0
-        if state.planner is not None:
-            state.planner.draft_s = draft_s
-            scores, valid = read_scores(tree, plan.expanded if plan is not None else None, state.planner)
-            n = state.planner.choose(scores[:, 1:], valid[:, 1:], drafted=not skip)
+        draft_s = stats.lap("draft", self._now())
+        if planner is not None:
+            planner.draft_s = draft_s
+            scores, valid = read_scores(tree, plan.expanded if plan is not None else None, planner)
+            n = planner.choose(scores[:, 1:], valid[:, 1:], drafted=not skip)
             kept = torch.where(valid, scores, 0.0)[:, 1:].sort(dim=-1, descending=True).values[:, :n]
             predicted = float(kept.sum())  # Σ p of the nodes prune keeps: each row's n best valid ones
             tree = prune(tree, n)
         else:  # nothing prunes: drop the columns no row uses (a lookup chain's shared tokens, capped nodes)
             tree = drop_padding(tree, tree.valid.any(0).tolist())  # the step's one read of the tree
-        t1 = self._now()
-        stats.draft_time_s += t1 - t0
+        stats.lap("planner", self._now())
         best, bonus, out = self._verify(state, tree, how)
-        forward_s = self._now() - t1 if planner is not None else 0.0  # what the cost curve times
+        forward_s = stats.lap(
+            "verify", self._now()
+        )  # the forward and the acceptance rule: what the curve times
         n_keep, host = self._accept(state, tree, best, bonus, out)
         del out
-        verify_s = self._now() - t1
-        stats.verify_time_s += verify_s
-        if state.planner is not None:
+        if planner is not None:
             passes = 0 if skip else getattr(state.proposer, "passes", 0)
-            state.planner.observe(draft_s, passes, forward_s, len(state.active) * tree.size)
+            planner.observe(draft_s, passes, forward_s, len(state.active) * tree.size)
             stats.undrafted_steps += skip
-            state.planner.calibrate(predicted, float(sum(h[0] - 1 for h in host)))
+            planner.calibrate(predicted, float(sum(h[0] - 1 for h in host)))
         stats.target_forwards += 1
         stats.tree_tokens.append(tree.size)
         new: list[list[int]] = [[] for _ in range(len(state.generated))]
@@ -124,6 +122,7 @@ class Stepping:
             stats.accepted_depths.append(n - 1)
             if done:
                 state.finished.append(b)
+        stats.lap("bookkeeping", self._now())
         return new
 
     def _verify(self, state: State, tree: Tree, how: Sampling):

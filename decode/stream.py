@@ -9,8 +9,7 @@ yields each forward's new tokens. ``generate`` collects them into ``target.gener
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -60,6 +59,7 @@ class Streaming:
     device: torch.device
     backend: str
     last_stats: DecodeStats
+    _now: Callable[[], float]
 
     @torch.no_grad()
     def generate(
@@ -115,8 +115,12 @@ class Streaming:
         ``repetition_penalty=1.3``), over ``generation_config``, over the set values of the
         :class:`DecodeConfig`, over the target's generation config (its eos, sampling defaults,
         penalties). With sampling, ``generator`` (else torch's default CPU generator) draws one
-        uniform per output position up front. Stats of the call land in ``self.last_stats``.
+        uniform per output position up front. Stats of the call land in ``self.last_stats``,
+        its wall time split into parts that add up to it (decode/stats.py), the caller's time
+        between yields included.
         """
+        stats = self.last_stats = DecodeStats(backend=self.backend)
+        stats.lap("setup", self._now())  # starts the call's clock
         cfg = self.config
         asked = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature)
         asked.update(top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, stop_strings=stop_strings)
@@ -140,20 +144,22 @@ class Streaming:
             output_uniforms(B, max_new, generator, self.device) if sample else None,
             max_new,
         )
-        planner_curve = self.cost_curve(*input_ids.shape) if cfg.cost_aware else None
-        stats = self.last_stats = DecodeStats(backend=self.backend)
-        t_start = time.perf_counter()
+        planner_curve = self.cost_curve(*input_ids.shape) if cfg.cost_aware else None  # read, not measured
         stopper.start(input_ids, mask)
         run = self._run_backend()
+        stats.lap("setup", self._now())
         with run.active():  # per phase: a stream suspended at a yield leaves the modules stock
             state, first = self.prefill(input_ids.to(self.device), mask, how, stopper, stats)
         if planner_curve is not None:
             state.planner = Planner(planner_curve, len(state.active))
-        stats.prefill_time_s = stats.total_time_s = time.perf_counter() - t_start
+        stats.lap("prefill", self._now())
         yield first
+        stats.lap("caller", self._now())
         while self.retire(state):
             with run.active():
+                stats.lap("bookkeeping", self._now())
                 out = self.step(state, how, stopper, stats)
-            stats.total_time_s = time.perf_counter() - t_start
+            stats.lap("bookkeeping", self._now())
             yield out
-        stats.total_time_s = time.perf_counter() - t_start
+            stats.lap("caller", self._now())
+        stats.lap("bookkeeping", self._now())

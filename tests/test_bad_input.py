@@ -333,7 +333,7 @@ def test_typo_in_a_prompt_set_name_lists_the_sets_without_a_hub_lookup(monkeypat
         load_prompts("gsm8k-test")
     msg = str(e.value)
     assert "\n" not in msg and "gsm8k-test" in msg and ", ".join(PROMPT_SETS) in msg
-    assert set(SHARED) | {"heldout", "humaneval", "long"} == set(PROMPT_SETS) and calls == []
+    assert set(SHARED) | {"heldout", "humaneval", "long", "copy"} == set(PROMPT_SETS) and calls == []
 
 
 def test_prompt_file_without_usable_rows_names_the_file_and_the_reasons(tmp_path):

@@ -408,7 +408,9 @@ def test_the_planner_times_the_verify_forward_as_its_curve_does(monkeypatch):
     monkeypatch.setattr(Planner, "observe", spy)
     gen.generate(ids_of(tok, PROMPTS[0]), max_new_tokens=8)
     assert seen and all(v == 1.0 for v in seen)
-    assert gen.last_stats.verify_time_s == 6.0 * len(seen)
+    s = gen.last_stats
+    assert s.verify_time_s == 1.0 * len(seen) and s.bookkeeping_time_s == 5.0 * len(seen)
+    assert sum(s.split().values()) == s.total_time_s == 6.0 * len(seen)
 
 
 def test_cost_models_are_cached_per_set_up_and_never_overwrite_each_other(tmp_path, monkeypatch):

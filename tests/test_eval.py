@@ -10,6 +10,7 @@ import torch
 from draftheads.conf.cli import main
 from draftheads.decode.evaluate import TurnResult
 from draftheads.decode.report import summarize
+from draftheads.decode.stats import PARTS
 from draftheads.heads import EagleDrafter, MedusaHeads
 
 
@@ -128,6 +129,15 @@ def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind, capsys):
         assert (tmp_path / "eval" / png).stat().st_size > 1000
     assert "| **all** |" in (tmp_path / "eval" / "report.md").read_text()
     assert "| 0.7 |" in (tmp_path / "eval" / "report.md").read_text()
+    # every turn's speculative wall time in parts that add up to it; the report sums them
+    turns = [json.loads(line) for line in (tmp_path / "eval" / "turns.jsonl").read_text().splitlines()]
+    for t in turns:
+        split = t["time_split"]
+        assert set(split) == {*PARTS, "outside"} and all(v >= 0 for k, v in split.items() if k != "outside")
+        assert sum(split.values()) == pytest.approx(t["spec_time_s"], rel=1e-9)
+        assert split["prefill"] > 0 and split["verify"] > 0 and split["draft"] > 0
+    assert sum(on_disk["time_split_s"].values()) == pytest.approx(sum(t["spec_time_s"] for t in turns))
+    assert "time " in printed.out and "verify " in printed.out and "planner " in printed.out
 
 
 def test_plots_put_integer_ticks_on_the_draft_position_axis(tmp_path, monkeypatch):

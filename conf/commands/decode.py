@@ -68,8 +68,8 @@ def generate(args: GenerateArgs) -> None:
     s = gen.last_stats
     print(
         f"\n[{s.new_tokens} tokens in {s.total_time_s:.2f}s: {s.tokens_per_s:.1f} tokens/s, "
-        f"tau {s.tau:.2f} over {s.target_forwards - 1} steps (+1 prefill), "
-        f"draft {s.draft_time_s:.2f}s / verify {s.verify_time_s:.2f}s, backend {s.backend}]"
+        f"tau {s.tau:.2f} over {s.target_forwards - 1} steps (+1 prefill), backend {s.backend}; "
+        f"{s.split_line()}]"
     )
 
 
@@ -205,7 +205,7 @@ def evaluate(args: EvalArgs) -> dict:
 def measure(args: EvalArgs, baselines: list[str], out: Path) -> dict:
     """Decode ``eval.prompts`` with the drafter and the baselines; write the report into ``out``."""
     from draftheads.decode.evaluate import run_eval
-    from draftheads.decode.report import environment, summarize, summary_line, write_report
+    from draftheads.decode.report import environment, split_line, summarize, summary_line, write_report
     from draftheads.decode.sampling_eval import run_sampling, summary
 
     e = args.eval
@@ -237,6 +237,7 @@ def measure(args: EvalArgs, baselines: list[str], out: Path) -> dict:
     )
     write_report(report, results, baselines, out)
     print(summary_line(report, baselines))
+    print(split_line(report))
     if report["sampling"]:
         print(f"sampling: {summary(report['sampling'])}")
     print(f"report: {out / 'report.json'}")

@@ -11,7 +11,16 @@ from draftheads.conf.schema.checks import BACKENDS, at_least, is_hub_id, one_of,
 from draftheads.conf.schema.data import check_fields, check_format
 
 BASELINES = ("pld", "assisted")
-PROMPT_SETS = ("heldout", "humaneval", "long", "spec_bench", "gsm8k_test", "gsm8k_train", "codealpaca")
+PROMPT_SETS = (
+    "heldout",
+    "humaneval",
+    "long",
+    "copy",
+    "spec_bench",
+    "gsm8k_test",
+    "gsm8k_train",
+    "codealpaca",
+)
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 
 
@@ -213,7 +222,8 @@ class EvalConfig:
     """``draftheads eval``: which prompts, which baselines, where the report goes.
 
     ``prompts``: ``heldout`` (embedded held-out prompts), ``humaneval``, ``long`` (1-2k token
-    prompts over standard-library source), ``spec_bench``,
+    prompts over standard-library source), ``copy`` (1-2k token prompts whose answers copy from
+    them: summaries, quotes, code edits), ``spec_bench``,
     ``gsm8k_test``, or any path / dataset id the data pipeline reads; ``format`` and ``fields``
     read a file whose columns have other names (as ``data.format`` / ``data.fields`` do, e.g.
     ``eval.fields.prompt=question``). ``per_category``: keep only the first N prompts of every
