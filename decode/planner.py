@@ -18,25 +18,33 @@ candidate's and each level's frontier in the same transfer), that test is applie
 in turn, and the next step drafts up to the first level that did not pay, or one level more
 than this step did when all paid (up to ``decode.depth``), so a tree grows back as scores rise.
 
-Whether to draft at all is judged on what drafted steps really gave, not on the scores:
-``edge`` is a running mean of a drafted step's measured rate, ``(B + accepted drafts) /
-(drafting + verify forward)``, over a plain step's ``B / c(B)``. When a drafted step keeps no
-node, or ``edge`` is not above 1, the planner skips the drafter for ``wait`` steps (plain steps,
-or lookup branches alone), then re-probes: it drafts one step and verifies at least one node,
-so fresh acceptance reaches ``edge`` and ``trust`` even when the scores say nothing pays.
-``wait`` doubles (up to :data:`MAX_WAIT`) while probes keep failing and is back at 1 once
-drafting pays.
+Whether to draft at all is judged on what steps really gave, not on the scores, as a duel
+between a step with the drafter and one without (lookup branches alone, or a plain step), at
+each lookup level: the longest n-gram match the lookup branches found this step (0: none, and
+always 0 without lookup), since a prompt being copied favours lookup and free text the drafter.
+Each side keeps a running mean of its measured rate, ``(B + accepted drafts) / (drafting +
+verify forward)``, over a plain step's ``B / c(B)``; the leader runs, and the trailing side is
+probed after ``wait`` steps (``wait`` doubles, up to :data:`MAX_WAIT`, while its probes keep
+losing, and is back at 1 once it leads). Without lookup branches (level 0) the side without the
+drafter is a plain step, whose rate is 1 by definition, so it is never probed. A drafted step
+that keeps no node puts the drafter behind until its next probe, and a probe of the drafter
+verifies at least one node, so fresh acceptance reaches the duel and ``trust`` even when the
+scores say nothing pays.
 
 Measured time corrects the curve as decoding goes: ``scale`` follows the ratio of the measured
 verify forward to the curve's prediction, and the draft pass cost is a running mean. Measured
 acceptance corrects the scores: the expected number of accepted drafts of a verified tree is
 Σ p_i over its nodes, and ``trust`` follows the ratio of accepted drafts to that sum (a drafter
 that is over-confident gets its scores scaled down, an under-confident one up, capped at 1).
+``trust`` is the drafter's alone: lookup branches score with their own measured rates, so a
+proposer that merges them into a drafted tree divides their scores by ``trust`` (:class:`Plan`
+carries it), and a step without the drafter reads its scores as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -56,6 +64,45 @@ def next_depth(paid: Iterable[bool], depth: int, cap: int) -> int:
     return missed + 1 if missed is not None else min(depth + 1, cap)
 
 
+@dataclass
+class Duel:
+    """At one lookup level: a step with the drafter against one without, on measured rates over
+    a plain step's. ``rate[arm]``, ``wait[arm]`` by arm (True: with the drafter)."""
+
+    probe_undrafted: bool  # whether the side without the drafter is worth probing (lookup proposes)
+    rate: dict[bool, float] = field(default_factory=lambda: {True: 1.0, False: 1.0})
+    wait: dict[bool, int] = field(default_factory=lambda: {True: 1, False: 1})
+    left: int = 1  # steps before the trailing side is probed (the leader runs first)
+
+    def leader(self) -> bool:
+        """The side that runs: the drafter on a tie (it must be tried to be judged)."""
+        return self.rate[True] >= self.rate[False]
+
+    def pick(self) -> tuple[bool, bool]:
+        """``(draft this step, whether it is a probe of the trailing side)``."""
+        lead = self.leader()
+        if lead and not self.probe_undrafted:
+            return True, False
+        if self.left > 0:
+            self.left -= 1
+            return lead, False
+        self.left = self.wait[not lead]
+        return not lead, True
+
+    def record(self, drafted: bool, rate: float, probe: bool, kept: bool = True) -> None:
+        """Fold a step's measured ``rate`` into its side; a probe that still trails waits twice as
+        long next time; a drafted step that kept no node (``kept`` False) trails at once."""
+        led = self.leader()
+        self.rate[drafted] = 0.7 * self.rate[drafted] + 0.3 * rate
+        if drafted and not kept:
+            self.rate[True] = min(self.rate[True], self.rate[False] - 1e-9)
+        lead = self.leader()
+        if probe:
+            self.wait[drafted] = 1 if lead == drafted else min(2 * self.wait[drafted], MAX_WAIT)
+        if lead != led:  # the side that now trails starts waiting
+            self.left = self.wait[not lead]
+
+
 def _probabilities(scores: torch.Tensor, trust: float) -> torch.Tensor:
     """Node scores as acceptance probabilities: scaled by ``trust``, in [0, 1], NaN as 0."""
     return torch.nan_to_num(scores.float(), nan=0.0).mul(trust).clamp(0.0, 1.0)
@@ -64,17 +111,18 @@ def _probabilities(scores: torch.Tensor, trust: float) -> torch.Tensor:
 class Planner:
     """Per-step choices from the cost curve, corrected by what the steps really cost."""
 
-    def __init__(self, curve: CostCurve, batch: int) -> None:
+    def __init__(self, curve: CostCurve, batch: int, lookup: bool = False) -> None:
         self.curve, self.batch = curve, batch
         self.scale = 1.0  # observed / predicted verify time
         self.pass_s = curve(1) * 0.1  # one draft pass, until measured
         self.draft_s = 0.0  # this step's drafting so far
         self.trust = 1.0  # observed / predicted accepted drafts
         self.accepted, self.predicted = 2.0, 2.0  # running sums behind ``trust`` (a mild prior)
-        self.edge = 1.0  # running mean of a drafted step's measured rate over a plain step's
-        self.wait = 1  # steps to skip the drafter the next time drafting does not pay
-        self.skip = 0  # steps still to skip
-        self.probe = False  # the next drafted step follows a skip: verify something
+        self.lookup = lookup  # whether the proposer has lookup branches (the duel's undrafted side)
+        self.duels: dict[int, Duel] = {}  # lookup level -> its duel
+        self.level = 0  # this step's lookup level
+        self.drafted = True  # whether this step runs the drafter
+        self.probe = False  # this step probes the side the duel's leader is not
         self.chosen: int | None = None  # nodes chosen for this step's tree, when it was drafted
         self.depth: int | None = None  # levels an EAGLE-2 tree drafts next (None: its cap)
         self.step_s = 0.0  # this step's drafting and verify forward, measured
@@ -83,13 +131,17 @@ class Planner:
         return self.scale * self.curve(tokens)
 
     def best(
-        self, scores: torch.Tensor, valid: torch.Tensor | None = None, draft_s: float | None = None
+        self,
+        scores: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        draft_s: float | None = None,
+        trust: float | None = None,
     ) -> tuple[int, float, float]:
         """``(n, expected tokens, seconds)`` of the best number of nodes per row (root excluded)
         for node scores ``[B, N]`` (root excluded), with ``draft_s`` of drafting (default: this
-        step's)."""
+        step's) and scores scaled by ``trust`` (default: the drafter's)."""
         draft_s = self.draft_s if draft_s is None else draft_s
-        s = _probabilities(scores, self.trust)
+        s = _probabilities(scores, self.trust if trust is None else trust)
         s = s if valid is None else torch.where(valid, s, 0.0)
         B, N = s.shape
         gain = s.sort(dim=-1, descending=True).values.cumsum(-1).sum(0).tolist()  # Σ_b Σ_{i<=n}
@@ -100,20 +152,32 @@ class Planner:
                 best = (n, e, t)
         return best
 
-    def drafting(self) -> bool:
-        """Whether to run the drafter this step (False while drafting does not pay, between probes)."""
-        if self.skip > 0:
-            self.skip -= 1
-            return False
-        return True
+    def duel(self, level: int) -> Duel:
+        """The duel at lookup ``level``; a level seen for the first time starts from the last
+        step's duel (what the drafter just did is the best guess there too)."""
+        if level not in self.duels:
+            last = self.duels.get(self.level)
+            duel = Duel(probe_undrafted=self.lookup and level > 0)
+            if last is not None:
+                duel.rate, duel.wait, duel.left = dict(last.rate), dict(last.wait), last.left
+            self.duels[level] = duel
+        return self.duels[level]
+
+    def drafting(self, level: int = 0) -> bool:
+        """Whether to run the drafter this step, at lookup ``level`` (its duel decides)."""
+        duel = self.duel(level)
+        self.level = level
+        self.drafted, self.probe = duel.pick()
+        return self.drafted
 
     def choose(self, scores: torch.Tensor, valid: torch.Tensor | None = None, drafted: bool = True) -> int:
-        """How many nodes per row to verify this step (:meth:`best`); a probe (the first drafted
-        step after a skip) verifies at least one. ``drafted``: the drafter ran for this tree."""
-        n, _, _ = self.best(scores, valid)
+        """How many nodes per row to verify this step (:meth:`best`); a probe of the drafter
+        verifies at least one. ``drafted``: the drafter ran for this tree (else its scores are
+        lookup's own, read without ``trust``)."""
+        n, _, _ = self.best(scores, valid, trust=None if drafted else 1.0)
         if drafted:
             self.chosen = n
-            n, self.probe = (max(n, 1) if self.probe else n), False
+            n = max(n, 1) if self.probe else n
         return n
 
     def expand(self, scores: torch.Tensor, frontier: torch.Tensor, passes: int) -> bool:
@@ -142,21 +206,18 @@ class Planner:
         return self.depth
 
     def calibrate(self, predicted: float, accepted: float) -> None:
-        """Fold one step's predicted (Σ p of verified nodes) and accepted drafts into ``trust``;
-        after a drafted step, its measured rate into ``edge``, and decide whether to skip."""
-        self.predicted = 0.95 * self.predicted + predicted
-        self.accepted = 0.95 * self.accepted + accepted
-        self.trust = min(max(self.accepted / max(self.predicted, 1e-6), 0.1), 10.0)
+        """Fold one step's predicted (Σ p of verified nodes) and accepted drafts in: into ``trust``
+        after a drafted step, and the step's measured rate into its side of the duel."""
         chosen, self.chosen = self.chosen, None
-        if chosen is None:
-            return
+        drafted = float(self.drafted)  # evidence ages with every step; only drafted steps add to it
+        self.predicted = 0.95 * self.predicted + drafted * predicted
+        self.accepted = 0.95 * self.accepted + drafted * accepted
+        self.trust = min(max(self.accepted / max(self.predicted, 1e-6), 0.1), 10.0)
         plain = self.batch / self.verify_s(self.batch)
-        self.edge = 0.7 * self.edge + 0.3 * (self.batch + accepted) / max(self.step_s, 1e-9) / plain
-        if chosen > 0 and self.edge > 1.0:
-            self.wait = 1
-        else:
-            self.skip, self.probe = self.wait, True
-            self.wait = min(2 * self.wait, MAX_WAIT)
+        rate = (self.batch + accepted) / max(self.step_s, 1e-9) / plain
+        kept = chosen is None or chosen > 0
+        self.duel(self.level).record(self.drafted, rate, self.probe, kept)
+        self.drafted, self.probe = True, False
 
     def observe(self, draft_s: float, passes: int, verify_s: float, tokens: int) -> None:
         """Fold one step's measured times in (exponential moving averages): ``verify_s`` is the

@@ -79,19 +79,20 @@ class Stepping:
     def step(self, state: State, how: Sampling, stopper: Stopper, stats: DecodeStats) -> list[list[int]]:
         """One draft-verify step for every active row; returns each input row's new tokens."""
         planner = state.planner
-        skip = planner is not None and self.drafter is not None and not planner.drafting()
-        plan = Plan(planner.depth) if planner is not None and not skip else None
+        lookup = getattr(state.proposer, "lookup", None)
+        level = lookup.level() if lookup is not None and planner is not None else 0
+        skip = planner is not None and self.drafter is not None and not planner.drafting(level)
+        plan = Plan(planner.depth, planner.trust) if planner is not None and not skip else None
         if skip:  # drafting does not pay now: lookup branches alone (no model), or a plain step
-            lookup = getattr(state.proposer, "lookup", None)
             tree = lookup.propose(state.root, state.pos) if lookup is not None else single_node(state.root)
         else:
             tree = state.proposer.propose(state.root, state.pos, plan)
         tree = cap_depth(tree, self._depth_caps(state, how))  # no node past max_new_tokens or the positions
         draft_s = stats.lap("draft", self._now())
         if planner is not None:
-            planner.draft_s = draft_s
+            planner.draft_s, planner.drafted = draft_s, self.drafter is not None and not skip
             scores, valid = read_scores(tree, plan.expanded if plan is not None else None, planner)
-            n = planner.choose(scores[:, 1:], valid[:, 1:], drafted=not skip)
+            n = planner.choose(scores[:, 1:], valid[:, 1:], drafted=planner.drafted)
             kept = torch.where(valid, scores, 0.0)[:, 1:].sort(dim=-1, descending=True).values[:, :n]
             predicted = float(kept.sum())  # Σ p of the nodes prune keeps: each row's n best valid ones
             tree = prune(tree, n)

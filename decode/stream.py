@@ -151,7 +151,8 @@ class Streaming:
         with run.active():  # per phase: a stream suspended at a yield leaves the modules stock
             state, first = self.prefill(input_ids.to(self.device), mask, how, stopper, stats)
         if planner_curve is not None:
-            state.planner = Planner(planner_curve, len(state.active))
+            lookup = getattr(state.proposer, "lookup", None) is not None
+            state.planner = Planner(planner_curve, len(state.active), lookup=lookup)
         stats.lap("prefill", self._now())
         yield first
         stats.lap("caller", self._now())

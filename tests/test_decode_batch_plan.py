@@ -32,16 +32,16 @@ def force(path: str, monkeypatch) -> bool:
         return scores.shape[-1]
 
     if path == "drafted":  # the drafter every step, all its nodes verified
-        monkeypatch.setattr(Planner, "drafting", lambda self: True)
+        monkeypatch.setattr(Planner, "drafting", lambda self, level=0: True)
         monkeypatch.setattr(Planner, "choose", every)
     elif path == "root-only":  # drafted, but no node pays: the root alone is verified
-        monkeypatch.setattr(Planner, "drafting", lambda self: True)
+        monkeypatch.setattr(Planner, "drafting", lambda self, level=0: True)
         monkeypatch.setattr(Planner, "choose", lambda self, scores, valid=None, drafted=True: 0)
     elif path == "lookup-only":  # the drafter skipped: lookup branches alone, all verified
-        monkeypatch.setattr(Planner, "drafting", lambda self: False)
+        monkeypatch.setattr(Planner, "drafting", lambda self, level=0: False)
         monkeypatch.setattr(Planner, "choose", every)
     elif path == "plain":  # the drafter skipped and no lookup: a plain step
-        monkeypatch.setattr(Planner, "drafting", lambda self: False)
+        monkeypatch.setattr(Planner, "drafting", lambda self, level=0: False)
     elif path == "fallback":  # the planner's own choice on a curve where drafting cannot pay
         monkeypatch.setattr(SpeculativeGenerator, "cost_curve", lambda self, batch=1, context=1: steep(batch))
     return path != "plain"

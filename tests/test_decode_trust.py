@@ -350,7 +350,7 @@ def test_planner_reprobes_after_choosing_no_nodes_and_resumes_when_drafts_are_ri
     assert len(drafted) < 30  # though most steps ran without the drafter
     resumed = run_planner(p, 300, accept_rate=1.0)  # now the drafts are as right as they claim
     assert [s for s, _ in resumed][-100:] == list(range(200, 300))
-    assert all(n == 2 for _, n in resumed[-100:]) and p.wait == 1
+    assert all(n == 2 for _, n in resumed[-100:]) and p.duels[0].wait[True] == 1
 
 
 def test_planner_skips_the_drafter_when_a_draft_costs_more_than_it_can_save():
@@ -367,7 +367,7 @@ def test_steps_without_the_drafter_run_no_drafter_and_keep_greedy_output(lookup,
     d = drafter("eagle", model, fingerprint(model, tok), version=1)
     runs = []
     hook = d.register_forward_hook(lambda *_: runs.append(1))
-    monkeypatch.setattr(Planner, "drafting", lambda self: False)
+    monkeypatch.setattr(Planner, "drafting", lambda self, level=0: False)
     # verifying is free on this curve, so the lookup branch always pays (not the clock's call)
     flat = lambda self, batch=1, context=1: CostCurve([batch, 64 * batch], [1.0, 1.0])  # noqa: E731
     monkeypatch.setattr(SpeculativeGenerator, "cost_curve", flat)
@@ -461,7 +461,7 @@ def test_eagle_reads_the_pairs_of_steps_verified_without_drafting(monkeypatch):
     model, tok = get_target("llama")
     d = drafter("eagle", model, fingerprint(model, tok), version=3)
     flips = iter([True, False] * 100)
-    monkeypatch.setattr(Planner, "drafting", lambda self: next(flips))
+    monkeypatch.setattr(Planner, "drafting", lambda self, level=0: next(flips))
     gen = SpeculativeGenerator(model, d, tok, DecodeConfig(lookup=False))
     made = []
     make = gen.make_proposer

@@ -86,9 +86,12 @@ class Plan:
 
     ``depth``: how many levels a level-by-level expansion drafts (None: its cap). Such a proposer
     leaves what it drafted in ``expanded``, from which the planner sets the next step's depth.
+    ``trust``: the factor the planner will scale the drafter's scores by; scores measured
+    otherwise (lookup's) are divided by it, so that they reach the planner as they are.
     """
 
     depth: int | None = None
+    trust: float = 1.0
     expanded: Expanded | None = None
 
 

@@ -5,6 +5,8 @@ drafted path it reuses those nodes (and raises their score), so nothing is verif
 merge runs on the device (:func:`draftheads.decode.select.add_chains`): the tree grows by the
 longest chain's length, the chain tokens a drafted path already holds left as padding for the
 planner's prune to drop, and the decoder reads the merged tree's scores in its one transfer.
+Lookup scores are measured acceptance rates; the planner scales the drafter's scores by its
+``trust``, so the chains' scores enter divided by it (:class:`~draftheads.decode.proposers.base.Plan`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ class WithLookup:
         if L == 0:
             return tree
         tokens = torch.tensor([c + [-1] * (L - len(c)) for c, _ in chains], device=root.device)
-        scores = torch.tensor([s + [0.0] * (L - len(s)) for _, s in chains], device=root.device)
+        trust = plan.trust if plan is not None else 1.0  # lookup's rates are measured: undo the drafter's
+        scores = torch.tensor(
+            [[x / trust for x in s] + [0.0] * (L - len(s)) for _, s in chains], device=root.device
+        )
         return add_chains(tree, tokens, scores)
 
     def update(self, step: Accepted) -> None:

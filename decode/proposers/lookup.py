@@ -64,6 +64,11 @@ class LookupProposer:
             NgramIndex([t for t, v in zip(r, m) if v] + [x], self.ngram) for r, m, x in zip(ids, valid, root)
         ]
 
+    def level(self) -> int:
+        """The longest n-gram match any row's lookup finds now (0: none), read on the host: how
+        much the text is being copied, which decides whether a step drafts (the planner's duel)."""
+        return max((row.lookup(1)[1] for row in self.rows), default=0)
+
     def chains(self) -> list[tuple[list[int], list[float]]]:
         """Each row's lookup draft and its path scores; remembered to learn from the outcome."""
         self.last = [row.lookup(self.max_tokens) for row in self.rows]
