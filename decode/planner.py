@@ -44,7 +44,6 @@ carries it), and a step without the drafter reads its scores as they are.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -64,45 +63,6 @@ def next_depth(paid: Iterable[bool], depth: int, cap: int) -> int:
     return missed + 1 if missed is not None else min(depth + 1, cap)
 
 
-@dataclass
-class Duel:
-    """At one lookup level: a step with the drafter against one without, on measured rates over
-    a plain step's. ``rate[arm]``, ``wait[arm]`` by arm (True: with the drafter)."""
-
-    probe_undrafted: bool  # whether the side without the drafter is worth probing (lookup proposes)
-    rate: dict[bool, float] = field(default_factory=lambda: {True: 1.0, False: 1.0})
-    wait: dict[bool, int] = field(default_factory=lambda: {True: 1, False: 1})
-    left: int = 1  # steps before the trailing side is probed (the leader runs first)
-
-    def leader(self) -> bool:
-        """The side that runs: the drafter on a tie (it must be tried to be judged)."""
-        return self.rate[True] >= self.rate[False]
-
-    def pick(self) -> tuple[bool, bool]:
-        """``(draft this step, whether it is a probe of the trailing side)``."""
-        lead = self.leader()
-        if lead and not self.probe_undrafted:
-            return True, False
-        if self.left > 0:
-            self.left -= 1
-            return lead, False
-        self.left = self.wait[not lead]
-        return not lead, True
-
-    def record(self, drafted: bool, rate: float, probe: bool, kept: bool = True) -> None:
-        """Fold a step's measured ``rate`` into its side; a probe that still trails waits twice as
-        long next time; a drafted step that kept no node (``kept`` False) trails at once."""
-        led = self.leader()
-        self.rate[drafted] = 0.7 * self.rate[drafted] + 0.3 * rate
-        if drafted and not kept:
-            self.rate[True] = min(self.rate[True], self.rate[False] - 1e-9)
-        lead = self.leader()
-        if probe:
-            self.wait[drafted] = 1 if lead == drafted else min(2 * self.wait[drafted], MAX_WAIT)
-        if lead != led:  # the side that now trails starts waiting
-            self.left = self.wait[not lead]
-
-
 def _probabilities(scores: torch.Tensor, trust: float) -> torch.Tensor:
     """Node scores as acceptance probabilities: scaled by ``trust``, in [0, 1], NaN as 0."""
     return torch.nan_to_num(scores.float(), nan=0.0).mul(trust).clamp(0.0, 1.0)
@@ -119,10 +79,13 @@ class Planner:
         self.trust = 1.0  # observed / predicted accepted drafts
         self.accepted, self.predicted = 2.0, 2.0  # running sums behind ``trust`` (a mild prior)
         self.lookup = lookup  # whether the proposer has lookup branches (the duel's undrafted side)
-        self.duels: dict[int, Duel] = {}  # lookup level -> its duel
+        # the duel: per lookup level, each side's running rate over a plain step's (True: drafted)
+        self.rates: dict[int, dict[bool, float]] = {}
+        self.wait = {True: 1, False: 1}  # per side: steps it sits out while trailing, before a probe
+        self.since = {True: 0, False: 0}  # per side: steps since it last ran
         self.level = 0  # this step's lookup level
         self.drafted = True  # whether this step runs the drafter
-        self.probe = False  # this step probes the side the duel's leader is not
+        self.probe = False  # this step probes the side that trails at its level
         self.chosen: int | None = None  # nodes chosen for this step's tree, when it was drafted
         self.depth: int | None = None  # levels an EAGLE-2 tree drafts next (None: its cap)
         self.step_s = 0.0  # this step's drafting and verify forward, measured
@@ -152,22 +115,26 @@ class Planner:
                 best = (n, e, t)
         return best
 
-    def duel(self, level: int) -> Duel:
-        """The duel at lookup ``level``; a level seen for the first time starts from the last
-        step's duel (what the drafter just did is the best guess there too)."""
-        if level not in self.duels:
-            last = self.duels.get(self.level)
-            duel = Duel(probe_undrafted=self.lookup and level > 0)
-            if last is not None:
-                duel.rate, duel.wait, duel.left = dict(last.rate), dict(last.wait), last.left
-            self.duels[level] = duel
-        return self.duels[level]
+    def duel(self, level: int) -> dict[bool, float]:
+        """Each side's rate at lookup ``level``; a level seen for the first time starts from the
+        last step's (what the drafter just did is the best guess there too)."""
+        if level not in self.rates:
+            self.rates[level] = dict(self.rates.get(self.level, {True: 1.0, False: 1.0}))
+        return self.rates[level]
+
+    def leads(self, level: int) -> bool:
+        """The side that runs at ``level``: the drafter on a tie (it must be tried to be judged)."""
+        rate = self.duel(level)
+        return rate[True] >= rate[False]
 
     def drafting(self, level: int = 0) -> bool:
-        """Whether to run the drafter this step, at lookup ``level`` (its duel decides)."""
-        duel = self.duel(level)
-        self.level = level
-        self.drafted, self.probe = duel.pick()
+        """Whether to run the drafter this step, at lookup ``level``: the leading side, or the
+        trailing one once it has sat out its ``wait`` (never a plain step: its rate is known)."""
+        lead = self.leads(level)
+        trailing = not lead
+        probeable = trailing or self.lookup and level > 0
+        self.probe = probeable and self.since[trailing] >= self.wait[trailing]
+        self.level, self.drafted = level, trailing if self.probe else lead
         return self.drafted
 
     def choose(self, scores: torch.Tensor, valid: torch.Tensor | None = None, drafted: bool = True) -> int:
@@ -215,9 +182,21 @@ class Planner:
         self.trust = min(max(self.accepted / max(self.predicted, 1e-6), 0.1), 10.0)
         plain = self.batch / self.verify_s(self.batch)
         rate = (self.batch + accepted) / max(self.step_s, 1e-9) / plain
-        kept = chosen is None or chosen > 0
-        self.duel(self.level).record(self.drafted, rate, self.probe, kept)
+        self.record(self.drafted, rate, chosen is None or chosen > 0)
         self.drafted, self.probe = True, False
+
+    def record(self, drafted: bool, rate: float, kept: bool = True) -> None:
+        """Fold a step's measured ``rate`` into its side at this step's level. A probe that still
+        trails waits twice as long next time, one that leads is back at 1; a drafted step that
+        kept no node (``kept`` False) puts the drafter behind at once."""
+        rates = self.duel(self.level)
+        rates[drafted] = 0.7 * rates[drafted] + 0.3 * rate
+        if drafted and not kept:
+            rates[True] = min(rates[True], rates[False] - 1e-9)
+        if self.probe:
+            leads = self.leads(self.level) == drafted
+            self.wait[drafted] = 1 if leads else min(2 * self.wait[drafted], MAX_WAIT)
+        self.since[drafted], self.since[not drafted] = 0, self.since[not drafted] + 1
 
     def observe(self, draft_s: float, passes: int, verify_s: float, tokens: int) -> None:
         """Fold one step's measured times in (exponential moving averages): ``verify_s`` is the

@@ -350,7 +350,7 @@ def test_planner_reprobes_after_choosing_no_nodes_and_resumes_when_drafts_are_ri
     assert len(drafted) < 30  # though most steps ran without the drafter
     resumed = run_planner(p, 300, accept_rate=1.0)  # now the drafts are as right as they claim
     assert [s for s, _ in resumed][-100:] == list(range(200, 300))
-    assert all(n == 2 for _, n in resumed[-100:]) and p.duels[0].wait[True] == 1
+    assert all(n == 2 for _, n in resumed[-100:]) and p.wait[True] == 1
 
 
 def test_planner_skips_the_drafter_when_a_draft_costs_more_than_it_can_save():
