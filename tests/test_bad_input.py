@@ -63,6 +63,8 @@ def one_line_error(capsys) -> str:
         ("decode.backend=gpu", ["decode.backend=gpu", "auto, eager, onednn, cuda-graphs"]),
         ("decode.lookup_tokens=-1", ["decode.lookup_tokens=-1", ">= 0"]),
         ("decode.lookup_ngram=0", ["decode.lookup_ngram=0", ">= 1"]),
+        ("decode.lookup_tokens=65", ["decode.lookup_tokens=65", "at most 64", "decode.lookup_tokens="]),
+        ("decode.lookup_ngram=9", ["decode.lookup_ngram=9", "at most 8"]),
         ("eval.max_prompts=0", ["eval.max_prompts=0", ">= 1"]),
         ("eval.warmup=-1", ["eval.warmup=-1", ">= 0"]),
         ("eval.baselines=[pdl]", ["eval.baselines=pdl", "pld, assisted"]),

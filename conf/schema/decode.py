@@ -22,6 +22,8 @@ PROMPT_SETS = (
     "codealpaca",
 )
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
+MAX_LOOKUP_TOKENS = 64  # the longest lookup branch: the planner verifies a few nodes on a CPU
+MAX_LOOKUP_NGRAM = 8
 
 
 def check_prompt_source(key: str, source: str) -> None:
@@ -204,6 +206,15 @@ class DecodeConfig:
             ("lookup_ngram", 1, 3),
         ):
             at_least(f"decode.{key}", getattr(self, key), low, example)
+        for key, high, why in (
+            ("lookup_tokens", MAX_LOOKUP_TOKENS, "a longer branch only adds nodes the planner prunes"),
+            ("lookup_ngram", MAX_LOOKUP_NGRAM, "longer matches are rarer and cost more to index"),
+        ):
+            if getattr(self, key) > high:
+                raise UserError(
+                    f"decode.{key}={getattr(self, key)} is out of range; use at most {high} ({why}), "
+                    f"e.g. decode.{key}={getattr(DecodeConfig, key)}"
+                )
         at_least("decode.typical_epsilon", self.typical_epsilon, 0, 0.09)
         at_least("decode.typical_delta", self.typical_delta, 0, 0.3)
         one_of("decode.backend", self.backend, BACKENDS)
