@@ -8,6 +8,9 @@ One run, one process, back to back, on the machine it runs on:
   at each of ``speed.batch_sizes``, over ``speed.prompts`` held-out prompts;
 * ``long``: the long-context set (``eval.prompts=long``, ``speed.long_prompts`` of them), with
   transformers' prompt lookup beside it, as ``draftheads eval`` reports a set;
+* ``copy``: the copy set (``eval.prompts=copy``, ``speed.copy_per_category`` prompts of each
+  category), whose answers copy from their prompts: the drafter and lookup alone, transformers'
+  prompt lookup beside them, per category;
 * ``sampling``: speed and τ at each of ``speed.temperatures`` against sampling ``generate`` on
   the same backend, on each of ``speed.sampling_sets`` (a set whose data is absent is left out,
   with a note).
@@ -156,6 +159,24 @@ def long_rows(target, tok, drafter, prompts: list, decode) -> dict[str, Any]:
     return report
 
 
+def copy_rows(target, tok, drafter, prompts: list, decode) -> dict[str, Any]:
+    """The copy set (answers that copy from 1-2k token prompts) as ``draftheads eval`` reports
+    it, per category: the drafter (with its lookup branches) and lookup alone decode the same
+    turns in one loop, transformers' prompt lookup beside them."""
+    from draftheads.decode.evaluate import run_eval
+    from draftheads.decode.report import summarize, summary_line
+
+    runs = {"heads": drafter, "lookup": None} if drafter is not None else {"lookup": None}
+    turns = run_eval(target, tok, runs, prompts, decode, ["pld"], progress=False)
+    out = {}
+    for name, results in turns.items():
+        out[name] = summarize(results, ["pld"])
+        print(f"copy prompts, {name}: {summary_line(out[name], ['pld'])}", flush=True)
+        for cat, r in out[name].get("per_category", {}).items():
+            print(f"  {cat}: {summary_line(r, ['pld'])}", flush=True)
+    return out
+
+
 def sampling_rows(target, tok, drafter, prompts: list, decode, temperatures: list[float]) -> list[dict]:
     """Speed and τ at each temperature against same-backend sampling ``generate``."""
     from draftheads.decode.sampling_eval import format_rows, run_sampling
@@ -169,6 +190,7 @@ def measure(args, target, tok, drafter, directory: str | None) -> dict[str, Any]
     """Every row of the module's list, printed as it is measured; returns the record."""
     from dataclasses import asdict
 
+    from draftheads.conf.commands.decode import first_per_category
     from draftheads.decode import SpeculativeGenerator
     from draftheads.decode.context import position_limit
 
@@ -180,6 +202,10 @@ def measure(args, target, tok, drafter, directory: str | None) -> dict[str, Any]
     long = fitting(texts("long", None, tok), tok, position_limit(target.config), "long")[: s.long_prompts]
     if long:
         record["long"] = long_rows(target, tok, drafter, long, dc)
+    copy = first_per_category(texts("copy", None, tok), s.copy_per_category)
+    copy = fitting(copy, tok, position_limit(target.config), "copy")
+    if copy:
+        record["copy"] = copy_rows(target, tok, drafter, copy, dc)
     record["sampling"] = {}
     for source in s.sampling_sets:
         prompts = texts(source, s.prompts, tok)

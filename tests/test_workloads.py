@@ -33,6 +33,7 @@ def tiny_argv(heads, figures) -> list[str]:
         "speed.batch_sizes=[1,2]",
         "speed.prompts=2",
         "speed.long_prompts=1",
+        "speed.copy_per_category=1",
         "speed.temperatures=[0.7]",
         "speed.sampling_sets=[heldout]",
         "decode.max_new_tokens=4",
@@ -70,6 +71,11 @@ def test_workload_rows_keep_greedy_output_and_land_in_the_figures_file(eagle_dir
     long = rows["long"]
     assert long["num_prompts"] == 1 and long["greedy_identical"] == 1.0 and long["identical_to_stock"] == 1.0
     assert long["pld"]["tau"] >= 1.0 and "per_category" not in long
+    # the copy set: the drafter and lookup alone on the same turns, prompt lookup beside them
+    assert set(rows["copy"]) == {"heads", "lookup"}
+    for r in rows["copy"].values():
+        assert r["greedy_identical"] == 1.0 and r["pld"]["tau"] >= 1.0 and r["num_prompts"] >= 1
+    assert "copy prompts, lookup: τ" in captured.out
     (sampled,) = rows["sampling"]["heldout"]
     assert sampled["temperature"] == 0.7 and sampled["num_prompts"] == 2 and sampled["tau"] >= 1.0
     assert sampled["tokens_per_s"] > 0 and sampled["baseline_tokens_per_s"] > 0

@@ -197,9 +197,10 @@ class DecodeSpeedOptions:
     dynamic: list[list[int]] = field(default_factory=list)
     # also print the verify-cost curve (1..64 new tokens) of eager and of decode.backend
     curve: bool = False
-    # the workload rows (bench/workloads.py): backend choice, batches, long prompts, sampling
+    # the workload rows (bench/workloads.py): backend choice, batches, long and copy prompts, sampling
     workloads: bool = False
     long_prompts: int = 8
+    copy_per_category: int = 2
     temperatures: list[float] = field(default_factory=lambda: [0.7, 1.0])
     sampling_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench"])
     # with workloads: the JSON file (docs/benchmarks.json) whose ``workloads`` key gets the rows
@@ -223,6 +224,7 @@ class DecodeSpeedOptions:
         for setting in self.dynamic:
             check_dynamic(list(setting))
         at_least("speed.long_prompts", self.long_prompts, 1, 8)
+        at_least("speed.copy_per_category", self.copy_per_category, 1, 2)
         check_temperatures("speed.temperatures", list(self.temperatures))
         for source in self.sampling_sets:
             one_of("speed.sampling_sets", source, PROMPT_SETS)
