@@ -72,10 +72,11 @@ def summarize(results: list[TurnResult], baselines: list[str]) -> dict[str, Any]
             b_new = sum(r.baselines[b]["new_tokens"] for r in rs)
             b_s = sum(r.baselines[b]["time_s"] for r in rs)
             b_fw = sum(r.baselines[b]["target_forwards"] for r in rs)
-            # the first forward of a generate call is the prefill, not a decoding step
+            # the first forward of a generate call is the prefill, not a decoding step, and its
+            # token is not a decoding step's either (as for τ above)
             b_steps = b_fw - len(rs)
             out[b] = {
-                "tau": b_new / max(b_steps, 1),
+                "tau": (b_new - len(rs)) / max(b_steps, 1),
                 "tokens_per_s": b_new / b_s if b_s else 0.0,
                 # transformers' own baselines run on stock generate: compare them with it
                 "speedup": stock_s / b_s if b_s else 0.0,

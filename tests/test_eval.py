@@ -35,7 +35,7 @@ def turn(
         baselines={
             "pld": {
                 "time_s": base_s * 2,
-                "new_tokens": sum(lengths),
+                "new_tokens": sum(lengths) + 1,  # the prefill's token too, as generate counts
                 "target_forwards": sum(lengths) // 2 + 1,
             }
         },
@@ -60,7 +60,7 @@ def test_summary_arithmetic_matches_a_hand_computed_example():
         200.0
     )
     assert rep["baseline_ms_per_token"] == pytest.approx(5000 / 11)
-    # pld: 11 tokens; forwards (6//2+1)+(5//2+1) = 7, minus 2 prefills = 5 decoding steps
+    # pld: 13 tokens, 2 of them the prefills'; forwards (6//2+1)+(5//2+1) = 7, minus 2 prefills = 5 steps
     # stock generate took 1.5 x 5 s: we are 7.5 / 3 = 2.5x faster; pld (10 s) 0.75x of stock
     assert rep["pld"]["tau"] == pytest.approx(11 / 5) and rep["pld"]["speedup"] == pytest.approx(0.75)
     assert rep["speedup_vs_stock"] == pytest.approx(2.5) and rep["stock_tokens_per_s"] == pytest.approx(
