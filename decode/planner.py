@@ -132,7 +132,7 @@ class Planner:
         trailing one once it has sat out its ``wait`` (never a plain step: its rate is known)."""
         lead = self.leads(level)
         trailing = not lead
-        probeable = trailing or self.lookup and level > 0
+        probeable = trailing or (self.lookup and level > 0)  # a plain step is never probed
         self.probe = probeable and self.since[trailing] >= self.wait[trailing]
         self.level, self.drafted = level, trailing if self.probe else lead
         return self.drafted
