@@ -112,3 +112,36 @@ def test_nothing_is_timed_where_one_backend_applies(tmp_path):
     assert backend_choice.choose_target("cuda-graphs", model, tmp_path) is None
     gen = SpeculativeGenerator(model, None, tok, DecodeConfig(cost_cache=str(tmp_path)))
     assert [c.part for c in gen.choices] == ["target"]  # lookup alone: no drafter layers to time
+
+
+@pytest.mark.parametrize(
+    "edit,why",
+    [
+        (lambda d: d["seconds"].update(onednn=float("inf")), "finite positive seconds"),
+        (lambda d: d["seconds"].update(onednn=float("nan")), "finite positive seconds"),
+        (lambda d: d["seconds"].update(eager=-1.0), "finite positive seconds"),
+        (lambda d: d["seconds"].pop("eager"), "does not time every one of eager, onednn"),
+        (lambda d: d["key"].update(threads=999), "measured for another set-up (threads 999"),
+    ],
+)
+def test_an_unusable_cached_choice_is_said_in_one_line_and_timed_again(tmp_path, capsys, edit, why):
+    """The backend timings read through the cost cache's validation: an edit that makes a timing
+    unusable is never used ('onednn inf ms; cached'), and is said once."""
+    model, _ = get_target("llama")
+    key = backend_choice.choice_key(
+        "target", torch.device("cpu"), torch.float32, backend_choice.target_shapes(model)
+    )
+    timer = {"eager": 2.0, "onednn": 1.0}.get
+    backend_choice.choose("target", "auto", ("eager", "onednn"), key, timer, tmp_path)
+    (f,) = tmp_path.iterdir()
+    data = json.loads(f.read_text())
+    edit(data)
+    f.write_text(json.dumps(data))
+    capsys.readouterr()
+    again = backend_choice.choose("target", "auto", ("eager", "onednn"), key, timer, tmp_path)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and why in err[0] and "measuring it again" in err[0] and str(f) in err[0]
+    assert not again.cached and again.seconds == {"eager": 2.0, "onednn": 1.0}
+    assert backend_choice.choose(
+        "target", "auto", ("eager", "onednn"), key, timer, tmp_path
+    ).cached  # rewritten
