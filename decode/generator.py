@@ -30,6 +30,7 @@ from draftheads.decode.capture import Capturing
 from draftheads.decode.context import position_limit
 from draftheads.decode.cost import CostCurve, CostModel
 from draftheads.decode.cost_cache import cached_model
+from draftheads.decode.planner import Planner
 from draftheads.decode.prefill import Prefilling
 from draftheads.decode.proposers import build_proposer
 from draftheads.decode.proposers.base import Proposer
@@ -101,6 +102,7 @@ class SpeculativeGenerator(Streaming, Capturing, Prefilling, Stepping):
         )
         self.limit = position_limit(target.config)
         self.last_stats = DecodeStats()
+        self.last_planner: Planner | None = None  # what the last call learned: the next one's priors
 
     def make_proposer(self) -> Proposer:
         """A fresh proposer for one call: the drafter's (or lookup alone), with lookup branches."""

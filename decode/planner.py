@@ -90,6 +90,19 @@ class Planner:
         self.depth: int | None = None  # levels an EAGLE-2 tree drafts next (None: its cap)
         self.step_s = 0.0  # this step's drafting and verify forward, measured
 
+    def carry(self, last: Planner) -> None:
+        """Start from what the same decoder's last call learned, as priors that this call's steps
+        soon outweigh: the curve's scale, a draft pass's cost, ``trust`` (kept as about four steps'
+        evidence), every lookup level's duel and the EAGLE-2 depth. The probes' waits start over."""
+        self.scale, self.pass_s, self.depth = last.scale, last.pass_s, last.depth
+        weight = min(1.0, 4.0 / max(last.predicted, 1e-6))
+        self.predicted, self.accepted, self.trust = (
+            last.predicted * weight,
+            last.accepted * weight,
+            last.trust,
+        )
+        self.rates = {level: dict(rates) for level, rates in last.rates.items()}
+
     def verify_s(self, tokens: int) -> float:
         return self.scale * self.curve(tokens)
 

@@ -59,6 +59,7 @@ class Streaming:
     device: torch.device
     backend: str
     last_stats: DecodeStats
+    last_planner: Planner | None
     _now: Callable[[], float]
 
     @torch.no_grad()
@@ -153,6 +154,8 @@ class Streaming:
         if planner_curve is not None:
             lookup = getattr(state.proposer, "lookup", None) is not None
             state.planner = Planner(planner_curve, len(state.active), lookup=lookup)
+            if self.last_planner is not None:
+                state.planner.carry(self.last_planner)
         stats.lap("prefill", self._now())
         yield first
         stats.lap("caller", self._now())
@@ -163,4 +166,5 @@ class Streaming:
             stats.lap("bookkeeping", self._now())
             yield out
             stats.lap("caller", self._now())
+        self.last_planner = state.planner  # the next call starts from what this one learned
         stats.lap("bookkeeping", self._now())

@@ -10,6 +10,7 @@ import torch
 
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator, cost, cost_cache
+from draftheads.decode.planner import Planner
 from draftheads.decode.stats import PARTS
 from tests.test_decode import drafter
 
@@ -60,3 +61,27 @@ def test_a_calls_parts_add_up_to_its_wall_time_the_callers_included(tiny_llama, 
     assert s.total_time_s <= wall and s.caller_time_s < pause * yields + 0.5 * (wall - pause * yields)
     for part in ("prefill", "draft", "planner", "verify", "bookkeeping", "setup"):
         assert split[part] > 0, part
+
+
+def test_a_call_starts_from_what_the_last_call_of_its_decoder_learned(tiny_llama, monkeypatch):
+    model, tok, fp = tiny_llama
+    gen = SpeculativeGenerator(model, eagle3(model, fp), tok, DecodeConfig())
+    ids = tok("a b c a b c a b c", return_tensors="pt").input_ids
+    assert gen.last_planner is None
+    gen.generate(ids, max_new_tokens=16, eos_token_id=[])
+    first = gen.last_planner
+    assert first is not None and first.rates  # it learned something: a duel's rates at least
+    started = []
+    carry = Planner.carry
+
+    def spy(self, last):
+        carry(self, last)
+        started.append(
+            (last, self.scale, self.pass_s, self.trust, {k: dict(v) for k, v in self.rates.items()})
+        )
+
+    monkeypatch.setattr(Planner, "carry", spy)
+    gen.generate(ids, max_new_tokens=16, eos_token_id=[])
+    ((last, scale, pass_s, trust, rates),) = started
+    assert last is first and (scale, pass_s, trust) == (first.scale, first.pass_s, first.trust)
+    assert rates == first.rates and gen.last_planner is not first
