@@ -27,6 +27,7 @@ from draftheads.conf.commands import COMMANDS, OLD_SPELLINGS, SCHEMA_NAMES, USER
 from draftheads.conf.commands.args import ROOT_FIELDS, from_config, own_keys
 from draftheads.conf.commands.compose import GROUPS, check_booleans, compose, config_error_line, group_options
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.checks import finite
 
 __all__ = ["compose", "main", "parse", "Invocation"]
 
@@ -215,7 +216,9 @@ def own_options(c: Command, options: list[str]) -> dict[str, Any]:
         check_booleans(type(f.default_factory()), mine, prefix=f"{f.name}.")
         try:
             base = OmegaConf.structured(f.default_factory())
-            result[f.name] = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(mine)))
+            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(mine))
+            finite(OmegaConf.to_container(merged), f"{f.name}.", type(f.default_factory()))
+            result[f.name] = OmegaConf.to_object(merged)
         except UserError:
             raise
         except Exception as e:  # OmegaConf errors: one line naming the key as typed (speed.curve)

@@ -103,6 +103,25 @@ REFUSED = [
     (["train", "target.device_map=auto", "target.offload_folder=/proc/x"], "target.offload_folder=/proc/x cannot be written"),
     # an attention implementation that does not exist
     (["generate", "heads=h", "prompt=hi", "target.attn_implementation=sdpaa"], "target.attn_implementation=sdpaa is unknown"),
+    # NaN and infinity are no numbers, whatever range check follows
+    (["train", "draft=dflash", "draft.anchor_prior=nan"], "draft.anchor_prior=nan is not a finite number"),
+    (["train", "train.grad_clip=nan"], "train.grad_clip=nan is not a finite number"),
+    (["train", "train.weight_decay=nan"], "train.weight_decay=nan is not a finite number"),
+    (["generate", "heads=h", "prompt=hi", "decode.temperature=inf"], "decode.temperature=inf is not a finite number"),
+    (["generate", "heads=h", "prompt=hi", "decode=typical", "decode.typical_epsilon=nan"], "decode.typical_epsilon=nan is not"),
+    (["train", "draft=dflash", "draft.loss_gamma=nan"], "draft.loss_gamma=nan is not a finite number"),
+    (["train", "draft=dflash", "draft.qk_gain=nan"], "draft.qk_gain=nan is not a finite number"),
+    (["train", "draft=eagle", "draft.feature_noise=nan"], "draft.feature_noise=nan is not a finite number"),
+    (["train", "train.betas=[0.9,nan]"], "train.betas[1]=nan is not a finite number"),
+    # the workload rows of speed
+    (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[nan]"], "speed.temperatures[0]=nan is not a finite"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[0]"], "speed.temperatures has 0.0"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.long_prompts=0"], "speed.long_prompts=0 is out of range"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.sampling_sets=[heldot]"], "speed.sampling_sets=heldot is unknown"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.figures="], "speed.figures is empty"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.figures=hello.txt"], "speed.figures=hello.txt is not a .json file"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.figures=report/report.json"], "was not written by draftheads bench"),
+    (["speed", "heads=h", "speed.figures=x.json"], "speed.figures is written by the workload rows"),
 ]  # fmt: skip
 
 
@@ -205,3 +224,45 @@ def test_generate_measures_a_corrupted_cost_curve_again_and_says_so(tmp_path, mo
         in capsys.readouterr().err
     )
     assert all(t > 0 for t in json.loads(f.read_text())["seconds"])
+
+
+def float_keys(kind: type, prefix: str) -> list[str]:
+    """Every dotted key under dataclass ``kind`` that holds a float or a list of floats."""
+    import dataclasses
+    import typing
+
+    keys = []
+    for name, hint in typing.get_type_hints(kind).items():
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hint):
+            keys += float_keys(hint, f"{key}.")
+        elif hint in (float, float | None) or float in typing.get_args(hint):
+            keys.append(key)
+    return keys
+
+
+def test_every_float_of_the_schema_refuses_nan_and_infinity_in_one_line():
+    from draftheads.conf.cli import compose
+    from draftheads.conf.schema import Config
+
+    keys = float_keys(Config, "")
+    assert {"draft.anchor_prior", "train.weight_decay", "decode.temperature", "eval.temperatures"} <= set(
+        keys
+    )
+    for key in keys:
+        is_list = key in ("eval.temperatures", "train.betas")
+        for word in ("nan", "-inf"):
+            value = f"[0.5,{word}]" if is_list else word
+            with pytest.raises(UserError) as e:
+                compose([f"{key}={value}"])
+            line = str(e.value)
+            assert "is not a finite number" in line and key in line and "\n" not in line, line
+
+
+def test_python_callers_of_training_get_the_finite_check():
+    from draftheads.conf.schema import Config
+    from draftheads.conf.schema.heads import DraftConfig
+    from draftheads.conf.schema.train import validate
+
+    with pytest.raises(UserError, match=r"draft.anchor_prior=nan is not a finite number"):
+        validate(Config(draft=DraftConfig(kind="dflash", anchor_prior=math.nan)))
