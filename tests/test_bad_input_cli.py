@@ -68,6 +68,11 @@ REFUSED = [
          "data.max_rows=4", "train.max_steps=1", "train.eval_every=0"],
         "draft.num_decoder_layers=5 with draft.init_from_target=true: the target has only 4 layers",
     ),
+    (
+        ["train", "draft=eagle3", "draft.num_decoder_layers=5", "train.out_dir=run", "data.max_rows=4",
+         "train.max_steps=1", "train.eval_every=0"],
+        "draft.num_decoder_layers=5 is more than the target's 4 layers",
+    ),
     # generate and eval decode one prompt at a time
     (["generate", "heads=h", "prompt=hi", "decode.batch_size=4"], "decode.batch_size=4: generate decodes one prompt"),
     (["eval", "heads=h", "decode.batch_size=2"], "decode.batch_size=2: eval decodes one prompt"),
