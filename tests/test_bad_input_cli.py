@@ -118,6 +118,11 @@ REFUSED = [
     (["train", "draft=dflash", "draft.qk_gain=nan"], "draft.qk_gain=nan is not a finite number"),
     (["train", "draft=eagle", "draft.feature_noise=nan"], "draft.feature_noise=nan is not a finite number"),
     (["train", "train.betas=[0.9,nan]"], "train.betas[1]=nan is not a finite number"),
+    # another kind's keys are not read, so they are refused naming the key this kind reads
+    (["train", "draft=dflash", "draft.num_layers=3"], "draft.kind=dflash does not read it; use draft.num_decoder_layers=3"),
+    (["train", "draft=medusa", "draft.num_decoder_layers=2"], "draft.kind=medusa does not read it; use draft.num_layers=2"),
+    (["train", "draft=eagle3", "draft.block_size=8"], "draft.block_size=8 is a key of dflash drafters"),
+    (["train", "draft=dflash", "draft.ttt_steps=3"], "drop it (draft=eagle or draft=eagle3 reads it)"),
     # the workload rows of speed
     (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[nan]"], "speed.temperatures[0]=nan is not a finite"),
     (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[0]"], "speed.temperatures has 0.0"),
