@@ -276,3 +276,56 @@ def test_python_callers_of_training_get_the_finite_check():
 
     with pytest.raises(UserError, match=r"draft.anchor_prior=nan is not a finite number"):
         validate(Config(draft=DraftConfig(kind="dflash", anchor_prior=math.nan)))
+
+
+@pytest.fixture
+def two_drafters(tmp_path, monkeypatch, tiny_llama) -> Path:
+    """A working folder with an EAGLE-3 drafter ``e3`` and a DFlash drafter ``df`` for tiny-llama."""
+    from draftheads.heads import DFlashDrafter, EagleDrafter
+
+    model, _, fp = tiny_llama
+    monkeypatch.chdir(tmp_path)
+    EagleDrafter(fp, model.config.to_dict(), version=3, feature_layers=[1, 2, 3]).save_pretrained(
+        tmp_path / "e3"
+    )
+    DFlashDrafter(
+        fp, target_config=model.config.to_dict(), mask_token_id=0, block_size=4, feature_layers=[1, 2]
+    ).save_pretrained(tmp_path / "df")
+    return tmp_path
+
+
+def test_an_export_of_another_drafter_is_never_replaced(two_drafters, capsys):
+    spec = ["format=speculators", "out_dir=spec", "target=tiny-llama"]
+    assert main(["export", "heads=e3", *spec]) == 0
+    assert main(["export", "heads=./e3", *spec]) == 0  # the same drafter refreshes its export
+    capsys.readouterr()
+    before = snapshot(two_drafters)
+    assert main(["export", "heads=df", *spec]) == 1
+    line = one_line_error(capsys)
+    assert "out_dir=spec holds the export of another drafter" in line and "e3" in line, line
+    assert snapshot(two_drafters) == before
+
+
+def test_weight_files_follow_the_umask(two_drafters, tiny_llama):
+    import os
+    import stat
+
+    from draftheads.heads import Drafter
+    from draftheads.train.checkpoint import rng_state, save_rng
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    old = os.umask(0o022)
+    try:
+        Drafter.from_pretrained(two_drafters / "e3").save_pretrained(two_drafters / "again")
+        for fmt in ("vllm", "sglang", "speculators"):
+            assert main(["export", "heads=e3", f"format={fmt}", f"out_dir={fmt}", "target=tiny-llama"]) == 0
+        save_rng(rng_state(), two_drafters / "rng.safetensors")
+        written = [two_drafters / d / "model.safetensors" for d in ("again", "vllm", "sglang", "speculators")]
+        assert {mode(f) for f in [*written, two_drafters / "rng.safetensors"]} == {0o644}
+        os.umask(0o077)
+        Drafter.from_pretrained(two_drafters / "e3").save_pretrained(two_drafters / "private")
+        assert mode(two_drafters / "private" / "model.safetensors") == 0o600
+    finally:
+        os.umask(old)
