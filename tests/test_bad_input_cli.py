@@ -73,6 +73,17 @@ REFUSED = [
          "train.max_steps=1", "train.eval_every=0"],
         "draft.num_decoder_layers=5 is more than the target's 4 layers",
     ),
+    # a DFlash block no answer holds, and a mask token text produces
+    (
+        ["train", "draft=dflash", "draft.block_size=600", "train.out_dir=run", "data.max_rows=4",
+         "data.max_length=64", "train.max_steps=1", "train.eval_every=0"],
+        "draft.block_size=600 is longer than the longest answer in the training rows",
+    ),
+    (
+        ["train", "draft=dflash", "draft.mask_token_id=100", "train.out_dir=run", "data.max_rows=4",
+         "train.max_steps=1", "train.eval_every=0"],
+        "draft.mask_token_id=100 is the ordinary text token",
+    ),
     # generate and eval decode one prompt at a time
     (["generate", "heads=h", "prompt=hi", "decode.batch_size=4"], "decode.batch_size=4: generate decodes one prompt"),
     (["eval", "heads=h", "decode.batch_size=2"], "decode.batch_size=2: eval decodes one prompt"),

@@ -32,6 +32,7 @@ from draftheads.train.modules import (
     MedusaObjective,
     Objective,
 )
+from draftheads.train.rows import check_mask_choice
 from draftheads.train.vocab import draft_vocab, masked_token_counts, vocab_coverage
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
     problem = depth_problem(d.kind, d.version, d.num_decoder_layers, fp.num_layers)
     if problem:
         raise UserError(problem)
+    if d.kind == "dflash" and d.mask_token_id is not None:
+        check_mask_choice(d.mask_token_id, tokenizer)
     if d.kind == "medusa":
         drafter = MedusaHeads(fp, num_heads=d.num_heads, num_layers=d.num_layers, lm_head=d.lm_head)
     elif d.kind == "dflash":
