@@ -340,3 +340,33 @@ def test_weight_files_follow_the_umask(two_drafters, tiny_llama):
         assert mode(two_drafters / "private" / "model.safetensors") == 0o600
     finally:
         os.umask(old)
+
+
+@pytest.fixture
+def target_folder(tmp_path, monkeypatch, tiny_llama) -> Path:
+    """A working folder holding ``target/``: tiny-llama saved as a model folder."""
+    model, tok, _ = tiny_llama
+    monkeypatch.chdir(tmp_path)
+    model.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    return tmp_path
+
+
+def test_a_target_generation_config_that_is_no_json_is_named(target_folder, capsys):
+    argv = ["generate", "heads=none", "target.name_or_path=target", "prompt=hi", "decode.max_new_tokens=2"]
+    (target_folder / "target" / "generation_config.json").write_text('{"do_sample": true,')
+    assert main(argv) == 1
+    line = one_line_error(capsys)
+    assert "generation_config.json is not valid JSON" in line and "fix the file" in line, line
+
+
+def test_beam_search_from_the_targets_generation_config_says_where_and_how(target_folder, capsys):
+    argv = ["generate", "heads=none", "target.name_or_path=target", "prompt=hi", "decode.max_new_tokens=2"]
+    (target_folder / "target" / "generation_config.json").write_text('{"num_beams": 4}')
+    for command in (argv, ["speed", "heads=none", "target.name_or_path=target", "speed.batch_sizes=[1]"]):
+        assert main(command) == 1
+        line = one_line_error(capsys)
+        assert f"target{__import__('os').sep}generation_config.json sets num_beams=4" in line, line
+        assert "no command-line key overrides it: set num_beams=1 in that file" in line, line
+    (target_folder / "target" / "generation_config.json").write_text('{"num_beams": 1}')
+    assert main(argv) == 0
