@@ -119,6 +119,17 @@ REFUSED = [
     (["train", "target.device_map=auto", "target.offload_folder=/proc/x"], "target.offload_folder=/proc/x cannot be written"),
     # an attention implementation that does not exist
     (["generate", "heads=h", "prompt=hi", "target.attn_implementation=sdpaa"], "target.attn_implementation=sdpaa is unknown"),
+    # a mapping typed unquoted in bash arrives as one override per item
+    (
+        ["generate", "heads=h", "prompt=hi", "target.device_map=model.embed_tokens:0", "target.device_map=model.layers:0",
+         "target.device_map=model.norm:1", "target.device_map=lm_head:1"],
+        "the shell expanded an unquoted {...} into one override per item; quote the mapping: "
+        "'target.device_map={model.embed_tokens:0,model.layers:0,model.norm:1,lm_head:1}'",
+    ),
+    (
+        ["eval", "heads=h", "target.device_map=auto", "target.max_memory=0:70GiB", "target.max_memory=cpu:100GiB"],
+        "quote the mapping: 'target.max_memory={0:70GiB,cpu:100GiB}'",
+    ),
     # NaN and infinity are no numbers, whatever range check follows
     (["train", "draft=dflash", "draft.anchor_prior=nan"], "draft.anchor_prior=nan is not a finite number"),
     (["train", "train.grad_clip=nan"], "train.grad_clip=nan is not a finite number"),
@@ -370,3 +381,13 @@ def test_beam_search_from_the_targets_generation_config_says_where_and_how(targe
         assert "no command-line key overrides it: set num_beams=1 in that file" in line, line
     (target_folder / "target" / "generation_config.json").write_text('{"num_beams": 1}')
     assert main(argv) == 0
+
+
+def test_the_quoted_mappings_the_brace_hint_names_are_read(capsys):
+    for override in (
+        "target.device_map={model.embed_tokens:0,model.layers:0,model.norm:1,lm_head:1}",
+        "target.max_memory={0:70GiB,cpu:100GiB}",
+    ):
+        extra = ["target.device_map=auto"] if "max_memory" in override else []
+        argv = ["generate", "heads=none", "prompt=hi", "target=tiny-llama", *extra, override, "--cfg", "job"]
+        assert main(argv) == 0, capsys.readouterr().err
