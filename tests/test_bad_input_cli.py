@@ -391,3 +391,57 @@ def test_the_quoted_mappings_the_brace_hint_names_are_read(capsys):
         extra = ["target.device_map=auto"] if "max_memory" in override else []
         argv = ["generate", "heads=none", "prompt=hi", "target=tiny-llama", *extra, override, "--cfg", "job"]
         assert main(argv) == 0, capsys.readouterr().err
+
+
+PAGE = (
+    "<!DOCTYPE html><html><head><title>Welcome to nginx!</title><style>body{margin:0 auto;}</style></head>"
+    "<body><h1>Welcome</h1>" + "<p>lorem ipsum dolor sit amet</p>" * 200 + "</body></html>"
+)
+
+
+@pytest.fixture
+def html_server():
+    """A real server on loopback that answers every request with an HTML page; yields a function
+    that sets the status code and returns the /v1 URL."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    status = {"code": 404}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status["code"])
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(PAGE.encode())
+
+        do_POST = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def url(code: int) -> str:
+        status["code"] = code
+        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("code", [404, 200, 502])
+def test_an_endpoint_answering_html_is_named_by_the_page_title(workdir, html_server, capsys, code):
+    before = snapshot(workdir)
+    argv = [
+        "distill",
+        f"data.distill.endpoint={html_server(code)}",
+        "data.distill.retries=0",
+        "data.max_rows=1",
+    ]
+    assert main([*argv, "data.distill.out_dir=d", "target=tiny-llama"]) == 1
+    line = one_line_error(capsys)
+    assert "an HTML page 'Welcome to nginx!'" in line and "<" not in line and len(line) < 300, line
+    assert snapshot(workdir) == before
