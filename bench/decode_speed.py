@@ -139,7 +139,8 @@ def format_rows(rows: list[dict]) -> str:
 
 def speed(args: SpeedArgs) -> None:
     """``draftheads speed``: one table per decode setting (``speed.dynamic`` compares EAGLE-2 trees)."""
-    from draftheads.heads import Drafter, load_target
+    from draftheads.conf.commands.decode import load_decodable
+    from draftheads.heads import Drafter
     from draftheads.heads.base import resolve_checkpoint_dir
 
     if not args.heads:
@@ -147,7 +148,7 @@ def speed(args: SpeedArgs) -> None:
             "draftheads speed needs heads=DIR (a checkpoint directory or a hub id), or heads=none"
         )
     configs = [replace(args.decode, **dynamic_setting(text)) for text in args.speed.dynamic] or [args.decode]
-    target, tok = load_target(args.target)
+    target, tok = load_decodable(args.target)
     directory, drafter = None, None
     if args.heads != "none":
         directory = resolve_checkpoint_dir(args.heads, args.revision)

@@ -116,7 +116,8 @@ def fitting(prompts: list, tokenizer, limit: int | None, source: str) -> list:
 
 def run(args) -> dict[str, Any]:
     """``draftheads speed speed.workloads=true``: load, measure, print, and write ``speed.figures``."""
-    from draftheads.heads import Drafter, load_target
+    from draftheads.conf.commands.decode import load_decodable
+    from draftheads.heads import Drafter
     from draftheads.heads.base import resolve_checkpoint_dir
 
     if not args.heads:
@@ -124,7 +125,7 @@ def run(args) -> dict[str, Any]:
             "draftheads speed needs heads=DIR (a checkpoint directory or a hub id), or heads=none"
         )
     figures = check_figures(args.speed.figures)
-    target, tok = load_target(args.target)
+    target, tok = load_decodable(args.target)
     directory, drafter = None, None
     if args.heads != "none":
         directory = resolve_checkpoint_dir(args.heads, args.revision)

@@ -27,6 +27,7 @@ from draftheads.conf.commands import COMMANDS, OLD_SPELLINGS, SCHEMA_NAMES, USER
 from draftheads.conf.commands.args import ROOT_FIELDS, from_config, own_keys
 from draftheads.conf.commands.compose import GROUPS, check_booleans, compose, config_error_line, group_options
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.checks import finite
 
 __all__ = ["compose", "main", "parse", "Invocation"]
 
@@ -170,8 +171,25 @@ def split_override(item: str) -> tuple[str, str, str]:
     return prefix, key, value
 
 
+def check_brace_expansion(rest: list[str]) -> None:
+    """Refuse one key given several times as ``item:value`` (``target.device_map=lm_head:1``
+    twice or more): bash expanded an unquoted ``key={a:1,b:2}`` into one override per item, and
+    each would replace the one before; the line shows the quoted override."""
+    values: dict[str, list[str]] = {}
+    for item in rest:
+        _, key, value = split_override(item)
+        values.setdefault(key, []).append(value)
+    for key, given in values.items():
+        if len(given) > 1 and all(":" in v and not v.startswith(("{", "[")) for v in given):
+            raise UserError(
+                f"{key} is given {len(given)} times ({', '.join(given)}): the shell expanded an unquoted "
+                f"{{...}} into one override per item; quote the mapping: '{key}={{{','.join(given)}}}'"
+            )
+
+
 def check_overrides(name: str, c: Command, rest: list[str]) -> tuple[list[str], list[str]]:
     """Hydra overrides (in schema spelling) and the command's own options, or a one-line refusal."""
+    check_brace_expansion(rest)
     read = {f.name for f in dataclasses.fields(c.args)}
     own = own_keys(c.args)
     hydra, options = [], []
@@ -215,7 +233,9 @@ def own_options(c: Command, options: list[str]) -> dict[str, Any]:
         check_booleans(type(f.default_factory()), mine, prefix=f"{f.name}.")
         try:
             base = OmegaConf.structured(f.default_factory())
-            result[f.name] = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(mine)))
+            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(mine))
+            finite(OmegaConf.to_container(merged), f"{f.name}.", type(f.default_factory()))
+            result[f.name] = OmegaConf.to_object(merged)
         except UserError:
             raise
         except Exception as e:  # OmegaConf errors: one line naming the key as typed (speed.curve)

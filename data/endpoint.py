@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import sys
 import threading
 import time
@@ -112,7 +113,23 @@ def server_detail(error: urllib.error.HTTPError) -> str:
         body = str(err.get("detail") or err.get("message") or body)
     except (json.JSONDecodeError, AttributeError):
         pass
-    return " ".join(body.split())[:200]
+    return excerpt(body)
+
+
+def excerpt(body: str, most: int = 120) -> str:
+    """A short excerpt of a response body for an error line: an HTML page (a proxy's or a web
+    UI's) by its title, or its text without tags; anything else cut to ``most`` characters."""
+    if re.search(r"<(!doctype|html|head|body)\b", body[:500], re.I):
+        title = re.search(r"<title[^>]*>(.*?)</title>", body, re.I | re.S)
+        text = (
+            title.group(1)
+            if title
+            else re.sub(r"<(script|style)\b.*?</\1>|<[^>]+>", " ", body, flags=re.I | re.S)
+        )
+        words = " ".join(text.split())
+        return f"an HTML page {words[:most] + ('...' if len(words) > most else '')!r}"
+    words = " ".join(body.split())
+    return words[:most] + ("..." if len(words) > most else "")
 
 
 @dataclass
@@ -142,8 +159,9 @@ class Endpoint:
         try:
             return json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
+            got = excerpt(raw[:100_000].decode("utf-8", "replace"))
             raise EndpointError(
-                self.url, f"not JSON at {path}; is it an OpenAI-compatible /v1 URL?", 200
+                self.url, f"not JSON at {path} ({got}); is it an OpenAI-compatible /v1 URL?", 200
             ) from None
 
     def call(self, path: str, body: dict | None = None, retries: int | None = None) -> dict:

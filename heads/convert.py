@@ -112,7 +112,21 @@ def convert_official(
         raise UserError(
             f"{ckpt.where()} holds a drafter of kind {kind!r}, not {expected_kind!r}; use Drafter.from_pretrained"
         )
-    return BUILDERS[ckpt.layout](ckpt, target, fp)
+    kind, spec, tensors = BUILDERS[ckpt.layout](ckpt, target, fp)
+    if ckpt.origin == "speculators":
+        check_draft_vocab(ckpt.source_config.get("draft_vocab_size"), spec["draft_vocab_size"], ckpt.where())
+    return kind, spec, tensors
+
+
+def check_draft_vocab(given: Any, held: int, where: str) -> None:
+    """A speculators config's ``draft_vocab_size`` must be the draft vocabulary its tensors hold
+    (lm_head rows, ``d2t``): the engines size the drafter from the config."""
+    if given != held:
+        raise UserError(
+            f"{where}: config.json has draft_vocab_size={given!r}, but its tensors hold a draft vocabulary "
+            f"of {held} (lm_head rows and d2t); the engines read the config's value, so set "
+            f"draft_vocab_size={held} in config.json (or export the drafter again)"
+        )
 
 
 def import_provenance(ckpt: OfficialCheckpoint, source: str | None, revision: str | None) -> dict[str, Any]:

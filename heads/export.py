@@ -296,6 +296,12 @@ def check_out_dir(out: Path, source: Path | None = None) -> None:
         raise UserError(
             f"out={out} already holds a drafter checkpoint; export into a new or empty directory, never over one"
         )
+    earlier = exported_from(out)
+    if earlier and source is not None and Path(earlier).resolve() != source.resolve():
+        raise UserError(
+            f"out_dir={out} holds the export of another drafter (heads={earlier}, see its {EXPORT_RECORD}); "
+            f"export heads={source} into another directory, or delete that export first"
+        )
     parent = next((p for p in (out, *out.parents) if p.exists()), None)
     try:  # os.access says yes to root even on /proc: try it
         if parent is None:
@@ -303,6 +309,15 @@ def check_out_dir(out: Path, source: Path | None = None) -> None:
         Path(tempfile.mkdtemp(prefix=".draftheads-probe-", dir=parent)).rmdir()
     except OSError:
         raise UserError(f"out={out}: {parent} is not writable; pass a directory you can write to") from None
+
+
+def exported_from(out: Path) -> str:
+    """The drafter directory an earlier export in ``out`` was written from ("" when unknown)."""
+    try:
+        record = json.loads((out / EXPORT_RECORD).read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(record.get("source") or "") if isinstance(record, dict) else ""
 
 
 def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source: Path | None = None) -> Path:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.heads import TINY_KINDS
 from draftheads.heads.reduced_vocab import t2d_from_d2t
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config and model classes this follows
@@ -269,5 +270,15 @@ def check_verifier(config: dict[str, Any], name: str, architecture: str, where: 
     if (wanted and not same_model(wanted, name)) or (archs and architecture not in archs):
         raise UserError(
             f"{where}: its verifier is {wanted or '?'} ({', '.join(archs) or 'any architecture'}), but the "
-            f"target is {name} ({architecture}); load it with its verifier: target.name_or_path={wanted}"
+            f"target is {name} ({architecture}); load it with its verifier: {verifier_override(wanted)}"
         )
+
+
+def verifier_override(name: str) -> str:
+    """The command-line override that loads the target named ``name``: the config group of a tiny
+    target or of the embedded SmolLM2, else ``target.name_or_path`` (a hub id or a folder)."""
+    if name in {f"tiny-{kind}" for kind in TINY_KINDS}:
+        return f"target={name}"
+    if name == "HuggingFaceTB/SmolLM2-135M-Instruct":
+        return "target=smollm2"
+    return f"target.name_or_path={name or 'ORG/NAME'}"

@@ -15,6 +15,12 @@ its target is in :mod:`draftheads.heads.target_fingerprint`.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -172,6 +178,8 @@ def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
             model = dispatch_tiny(model, device_map_for(model, cfg), cfg)
     else:
         path = convert_smollm2(cfg) if cfg.name_or_path == "smollm2" else cfg.name_or_path
+        if Path(path).is_dir():  # before any weight is read
+            check_generation_file(generation_file(path, cfg.revision))
         placement = {}
         if cfg.device_map is not None:
             dm = device_map_for(empty_model(path, cfg, dtype), cfg)
@@ -188,6 +196,8 @@ def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
             raise UserError(
                 f"cannot load target {path!r} ({str(e).splitlines()[0]}); check target.name_or_path"
             ) from None
+        if not Path(path).is_dir():  # a hub target's file is in the cache only now
+            check_generation_file(generation_file(path, cfg.revision))
         if cfg.name_or_path == "smollm2":
             model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
     if device is not None:
@@ -197,6 +207,70 @@ def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
     model.eval()
     model.requires_grad_(False)
     return model, tok
+
+
+GENERATION_FILE = "generation_config.json"
+
+
+def generation_file(path: str | os.PathLike, revision: str | None = None) -> Path | None:
+    """The target's ``generation_config.json``: in its folder, or in the hub cache for a hub id
+    (looked up there only, never downloaded); None when it has none."""
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        found = folder / GENERATION_FILE
+        return found if found.is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(str(path), GENERATION_FILE, revision=revision)
+    except ValueError:  # not a repo id
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def check_generation_file(path: Path | None) -> dict[str, Any]:
+    """The settings of a target's ``generation_config.json`` ({} when there is none); one that is
+    not a JSON object is refused: transformers drops it without a word, and the target would then
+    decode with default settings, not its own."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(
+            f"the target's {path} is not valid JSON ({e}), and its generation settings would be ignored; "
+            f"fix the file (or delete it to decode with transformers' defaults)"
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"the target's {path} is not a JSON object of generation settings; fix or delete it")
+    return data
+
+
+# Generation settings that choose a decoding the speculative decoder cannot verify, and their defaults.
+UNVERIFIABLE = {"num_beams": 1, "num_beam_groups": 1}
+
+
+def unverifiable_generation(settings: Mapping[str, Any], cfg: TargetConfig) -> str | None:
+    """Why the target's own generation ``settings`` (its generation config's values) cannot be
+    decoded speculatively, naming where they came from and how to change them (no command-line
+    key sets these), or None."""
+    bad = {k: settings.get(k) for k, d in UNVERIFIABLE.items() if (settings.get(k) or d) != d}
+    if not bad:
+        return None
+    setting = ", ".join(f"{k}={v}" for k, v in bad.items())
+    default = ", ".join(f"{k}={UNVERIFIABLE[k]}" for k in bad)
+    where = generation_file(cfg.name_or_path, cfg.revision) if not cfg.tiny else None
+    local = where is not None and Path(cfg.name_or_path).expanduser().is_dir()
+    source = f"the target's {where}" if where else "the target's generation config"
+    change = (
+        f"set {default} in that file"
+        if local
+        else f"set {default} in the generation_config.json of a local copy of the target (target.name_or_path=DIR)"
+    )
+    return (
+        f"{source} sets {setting} (beam search), which speculative decoding cannot verify; no command-line key "
+        f"overrides it: {change}, or pass {default} to the generator's generate/stream from Python"
+    )
 
 
 def target_name(cfg: TargetConfig) -> str:

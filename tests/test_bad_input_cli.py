@@ -68,6 +68,22 @@ REFUSED = [
          "data.max_rows=4", "train.max_steps=1", "train.eval_every=0"],
         "draft.num_decoder_layers=5 with draft.init_from_target=true: the target has only 4 layers",
     ),
+    (
+        ["train", "draft=eagle3", "draft.num_decoder_layers=5", "train.out_dir=run", "data.max_rows=4",
+         "train.max_steps=1", "train.eval_every=0"],
+        "draft.num_decoder_layers=5 is more than the target's 4 layers",
+    ),
+    # a DFlash block no answer holds, and a mask token text produces
+    (
+        ["train", "draft=dflash", "draft.block_size=600", "train.out_dir=run", "data.max_rows=4",
+         "data.max_length=64", "train.max_steps=1", "train.eval_every=0"],
+        "draft.block_size=600 is longer than the longest answer in the training rows",
+    ),
+    (
+        ["train", "draft=dflash", "draft.mask_token_id=100", "train.out_dir=run", "data.max_rows=4",
+         "train.max_steps=1", "train.eval_every=0"],
+        "draft.mask_token_id=100 is the ordinary text token",
+    ),
     # generate and eval decode one prompt at a time
     (["generate", "heads=h", "prompt=hi", "decode.batch_size=4"], "decode.batch_size=4: generate decodes one prompt"),
     (["eval", "heads=h", "decode.batch_size=2"], "decode.batch_size=2: eval decodes one prompt"),
@@ -103,6 +119,41 @@ REFUSED = [
     (["train", "target.device_map=auto", "target.offload_folder=/proc/x"], "target.offload_folder=/proc/x cannot be written"),
     # an attention implementation that does not exist
     (["generate", "heads=h", "prompt=hi", "target.attn_implementation=sdpaa"], "target.attn_implementation=sdpaa is unknown"),
+    # a mapping typed unquoted in bash arrives as one override per item
+    (
+        ["generate", "heads=h", "prompt=hi", "target.device_map=model.embed_tokens:0", "target.device_map=model.layers:0",
+         "target.device_map=model.norm:1", "target.device_map=lm_head:1"],
+        "the shell expanded an unquoted {...} into one override per item; quote the mapping: "
+        "'target.device_map={model.embed_tokens:0,model.layers:0,model.norm:1,lm_head:1}'",
+    ),
+    (
+        ["eval", "heads=h", "target.device_map=auto", "target.max_memory=0:70GiB", "target.max_memory=cpu:100GiB"],
+        "quote the mapping: 'target.max_memory={0:70GiB,cpu:100GiB}'",
+    ),
+    # NaN and infinity are no numbers, whatever range check follows
+    (["train", "draft=dflash", "draft.anchor_prior=nan"], "draft.anchor_prior=nan is not a finite number"),
+    (["train", "train.grad_clip=nan"], "train.grad_clip=nan is not a finite number"),
+    (["train", "train.weight_decay=nan"], "train.weight_decay=nan is not a finite number"),
+    (["generate", "heads=h", "prompt=hi", "decode.temperature=inf"], "decode.temperature=inf is not a finite number"),
+    (["generate", "heads=h", "prompt=hi", "decode=typical", "decode.typical_epsilon=nan"], "decode.typical_epsilon=nan is not"),
+    (["train", "draft=dflash", "draft.loss_gamma=nan"], "draft.loss_gamma=nan is not a finite number"),
+    (["train", "draft=dflash", "draft.qk_gain=nan"], "draft.qk_gain=nan is not a finite number"),
+    (["train", "draft=eagle", "draft.feature_noise=nan"], "draft.feature_noise=nan is not a finite number"),
+    (["train", "train.betas=[0.9,nan]"], "train.betas[1]=nan is not a finite number"),
+    # another kind's keys are not read, so they are refused naming the key this kind reads
+    (["train", "draft=dflash", "draft.num_layers=3"], "draft.kind=dflash does not read it; use draft.num_decoder_layers=3"),
+    (["train", "draft=medusa", "draft.num_decoder_layers=2"], "draft.kind=medusa does not read it; use draft.num_layers=2"),
+    (["train", "draft=eagle3", "draft.block_size=8"], "draft.block_size=8 is a key of dflash drafters"),
+    (["train", "draft=dflash", "draft.ttt_steps=3"], "drop it (draft=eagle or draft=eagle3 reads it)"),
+    # the workload rows of speed
+    (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[nan]"], "speed.temperatures[0]=nan is not a finite"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[0]"], "speed.temperatures has 0.0"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.long_prompts=0"], "speed.long_prompts=0 is out of range"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.sampling_sets=[heldot]"], "speed.sampling_sets=heldot is unknown"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.figures="], "speed.figures is empty"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.figures=hello.txt"], "speed.figures=hello.txt is not a .json file"),
+    (["speed", "heads=h", "speed.workloads=true", "speed.figures=report/report.json"], "was not written by draftheads bench"),
+    (["speed", "heads=h", "speed.figures=x.json"], "speed.figures is written by the workload rows"),
 ]  # fmt: skip
 
 
@@ -205,3 +256,202 @@ def test_generate_measures_a_corrupted_cost_curve_again_and_says_so(tmp_path, mo
         in capsys.readouterr().err
     )
     assert all(t > 0 for t in json.loads(f.read_text())["seconds"])
+
+
+def float_keys(kind: type, prefix: str) -> list[str]:
+    """Every dotted key under dataclass ``kind`` that holds a float or a list of floats."""
+    import dataclasses
+    import typing
+
+    keys = []
+    for name, hint in typing.get_type_hints(kind).items():
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hint):
+            keys += float_keys(hint, f"{key}.")
+        elif hint in (float, float | None) or float in typing.get_args(hint):
+            keys.append(key)
+    return keys
+
+
+def test_every_float_of_the_schema_refuses_nan_and_infinity_in_one_line():
+    """The one check walks the composed config as plain containers (the table above runs it through
+    the command line): every float key of the schema, and a float inside a list, is named."""
+    import dataclasses
+
+    from draftheads.conf.schema import Config
+    from draftheads.conf.schema.checks import finite
+
+    keys = float_keys(Config, "")
+    assert {"draft.anchor_prior", "train.weight_decay", "decode.temperature", "eval.temperatures"} <= set(
+        keys
+    )
+    for key in keys:
+        for number in (math.nan, -math.inf):
+            tree = dataclasses.asdict(Config())
+            *parents, leaf = key.split(".")
+            node = tree
+            for part in parents:
+                node = node[part]
+            is_list = isinstance(node[leaf], (list, tuple))
+            node[leaf] = [0.5, number] if is_list else number
+            with pytest.raises(UserError) as e:
+                finite(tree, root=Config)
+            named = f"{key}[1]" if is_list else key
+            assert str(e.value).startswith(f"{named}={number} is not a finite number"), str(e.value)
+    finite(dataclasses.asdict(Config()), root=Config)  # the defaults pass
+
+
+def test_python_callers_of_training_get_the_finite_check():
+    from draftheads.conf.schema import Config
+    from draftheads.conf.schema.heads import DraftConfig
+    from draftheads.conf.schema.train import validate
+
+    with pytest.raises(UserError, match=r"draft.anchor_prior=nan is not a finite number"):
+        validate(Config(draft=DraftConfig(kind="dflash", anchor_prior=math.nan)))
+
+
+@pytest.fixture
+def two_drafters(tmp_path, monkeypatch, tiny_llama) -> Path:
+    """A working folder with an EAGLE-3 drafter ``e3`` and a DFlash drafter ``df`` for tiny-llama."""
+    from draftheads.heads import DFlashDrafter, EagleDrafter
+
+    model, _, fp = tiny_llama
+    monkeypatch.chdir(tmp_path)
+    EagleDrafter(fp, model.config.to_dict(), version=3, feature_layers=[1, 2, 3]).save_pretrained(
+        tmp_path / "e3"
+    )
+    DFlashDrafter(
+        fp, target_config=model.config.to_dict(), mask_token_id=0, block_size=4, feature_layers=[1, 2]
+    ).save_pretrained(tmp_path / "df")
+    return tmp_path
+
+
+def test_an_export_of_another_drafter_is_never_replaced(two_drafters, capsys):
+    spec = ["format=speculators", "out_dir=spec", "target=tiny-llama"]
+    assert main(["export", "heads=e3", *spec]) == 0
+    assert main(["export", "heads=./e3", *spec]) == 0  # the same drafter refreshes its export
+    capsys.readouterr()
+    before = snapshot(two_drafters)
+    assert main(["export", "heads=df", *spec]) == 1
+    line = one_line_error(capsys)
+    assert "out_dir=spec holds the export of another drafter" in line and "e3" in line, line
+    assert snapshot(two_drafters) == before
+
+
+def test_weight_files_follow_the_umask(two_drafters, tiny_llama):
+    import os
+    import stat
+
+    from draftheads.heads import Drafter
+    from draftheads.train.checkpoint import rng_state, save_rng
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    old = os.umask(0o022)
+    try:
+        Drafter.from_pretrained(two_drafters / "e3").save_pretrained(two_drafters / "again")
+        for fmt in ("vllm", "sglang", "speculators"):
+            assert main(["export", "heads=e3", f"format={fmt}", f"out_dir={fmt}", "target=tiny-llama"]) == 0
+        save_rng(rng_state(), two_drafters / "rng.safetensors")
+        written = [two_drafters / d / "model.safetensors" for d in ("again", "vllm", "sglang", "speculators")]
+        assert {mode(f) for f in [*written, two_drafters / "rng.safetensors"]} == {0o644}
+        os.umask(0o077)
+        Drafter.from_pretrained(two_drafters / "e3").save_pretrained(two_drafters / "private")
+        assert mode(two_drafters / "private" / "model.safetensors") == 0o600
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def target_folder(tmp_path, monkeypatch, tiny_llama) -> Path:
+    """A working folder holding ``target/``: tiny-llama saved as a model folder."""
+    model, tok, _ = tiny_llama
+    monkeypatch.chdir(tmp_path)
+    model.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    return tmp_path
+
+
+def test_a_target_generation_config_that_is_no_json_is_named(target_folder, capsys):
+    argv = ["generate", "heads=none", "target.name_or_path=target", "prompt=hi", "decode.max_new_tokens=2"]
+    (target_folder / "target" / "generation_config.json").write_text('{"do_sample": true,')
+    assert main(argv) == 1
+    line = one_line_error(capsys)
+    assert "generation_config.json is not valid JSON" in line and "fix the file" in line, line
+
+
+def test_beam_search_from_the_targets_generation_config_says_where_and_how(target_folder, capsys):
+    argv = ["generate", "heads=none", "target.name_or_path=target", "prompt=hi", "decode.max_new_tokens=2"]
+    (target_folder / "target" / "generation_config.json").write_text('{"num_beams": 4}')
+    for command in (argv, ["speed", "heads=none", "target.name_or_path=target", "speed.batch_sizes=[1]"]):
+        assert main(command) == 1
+        line = one_line_error(capsys)
+        assert f"target{__import__('os').sep}generation_config.json sets num_beams=4" in line, line
+        assert "no command-line key overrides it: set num_beams=1 in that file" in line, line
+    (target_folder / "target" / "generation_config.json").write_text('{"num_beams": 1}')
+    assert main(argv) == 0
+
+
+def test_the_quoted_mappings_the_brace_hint_names_are_read(capsys):
+    for override in (
+        "target.device_map={model.embed_tokens:0,model.layers:0,model.norm:1,lm_head:1}",
+        "target.max_memory={0:70GiB,cpu:100GiB}",
+    ):
+        extra = ["target.device_map=auto"] if "max_memory" in override else []
+        argv = ["generate", "heads=none", "prompt=hi", "target=tiny-llama", *extra, override, "--cfg", "job"]
+        assert main(argv) == 0, capsys.readouterr().err
+
+
+PAGE = (
+    "<!DOCTYPE html><html><head><title>Welcome to nginx!</title><style>body{margin:0 auto;}</style></head>"
+    "<body><h1>Welcome</h1>" + "<p>lorem ipsum dolor sit amet</p>" * 200 + "</body></html>"
+)
+
+
+@pytest.fixture
+def html_server():
+    """A real server on loopback that answers every request with an HTML page; yields a function
+    that sets the status code and returns the /v1 URL."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    status = {"code": 404}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status["code"])
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(PAGE.encode())
+
+        do_POST = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def url(code: int) -> str:
+        status["code"] = code
+        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("code", [404, 200, 502])
+def test_an_endpoint_answering_html_is_named_by_the_page_title(workdir, html_server, capsys, code):
+    before = snapshot(workdir)
+    argv = [
+        "distill",
+        f"data.distill.endpoint={html_server(code)}",
+        "data.distill.retries=0",
+        "data.max_rows=1",
+    ]
+    assert main([*argv, "data.distill.out_dir=d", "target=tiny-llama"]) == 1
+    line = one_line_error(capsys)
+    assert "an HTML page 'Welcome to nginx!'" in line and "<" not in line and len(line) < 300, line
+    assert snapshot(workdir) == before

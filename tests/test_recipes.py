@@ -98,6 +98,7 @@ def test_llama_eagle3_figures_equal_the_hand_computed_ones(dry_run):
     assert figure(text, "target weights per rank") == round(2 * target / GIB, 2)
     target_forward = 2 * (target - 2 * V * H) + 2 * L * S * A + 2 * H * V  # layers, attention, lm_head
     assert f"target forward {target_forward / 1e9:.2f})" in text
+    assert "vLLM and SGLang serve EAGLE-3 drafters of one decoder layer; this one has 1" in text
 
 
 def test_sharded_recipe_spreads_the_target_and_keeps_one_rank(dry_run):
@@ -148,8 +149,35 @@ def test_devices_are_counted_per_process_or_for_the_sharded_target():
             ["train", "recipe=llama3.1-8b-dflash", "recipe.shape.num_hidden_layers=24", "train.dry_run=true"],
             "ids must be in 1..23",
         ),
+        (
+            ["train", "recipe=llama3.1-8b-eagle3", "train.dry_run=true", "recipe.shape.hidden_size=100"],
+            "recipe.shape does not make a llama config (ValueError: The hidden size (100) is not a multiple",
+        ),
+        (
+            [
+                "train",
+                "recipe=llama3.1-8b-eagle3",
+                "train.dry_run=true",
+                "recipe.shape.hidden_size=100",
+                "recipe.shape.head_dim=null",
+            ],
+            "recipe.shape.hidden_size=100 is not a multiple of recipe.shape.num_attention_heads=32",
+        ),
+        (
+            ["train", "recipe=llama3.1-8b-eagle3", "train.dry_run=true", "draft.num_decoder_layers=40"],
+            "draft.num_decoder_layers=40 is more than the target's 32 layers",
+        ),
     ],
-    ids=["no-shape", "half-shape", "no-devices", "unknown", "layers-beyond-the-shape"],
+    ids=[
+        "no-shape",
+        "half-shape",
+        "no-devices",
+        "unknown",
+        "layers-beyond-the-shape",
+        "hidden-size",
+        "hidden-size-no-head-dim",
+        "deeper-than-the-target",
+    ],
 )
 def test_bad_recipe_input_is_one_line(argv, line):
     code, err = run_cli(argv)

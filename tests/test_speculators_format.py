@@ -142,6 +142,64 @@ def test_bad_speculators_checkpoints_are_refused_in_one_line(tmp_path, tiny_llam
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda c: c.update(mask_token_id=10**6), "mask_token_id=1000000 is not a token id"),
+        (lambda c: c.pop("mask_token_id"), "config.json names no mask_token_id"),
+        (
+            lambda c: c.update(aux_hidden_state_layer_ids=[0, 1, 3]),
+            r"aux_hidden_state_layer_ids=\[0, 1, 3\] reach outside 1..3",
+        ),
+        (
+            lambda c: c.update(aux_hidden_state_layer_ids=[3, 1, 2]),
+            r"aux_hidden_state_layer_ids=\[3, 1, 2\]: list",
+        ),
+        (
+            lambda c: c.update(draft_vocab_size=c["draft_vocab_size"] - 1),
+            "but its tensors hold a draft vocabulary",
+        ),
+    ],
+    ids=["mask-outside", "no-mask", "layers-outside", "layers-unsorted", "draft-vocab"],
+)
+def test_bad_speculators_dflash_values_are_named_as_the_file_writes_them(tmp_path, tiny_llama, change, match):
+    model, tok, _ = tiny_llama
+    out = exported(tmp_path, tiny_llama)
+    cfg, _ = read(out)
+    change(cfg)
+    write_config(out, cfg)
+    with pytest.raises(UserError, match=match) as err:
+        Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    assert (
+        "\n" not in str(err.value)
+        and "dflash_config" not in str(err.value)
+        and "target_layer_ids" not in str(err.value)
+    )
+
+
+def test_a_speculators_eagle3_draft_vocab_size_must_match_its_tensors(tmp_path, tiny_llama):
+    model, tok, fp = tiny_llama
+    out = export_drafter(eagle(model, fp, 3, feature_layers=[1, 2, 3]), "speculators", tmp_path / "e3")
+    cfg, _ = read(out)
+    write_config(out, {**cfg, "draft_vocab_size": 1000})
+    with pytest.raises(
+        UserError, match=r"draft_vocab_size=1000, but its tensors hold a draft vocabulary of 300"
+    ):
+        Drafter.from_pretrained(out, target=model, tokenizer=tok)
+
+
+def test_the_verifier_refusal_names_an_override_that_loads_it(tmp_path, tiny_llama, monkeypatch, capsys):
+    from draftheads.conf.cli import main
+    from tests.test_bad_input import one_line_error
+
+    monkeypatch.chdir(tmp_path)
+    exported(tmp_path, tiny_llama)
+    assert main(["info", "heads=spec", "target=tiny-mistral"]) == 1
+    line = one_line_error(capsys)
+    assert line.endswith("load it with its verifier: target=tiny-llama"), line
+    assert main(["info", "heads=spec", "target=tiny-llama"]) == 0
+
+
 def test_a_hub_name_and_its_local_copy_are_one_verifier(tmp_path, tiny_llama):
     model, tok, fp = tiny_llama
     out = exported(tmp_path, tiny_llama)

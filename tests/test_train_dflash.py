@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import datasets
 import pytest
 import torch
 import torch.nn.functional as F
@@ -437,7 +438,10 @@ def test_a_cache_without_the_drafters_layers_is_refused_in_one_line(tmp_path, ro
 
 
 def test_a_mask_token_that_occurs_in_the_data_is_refused_before_training(tmp_path, rows):
-    used = rows[3]["input_ids"][6]
+    used = 3  # a special token of the tokenizer, put into one row
+    ids = [list(r) for r in rows["input_ids"]]
+    ids[3][6] = used
+    rows = datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": rows["loss_mask"]})
     cfg = config(tmp_path, *DFLASH, f"draft.mask_token_id={used}", name="mask")
     with pytest.raises(
         UserError, match=rf"draft.mask_token_id={used} occurs \d+ time\(s\) in the training rows"

@@ -37,6 +37,8 @@ def make_rows():
 
 
 def config(tmp_path, *overrides: str, name: str = "run"):
+    group = next((o.split("=", 1)[1] for o in overrides if o.startswith("draft=")), "medusa")
+    vocab = [] if group.startswith("medusa") else ["draft.draft_vocab_size=512"]  # Medusa reads none
     cfg, _ = compose(
         [
             "target=tiny-llama",
@@ -48,7 +50,7 @@ def config(tmp_path, *overrides: str, name: str = "run"):
             "train.save_every=0",
             "train.eval_rows=4",
             "train.progress=false",
-            "draft.draft_vocab_size=512",
+            *vocab,
             *overrides,
         ]
     )

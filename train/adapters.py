@@ -16,7 +16,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
-from draftheads.heads.checkpoint import ADAPTER_DIR
+from draftheads.heads.checkpoint import ADAPTER_DIR, follow_umask
 
 
 def add_lora(target: nn.Module, cfg: DraftConfig) -> nn.Module:
@@ -44,6 +44,7 @@ def add_lora(target: nn.Module, cfg: DraftConfig) -> nn.Module:
 def save_adapters(adapted: nn.Module, checkpoint_dir: str | os.PathLike) -> Path:
     out = Path(checkpoint_dir) / ADAPTER_DIR
     adapted.save_pretrained(str(out))
+    follow_umask(out)
     return out
 
 

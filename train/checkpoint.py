@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from draftheads.conf.errors import UserError
+from draftheads.heads.checkpoint import follow_umask
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -146,6 +147,7 @@ def save_rng(state: dict[str, Any], path: Path) -> None:
     tensors = {"torch": state["torch"], "python": torch.tensor(words, dtype=torch.int64)}
     tensors.update({f"cuda{i}": s for i, s in enumerate(state["cuda"])})
     save_file(tensors, str(path), metadata={"python": json.dumps({"version": version, "gauss": gauss})})
+    follow_umask(path)
 
 
 def load_rng(path: Path) -> dict[str, Any]:

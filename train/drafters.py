@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.layers import depth_problem
 from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter, MedusaHeads
 from draftheads.heads.anchor_prior import set_anchor_prior
 from draftheads.heads.dflash import choose_mask_token
@@ -30,6 +32,7 @@ from draftheads.train.modules import (
     MedusaObjective,
     Objective,
 )
+from draftheads.train.rows import check_mask_choice
 from draftheads.train.vocab import draft_vocab, masked_token_counts, vocab_coverage
 
 if TYPE_CHECKING:
@@ -40,6 +43,13 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
     """The drafter ``cfg.draft`` describes, for ``target``, attached to it (its shared weights)."""
     fp = fingerprint(target, tokenizer, name=target_name(cfg.target))
     d = cfg.draft
+    if d.kind in ("eagle", "dflash") and d.init_from_target:  # refused before anything is built
+        last_layers(target, d.num_decoder_layers)
+    problem = depth_problem(d.kind, d.version, d.num_decoder_layers, fp.num_layers)
+    if problem:
+        raise UserError(problem)
+    if d.kind == "dflash" and d.mask_token_id is not None:
+        check_mask_choice(d.mask_token_id, tokenizer)
     if d.kind == "medusa":
         drafter = MedusaHeads(fp, num_heads=d.num_heads, num_layers=d.num_layers, lm_head=d.lm_head)
     elif d.kind == "dflash":
@@ -64,8 +74,6 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
             save_shared=d.save_shared,
             fc_bias=d.fc_bias,
         )
-    if d.kind in ("eagle", "dflash") and d.init_from_target:  # refused before any data is read
-        last_layers(target, d.num_decoder_layers)
     return drafter.attach(target)
 
 

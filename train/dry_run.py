@@ -16,6 +16,7 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
+from draftheads.conf.schema.layers import depth_problem
 from draftheads.train.engine import zero_stage
 from draftheads.train.sizing import Needs, real_needs
 from draftheads.train.tiny_run import TINY, tiny_config, tiny_layers, tiny_losses
@@ -69,6 +70,15 @@ def report(cfg: Config, needs: Needs, losses: list[float], tiny: Config) -> str:
         f"  FLOPs per token            {needs.flops_per_token / 1e9:.2f} GFLOP  (drafter forward+backward "
         f"{needs.drafter_flops / 1e9:.2f} + target forward {needs.target_flops / 1e9:.2f})",
     ]
+    if d.kind == "eagle" and d.version == 3:
+        lines.append(
+            "  serving                    vLLM and SGLang serve EAGLE-3 drafters of one decoder layer; "
+            + (
+                "this one has 1"
+                if d.num_decoder_layers == 1
+                else f"this one has {d.num_decoder_layers}, so it decodes in draftheads only (export refuses it)"
+            )
+        )
     if needs.cache_bytes_per_token:
         lines.append(
             f"  feature cache on disk      {needs.cache_bytes_per_token / 1024:.1f} KiB per token "
@@ -96,6 +106,11 @@ def run(cfg: Config, train: Callable[[Config], Any]) -> None:
             f"train.dry_run=true sizes EAGLE and DFlash drafters, not draft.kind={cfg.draft.kind}; "
             "use draft=eagle3 or draft=dflash"
         )
+    problem = depth_problem(
+        cfg.draft.kind, cfg.draft.version, cfg.draft.num_decoder_layers, cfg.recipe.shape.num_hidden_layers
+    )
+    if problem:
+        raise UserError(problem)
     needs = real_needs(cfg)  # the real drafter is built first: a recipe that cannot build stops here
     with tempfile.TemporaryDirectory(prefix="draftheads-dry-run-") as tmp:
         tiny = tiny_config(cfg, Path(tmp))

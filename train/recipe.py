@@ -54,6 +54,7 @@ from draftheads.train.resume import check_resumable, resume_point
 from draftheads.train.rows import (
     cached_rows,
     check_anchor_count,
+    check_block_size,
     check_mask_token,
     pipeline_rows,
     saved_rows,
@@ -96,6 +97,7 @@ class TrainRecipe:
         if isinstance(self.drafter, DFlashDrafter):
             check_mask_token(self.drafter.mask_token_id, tokens)
             check_anchor_count(cfg.draft.anchors_per_row, tokens)
+            check_block_size(cfg.draft.block_size, tokens)
         if self.rank == 0:  # the data is accepted: from here on the run changes its folder
             checkpoint.remove_partials(self.ckpt_root)
         train_idx, held_idx = split_heldout(len(rows), t.eval_rows, t.seed)

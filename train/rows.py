@@ -79,6 +79,40 @@ def check_mask_token(mask_id: int, rows: Sequence[dict]) -> None:
         )
 
 
+def check_block_size(block: int, rows: Sequence[dict]) -> None:
+    """Refuse a DFlash ``draft.block_size`` longer than every row's answer: no block would fit in
+    an answer, and training it costs minutes for positions no answer reaches."""
+    most = max((int(sum(r["loss_mask"])) for r in rows), default=0)
+    if block > most:
+        raise UserError(
+            f"draft.block_size={block} is longer than the longest answer in the training rows ({most} tokens); "
+            f"use at most {most} (the engines take any block of at least 2 and verify block_size - 1 drafted "
+            "tokens a step: vLLM num_speculative_tokens = block_size - 1, SGLang --speculative-num-draft-tokens "
+            "= block_size; z-lab's drafters use 16)"
+        )
+
+
+def check_mask_choice(mask_id: int, tokenizer) -> None:
+    """Refuse a given DFlash ``draft.mask_token_id`` that is an ordinary text token: the mask must
+    be a token text never produces, one of the tokenizer's special tokens (or an id past the
+    tokenizer's vocabulary, which no text maps to)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
+    if mask_id in special or mask_id >= len(tokenizer):
+        return
+    try:
+        from draftheads.heads.dflash import choose_mask_token
+
+        fix = f"e.g. draft.mask_token_id={choose_mask_token(tokenizer)}, or null to choose one"
+    except UserError:
+        fix = "or an id past the tokenizer's vocabulary"
+    raise UserError(
+        f"draft.mask_token_id={mask_id} is the ordinary text token {tokenizer.convert_ids_to_tokens(mask_id)!r}, "
+        f"which text produces; use one of the tokenizer's special tokens ({fix})"
+    )
+
+
 def check_anchor_count(anchors: int, rows: Sequence[dict]) -> None:
     """Refuse ``draft.anchors_per_row`` above every row's answer tokens: no row could hold that
     many blocks, so the count is a mistake (0 asks for a block at every answer position)."""

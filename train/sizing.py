@@ -66,14 +66,20 @@ class Needs:
 
 def target_config(shape: TargetShape) -> PretrainedConfig:
     """The transformers config of the real target, from the recipe's shape numbers."""
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
-    try:
-        return AutoConfig.for_model(shape.model_type, **shape.config_dict())
-    except ValueError:
+    if shape.model_type not in CONFIG_MAPPING:
         raise UserError(
             f"recipe.shape.model_type={shape.model_type} is not a transformers model type; "
             "copy model_type from the target's config.json (e.g. llama, qwen3)"
+        )
+    try:
+        return AutoConfig.for_model(shape.model_type, **shape.config_dict())
+    except Exception as e:  # transformers' config validators: one line naming their complaint
+        detail = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        raise UserError(
+            f"recipe.shape does not make a {shape.model_type} config ({detail[-1]}); "
+            "copy the numbers from the target's config.json"
         ) from None
 
 

@@ -228,6 +228,11 @@ class DecodeSpeedOptions:
         check_temperatures("speed.temperatures", list(self.temperatures))
         for source in self.sampling_sets:
             one_of("speed.sampling_sets", source, PROMPT_SETS)
+        if self.figures is not None and not self.figures.strip():
+            raise UserError(
+                "speed.figures is empty; give the JSON file for the rows (e.g. speed.figures=docs/benchmarks.json), "
+                "or drop it"
+            )
         if self.figures is not None and not self.workloads:
             raise UserError("speed.figures is written by the workload rows; add speed.workloads=true")
 

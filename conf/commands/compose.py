@@ -7,6 +7,7 @@ import typing
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.checks import finite
 
 CONF_DIR = Path(__file__).resolve().parent.parent
 GROUPS = ("target", "draft", "data", "train", "deepspeed", "logger", "decode", "eval", "recipe")
@@ -32,6 +33,7 @@ def compose(overrides: list[str]):
     try:
         with initialize_config_module(config_module="draftheads.conf", version_base="1.3"):
             dcfg = hydra_compose(config_name="config", overrides=overrides)
+        finite(OmegaConf.to_container(dcfg, resolve=True), root=Config)
         return OmegaConf.to_object(dcfg), dcfg
     except UserError:
         raise

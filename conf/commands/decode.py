@@ -18,7 +18,7 @@ from draftheads.data.outdir import claimed, guard_out_dir, is_tree_record
 def load(heads: str | None, revision: str | None, target_cfg, command: str):
     """``(target, tokenizer, drafter, checkpoint directory)`` for ``heads=`` (a directory or hub id;
     ``none``: no drafter, lookup decoding alone)."""
-    from draftheads.heads import Drafter, load_target
+    from draftheads.heads import Drafter
     from draftheads.heads.base import resolve_checkpoint_dir
 
     if not heads:
@@ -31,12 +31,35 @@ def load(heads: str | None, revision: str | None, target_cfg, command: str):
             raise UserError(
                 "draftheads tree builds a Medusa tree and needs heads=DIR of Medusa heads, not none"
             )
-        target, tok = load_target(target_cfg)
+        target, tok = load_decodable(target_cfg)
         return target, tok, None, None
     directory = resolve_checkpoint_dir(heads, revision)
-    target, tok = load_target(target_cfg)
+    target, tok = load_decodable(target_cfg)
     drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok, map_location=target.device)
     return target, tok, drafter, directory
+
+
+def load_decodable(target_cfg):
+    """The target and its tokenizer, refused in one line when its own generation config asks for
+    a decoding the speculative decoder cannot verify (beam search)."""
+    from draftheads.heads.target import (
+        check_generation_file,
+        generation_file,
+        load_target,
+        unverifiable_generation,
+    )
+
+    folder = None if target_cfg.tiny else Path(target_cfg.name_or_path).expanduser()
+    if folder is not None and folder.is_dir():  # a local target: refused before any weight is read
+        problem = unverifiable_generation(check_generation_file(generation_file(folder)), target_cfg)
+        if problem:
+            raise UserError(problem)
+    target, tok = load_target(target_cfg)
+    gc = getattr(target, "generation_config", None)
+    problem = unverifiable_generation(gc.to_dict() if gc is not None else {}, target_cfg)
+    if problem:
+        raise UserError(problem)
+    return target, tok
 
 
 def generate(args: GenerateArgs) -> None:

@@ -8,8 +8,10 @@ users who build the dataclasses themselves get the same check. Each failure is a
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from draftheads.conf.errors import UserError
 
@@ -73,3 +75,61 @@ def backend_fits(key: str, backend: str, device: str, dtype: str) -> None:
             f"{key}=onednn packs float32 weights, but target.dtype={dtype}; "
             f"use {key}=eager (or target.dtype=float32)"
         )
+
+
+def nonfinite(value: object, key: str) -> tuple[str, float] | None:
+    """The first NaN or infinite number in ``value`` as ``(key, number)``, or None.
+
+    ``value`` is a number, a list or tuple, a mapping or a dataclass (its fields), walked with
+    ``key`` as the dotted prefix (``decode.temperature``, ``data.mixture[0].weight``)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (key, value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    elif isinstance(value, Mapping):
+        items = ((str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        found = (nonfinite(v, f"{key}[{i}]") for i, v in enumerate(value))
+        return next((f for f in found if f is not None), None)
+    else:
+        return None
+    found = (nonfinite(v, f"{key}.{name}" if key else name) for name, v in items)
+    return next((f for f in found if f is not None), None)
+
+
+def schema_default(root: type, key: str) -> object:
+    """The dataclass default of dotted ``key`` under dataclass type ``root`` (None: not a field with
+    a default, e.g. a key inside a mapping or a list)."""
+    value: object = root
+    for part in key.split("."):
+        kind = value if isinstance(value, type) else type(value)
+        if not dataclasses.is_dataclass(kind):
+            return None
+        f = next((f for f in dataclasses.fields(kind) if f.name == part), None)
+        if f is None:
+            return None
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            return None
+    return None if dataclasses.is_dataclass(value) else value
+
+
+def finite(value: object, prefix: str = "", root: type | None = None) -> None:
+    """Refuse a NaN or an infinity anywhere in ``value`` (a config, a section of one, or its
+    plain-container form), naming the key: range checks written as ``x < 0`` let NaN through, so
+    every float a command reads passes this one check first. ``root`` (the dataclass type
+    ``value`` follows) supplies a default for the hint."""
+    found = nonfinite(value, prefix.rstrip("."))
+    if found is None:
+        return
+    key, number = found
+    default = schema_default(root, key.removeprefix(prefix)) if root is not None else None
+    hint = (
+        f" (e.g. {key}={default})"
+        if isinstance(default, (int, float)) and not isinstance(default, bool)
+        else ""
+    )
+    raise UserError(f"{key}={number} is not a finite number; give a finite value{hint}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from draftheads.conf.errors import UserError
@@ -290,6 +290,55 @@ class DraftConfig:
 
 FEATURE_RULES = ("eagle3", "spread")
 POSITION_WEIGHTS = ("decay", "dpace")
+# The draft.* keys each kind reads (the others it ignores), and the options that select that kind.
+KIND_KEYS = {
+    "medusa": (
+        "num_heads", "num_layers", "lm_head", "head_loss_weight", "head_loss_decay", "lora", "lora_r",
+        "lora_alpha", "lora_dropout", "lora_target_modules", "head_lr_multiplier", "head_warmup",
+        "head_warmup_steps", "self_distill_weight",
+    ),
+    "eagle": (
+        "version", "ttt_steps", "ttt_decay", "feature_loss_weight", "token_loss_weight", "feature_noise",
+        "save_shared", "fc_bias", "num_decoder_layers", "feature_layers", "draft_vocab_size", "init_from_target",
+    ),
+    "dflash": (
+        "block_size", "mask_token_id", "loss_gamma", "position_weights", "dpace_alpha", "anchors_per_row",
+        "feature_rule", "kv_heads", "qk_gain", "context_dropout", "blind_steps", "anchor_prior", "out_gain",
+        "num_decoder_layers", "feature_layers", "draft_vocab_size", "init_from_target",
+    ),
+}  # fmt: skip
+KIND_OPTIONS = {
+    "medusa": "draft=medusa or draft=medusa2",
+    "eagle": "draft=eagle or draft=eagle3",
+    "dflash": "draft=dflash",
+}
+# another kind's key -> this kind's key of the same meaning
+SAME_MEANING = {("num_layers", "eagle"): "num_decoder_layers", ("num_layers", "dflash"): "num_decoder_layers",
+                ("num_decoder_layers", "medusa"): "num_layers"}  # fmt: skip
+
+
+def foreign_key_problem(d: DraftConfig) -> str | None:
+    """A key of another kind of drafter set away from its default (``draft=dflash
+    draft.num_layers=3``): this kind would ignore it, so it is refused naming the key this kind
+    reads, if one means the same. A default value cannot be told from an unset one and passes."""
+    for f in fields(DraftConfig):
+        key = f.name
+        default = f.default_factory() if f.default is MISSING else f.default
+        if key == "kind" or key in KIND_KEYS[d.kind] or getattr(d, key) == default:
+            continue
+        value = str(getattr(d, key)).lower() if isinstance(getattr(d, key), bool) else getattr(d, key)
+        owners = [k for k, keys in KIND_KEYS.items() if key in keys]
+        same = SAME_MEANING.get((key, d.kind))
+        fix = (
+            f"use draft.{same}={value}"
+            if same
+            else f"drop it ({' / '.join(KIND_OPTIONS[k] for k in owners)} reads it)"
+        )
+        return (
+            f"draft.{key}={value} is a key of {' and '.join(owners)} drafters, and "
+            f"draft.kind={d.kind} does not read it; {fix}"
+        )
+    return None
 
 
 def draft_config_problem(d: DraftConfig) -> str | None:
@@ -368,4 +417,4 @@ def draft_config_problem(d: DraftConfig) -> str | None:
             return dflash_layers_problem(list(d.feature_layers))
     if d.kind == "eagle" and d.feature_layers is not None:
         return feature_layers_problem(list(d.feature_layers), d.version)
-    return None
+    return foreign_key_problem(d)

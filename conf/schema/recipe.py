@@ -70,6 +70,12 @@ class TargetShape:
                 f"num_attention_heads={self.num_attention_heads}; copy both from the target's config.json"
             )
         at_least("recipe.shape.head_dim", self.head_dim, 1, 128)
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise UserError(
+                f"recipe.shape.hidden_size={self.hidden_size} is not a multiple of "
+                f"recipe.shape.num_attention_heads={self.num_attention_heads}, so the heads have no width; "
+                "copy both from the target's config.json (and head_dim, if it has one)"
+            )
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.checks import finite
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 HEAD_WARMUPS = ("sine", "linear", "constant")
@@ -193,6 +194,7 @@ def validate_deepspeed(ds: dict[str, Any]) -> None:
 
 def validate(cfg) -> None:
     """Every value check of a training run; raises :class:`UserError` naming the key."""
+    finite(cfg)
     validate_train(cfg.train)
     validate_logger(cfg.logger)
     validate_draft(cfg.draft)
