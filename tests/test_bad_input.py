@@ -406,3 +406,11 @@ def test_every_command_line_of_the_data_docs_is_accepted(monkeypatch, capsys):
         "data.fields={conversations: dialog, from: speaker, value: text}",
     ]:
         assert main(["data", override, "--cfg", "job"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field,value", [("temperature", float("inf")), ("typical_epsilon", float("nan"))])
+def test_a_decode_config_built_in_python_refuses_a_non_finite_value(field, value):
+    from draftheads.conf.schema.decode import DecodeConfig
+
+    with pytest.raises(UserError, match=f"decode.{field}={value} is not a finite number"):
+        DecodeConfig(**{field: value})

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.checks import BACKENDS, at_least, is_hub_id, one_of, probability
+from draftheads.conf.schema.checks import BACKENDS, at_least, finite, is_hub_id, one_of, probability
 from draftheads.conf.schema.data import check_fields, check_format
 
 BASELINES = ("pld", "assisted")
@@ -170,7 +170,9 @@ class DecodeConfig:
     lookup_ngram: int = 3
 
     def __post_init__(self) -> None:
-        """Refuse values no decoder can use, before a model is loaded or a file written."""
+        """Refuse values no decoder can use, before a model is loaded or a file written (a
+        ``DecodeConfig`` built in Python too: a NaN or infinity first)."""
+        finite(self, "decode.", DecodeConfig)
         if self.top_p is not None:
             probability("decode.top_p", self.top_p, 0.95)
         at_least("decode.top_k", self.top_k, 0, "0 (no top-k cut)")
