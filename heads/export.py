@@ -163,13 +163,24 @@ def export_eagle3(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[s
     cfg = llama_config(drafter, ["LlamaForCausalLMEagle3"])
     cfg.update(draft_vocab_size=drafter.draft_vocab_size, target_hidden_size=fp.hidden_size)
     if engine == "vllm":
-        cfg.update(eagle_aux_hidden_state_layer_ids=layers, norm_before_residual=False)
+        cfg.update(eagle_aux_hidden_state_layer_ids=layers, **drafter.norm_flags)
     else:
+        sglang_norm_refusal(drafter.norm_flags)
         cfg["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
             "use_aux_hidden_state": True,
         }
     return cfg, sd
+
+
+def sglang_norm_refusal(flags: dict[str, bool]) -> None:
+    """SGLang's EAGLE-3 loader was read for none of the norm variants: refuse a drafter with one."""
+    on = [k for k, v in flags.items() if v]
+    if on:
+        raise UserError(
+            f"this EAGLE-3 drafter uses {', '.join(on)}, which SGLang's EAGLE-3 loader is not known to read; "
+            "export it with format=vllm or format=speculators"
+        )
 
 
 def dflash_config(drafter: Drafter) -> dict[str, Any]:

@@ -59,7 +59,7 @@ NOT_LAYER_KEYS = (
     "draft_vocab_size",
     "target_hidden_size",
     "eagle_aux_hidden_state_layer_ids",
-    "norm_before_residual",
+    *EAGLE3_FLAGS,
     "block_size",
     "num_target_layers",
     "dflash_config",
@@ -110,7 +110,7 @@ def eagle3_to_speculators(
         "draft_vocab_size": draft_vocab,
         "target_hidden_size": engine_cfg["target_hidden_size"],
         "eagle_aux_hidden_state_layer_ids": engine_cfg["eagle_aux_hidden_state_layer_ids"],
-        **dict.fromkeys(EAGLE3_FLAGS, False),
+        **{f: bool(engine_cfg.get(f)) for f in EAGLE3_FLAGS},
         "embed_requires_grad": False,
         "speculators_config": section,
     }
@@ -210,13 +210,8 @@ def full_layer_config(given: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def eagle3_engine_config(config: dict[str, Any], layers: dict[str, Any], where: str) -> dict[str, Any]:
-    """An eagle3 speculators config as vLLM's EAGLE-3 config (layer inputs as ids, as ours)."""
-    flags = [f for f in EAGLE3_FLAGS if config.get(f)]
-    if flags:
-        raise UserError(
-            f"{where}: {', '.join(flags)} set; draftheads' EAGLE-3 drafter has none of these norm "
-            "variants, so this speculator cannot be loaded"
-        )
+    """An eagle3 speculators config as vLLM's EAGLE-3 config (layer inputs as ids, as ours; the
+    norm variants as vLLM reads them, at the top level)."""
     if layers.get("num_hidden_layers", 1) != 1:
         raise UserError(
             f"{where}: this eagle3 speculator has {layers['num_hidden_layers']} decoder layers; draftheads' "
@@ -227,6 +222,7 @@ def eagle3_engine_config(config: dict[str, Any], layers: dict[str, Any], where: 
         "draft_vocab_size": config.get("draft_vocab_size"),
         "target_hidden_size": config.get("target_hidden_size"),
         "eagle_aux_hidden_state_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
+        **{f: bool(config.get(f)) for f in EAGLE3_FLAGS},
     }
 
 

@@ -378,7 +378,10 @@ def old_layout(folder, model, tok):
     "make,match",
     [
         (lambda p, tok: p / "missing", "does not exist"),
-        (lambda p, tok: saved_target(p / "m", get_target("mistral")[0], tok), "it is another model: model_type"),
+        (
+            lambda p, tok: saved_target(p / "m", get_target("mistral")[0], tok),
+            "it is another model: model_type",
+        ),
         (lambda p, tok: saved_target(p / "s", reseeded(), tok), "embedding weights are not the target's"),
         (lambda p, tok: old_layout(p / "o", get_target("llama")[0], tok), "no input embedding"),
     ],
