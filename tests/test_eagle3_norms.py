@@ -220,3 +220,20 @@ def test_impossible_norm_variants_are_refused_in_one_line(tiny_llama, kw, match)
     with pytest.raises(UserError, match=match) as err:
         eagle(model, fp, **kw)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("tree", ["auto", "[[0],[0,0],[0,0,0]]"])
+def test_a_drafter_with_every_norm_variant_decodes_the_targets_greedy_output(tiny_llama, tree):
+    """The decoder (an EAGLE-2 dynamic tree, and a chain) with the variants on: the target's own
+    greedy continuation, drafting through the variants' arithmetic."""
+    from draftheads.conf.schema.decode import DecodeConfig
+    from draftheads.decode import SpeculativeGenerator
+
+    model, tok, fp = tiny_llama
+    d = eagle(model, fp, 3, norm_before_residual=True, norm_before_fc=True, norm_output=True).eval()
+    ids = tok("Once upon a time, there was a little", return_tensors="pt").input_ids
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+    gen = SpeculativeGenerator(model, d, tok, DecodeConfig(tree=tree))
+    out = gen.generate(ids, torch.ones_like(ids), max_new_tokens=16)
+    assert out[0].tolist() == want[0].tolist()
+    assert gen.last_stats.new_tokens == 16
