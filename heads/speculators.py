@@ -141,7 +141,9 @@ def dflash_to_speculators(
         "target_hidden_size": engine_cfg["hidden_size"],
         "aux_hidden_state_layer_ids": [i + 1 for i in nested["target_layer_ids"]],
         "mask_token_id": nested["mask_token_id"],
-        "sliding_window_non_causal": False,
+        # every layer is full attention, which speculators always runs both ways; vLLM reads
+        # false here as dflash_config.causal for every layer, so true keeps it non-causal there too
+        "sliding_window_non_causal": True,
         "sample_from_anchor": False,
         "speculators_config": section,
     }
