@@ -264,6 +264,28 @@ def test_plain_vllm_greedy_is_the_targets_greedy(target, tmp_path):
     assert report["outputs"][0][:3] == [PROMPTS[0][-1] + 1, PROMPTS[0][-1] + 2, PROMPTS[0][-1] + 3]
 
 
+def test_vllm_serves_the_embedded_target_folder_with_draftheads_greedy(smollm2, tmp_path):
+    """The embedded SmolLM2, as draftheads converts it into its cache, is what vLLM serves: the
+    same greedy tokens as the target draftheads loads (an embedding vLLM could not find would
+    leave it uninitialised, and the text would be garbage)."""
+    from draftheads.heads.embedded_target import convert_smollm2
+
+    model, tok = smollm2
+    messages = ["What is 12 times 7?", "Name three colours."]
+    chats = [[{"role": "user", "content": m}] for m in messages]
+    prompts = [
+        list(tok.apply_chat_template(c, add_generation_prompt=True, return_dict=True)["input_ids"])
+        for c in chats
+    ]
+    want = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+        want.append(out[0, len(p) :].tolist())
+    report = run_engine(f"vllm serve {convert_smollm2(TargetConfig())}", prompts, tmp_path)
+    assert report["outputs"] == want
+
+
 @pytest.mark.parametrize("fmt", ["vllm", "speculators"])
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, request, tmp_path, capsys):
