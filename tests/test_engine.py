@@ -72,7 +72,7 @@ def engine_missing() -> str | None:
     return None
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def needs_engine():
     reason = engine_missing()
     if reason:
