@@ -450,6 +450,7 @@ def export(cfg) -> Path:
     if verifier and engine != SPECULATORS:  # the target named in the printed serve command
         verifier = check_verifier_folder(verifier, drafter.target_fingerprint)
     out = export_drafter(drafter, engine, cfg.out, source=directory, verifier=verifier)
+    note = vllm_cpu_note(drafter) if engine != "sglang" else None
     if engine == SPECULATORS:
         print(f"exported {drafter.kind} drafter to {out} (speculators); serve it with:")
         print(f"  vllm serve {out}")
@@ -458,6 +459,8 @@ def export(cfg) -> Path:
                 f"  (vLLM loads the verifier {drafter.target_fingerprint.name} by that name; to serve a local "
                 "copy, export again with verifier=PATH)"
             )
+        if note:
+            print(note)
         return out
     fmt = validate_export(out, engine, drafter.target_fingerprint.num_layers)
     target_name = verifier or drafter.target_fingerprint.name
@@ -470,4 +473,22 @@ def export(cfg) -> Path:
     k = num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
     print(f"exported {drafter.kind} drafter to {out} ({engine} {fmt.method}); serve it with:")
     print("  " + serve_command(engine, fmt.method, target_name, str(out), k))
+    if note:
+        print(note)
     return out
+
+
+VLLM_CPU_MIN_HEAD = 32  # vLLM's CPU attention kernels take no smaller head size
+
+
+def vllm_cpu_note(drafter: Drafter) -> str | None:
+    """A note, before any engine starts, when vLLM's CPU build cannot serve this drafter (its
+    attention's head size, the target's, is below what vLLM's CPU attention accepts)."""
+    layers = getattr(drafter, "layer_config", None)
+    head = getattr(layers, "head_dim", None)
+    if isinstance(head, int) and head < VLLM_CPU_MIN_HEAD:
+        return (
+            f"note: the attention head size is {head}; vLLM's CPU build needs at least {VLLM_CPU_MIN_HEAD}, "
+            "so serve this export with vLLM on a GPU"
+        )
+    return None

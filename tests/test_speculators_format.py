@@ -348,7 +348,7 @@ def test_a_verifier_folder_is_recorded_and_the_export_imports_back(tmp_path, tin
     cfg.verifier = str(verifier)
     out = export(cfg)
     printed = capsys.readouterr().out.splitlines()
-    assert printed[-1] == f"  vllm serve {out}"  # no note: the verifier is local
+    assert f"  vllm serve {out}" in printed and not any("verifier=PATH" in line for line in printed)
     written, _ = read(out)
     assert written["speculators_config"]["verifier"]["name_or_path"] == str(verifier.resolve())
     assert Drafter.from_pretrained(out, target=model, tokenizer=tok).block_size == BLOCK
@@ -360,7 +360,13 @@ def test_without_a_verifier_the_export_says_how_to_serve_a_local_copy(tmp_path, 
     dflash(model, fp).save_pretrained(src)
     out = export(cli(src, tmp_path / "out"))
     printed = capsys.readouterr().out.splitlines()
-    assert printed[-2] == f"  vllm serve {out}" and "verifier=PATH" in printed[-1]
+    at = printed.index(f"  vllm serve {out}")
+    assert "verifier=PATH" in printed[at + 1]
+    # tiny-llama's head size is 16: said now, not when vLLM's CPU build refuses it
+    assert printed[-1] == (
+        "note: the attention head size is 16; vLLM's CPU build needs at least 32, so serve this export "
+        "with vLLM on a GPU"
+    )
 
 
 def old_layout(folder, model, tok):
