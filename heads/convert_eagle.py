@@ -17,6 +17,7 @@ from draftheads.conf.errors import UserError
 from draftheads.heads.convert_target_copies import check_embedding
 from draftheads.heads.layouts import OfficialCheckpoint, read_tensors
 from draftheads.heads.reduced_vocab import check_vocab_maps, t2d_from_d2t
+from draftheads.heads.speculators import EAGLE3_FLAGS
 from draftheads.heads.target_fingerprint import TargetFingerprint
 
 # Keys of an official EAGLE layer config that shape the drafter's own layers without touching
@@ -66,6 +67,14 @@ def eagle3_feature_layers(config: dict[str, Any]) -> list[int] | None:
     return None
 
 
+def eagle3_norm_flags(config: dict[str, Any]) -> dict[str, bool]:
+    """The EAGLE-3 norm variants a config turns on, where vLLM reads them: the top level, or
+    ``eagle_config`` for ``norm_before_fc``."""
+    nested = config.get("eagle_config") or {}
+    flags = {f: bool(config.get(f, nested.get(f))) for f in EAGLE3_FLAGS}
+    return {f: True for f, on in flags.items() if on}
+
+
 def eagle_layer_config(target: nn.Module, official: dict[str, Any]) -> dict[str, Any]:
     """The target's config with the official layer's own sizes (MLP width, kv heads, eps) applied."""
     cfg = target.config.to_dict()
@@ -103,6 +112,7 @@ def build_eagle(
         "num_decoder_layers": 1,
         "feature_layers": eagle3_feature_layers(ckpt.config),
         "draft_vocab_size": int(lm.shape[0]),
+        **eagle3_norm_flags(ckpt.config),
     }
     tensors = eagle3_tensors(sd, fp.vocab_size)
     check_vocab_maps(tensors["d2t"], tensors["t2d"], fp.vocab_size, ckpt.where())

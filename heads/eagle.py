@@ -16,6 +16,12 @@ EAGLE-3 (``version=3``)::
     logits = lm_head(norm(f'_t))                         # own head over a reduced vocab
 
 and the draft's own ``f'_t`` is fed back as ``g`` for the next step (training-time test).
+
+EAGLE-3's norm variants (speculators' and vLLM's names, each off by default):
+``norm_before_fc`` puts one RMSNorm (``input_norm``, over 3H) before ``fc``; ``fc_norm`` one per
+target layer (``fc_norm.{i}``) instead; ``norm_before_residual`` makes the residual of the
+attention ``hidden_norm(g_t)`` instead of ``g_t``; ``norm_output`` feeds back ``norm(f'_t)``
+(and the logits are ``lm_head`` of it, with no second norm).
 The reduced vocabulary maps draft id i to target id ``i + d2t[i]``; ``t2d`` marks the target
 ids that the draft vocabulary covers (the EAGLE-3 / SpecForge / vLLM convention).
 
@@ -39,6 +45,7 @@ from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size
+from draftheads.heads.speculators import EAGLE3_FLAGS
 from draftheads.heads.target_fingerprint import TargetFingerprint
 
 
@@ -78,6 +85,10 @@ class EagleDrafter(ReducedVocab, Drafter):
         draft_vocab_size: int | None = None,
         save_shared: bool = False,
         fc_bias: bool = True,
+        norm_before_residual: bool = False,
+        norm_before_fc: bool = False,
+        fc_norm: bool = False,
+        norm_output: bool = False,
     ) -> None:
         super().__init__(target)
         from transformers import AutoConfig
@@ -104,6 +115,13 @@ class EagleDrafter(ReducedVocab, Drafter):
         if problem:
             raise UserError(problem)
         self.fc_bias = bool(fc_bias) and version == 1  # EAGLE-3's fc never has one
+        self.norm_flags = check_norm_flags(
+            version,
+            norm_before_residual=norm_before_residual,
+            norm_before_fc=norm_before_fc,
+            fc_norm=fc_norm,
+            norm_output=norm_output,
+        )
         if version == 3:
             self.draft_vocab_size = check_draft_vocab_size(draft_vocab_size or V, V)
             self.fc = nn.Linear(3 * H, H, bias=False)
@@ -119,6 +137,10 @@ class EagleDrafter(ReducedVocab, Drafter):
             _widen_attention_input(first, H)
             self.hidden_norm = _norm_like(first, H)
             self.norm = _norm_like(first, H)
+            if self.norm_flags["norm_before_fc"]:
+                self.input_norm = _norm_like(first, 3 * H)
+            if self.norm_flags["fc_norm"]:
+                self.fc_norm = nn.ModuleList(_norm_like(first, H) for _ in range(3))
             self.lm_head = nn.Linear(H, self.draft_vocab_size, bias=False)
             self.init_reduced_vocab(V)
         if save_shared:
@@ -136,6 +158,7 @@ class EagleDrafter(ReducedVocab, Drafter):
             "draft_vocab_size": self.draft_vocab_size if self.version == 3 else None,
             "save_shared": self.save_shared,
             "fc_bias": self.fc_bias,
+            **{k: True for k, v in self.norm_flags.items() if v},  # only the variants in use
         }
 
     def feature_layers(self) -> list[int]:
@@ -206,8 +229,16 @@ class EagleDrafter(ReducedVocab, Drafter):
         return emb(input_ids)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """Target features -> the drafter's H-dim hidden input (EAGLE-3: fc over three layers)."""
-        return self.fc(features) if self.version == 3 else features
+        """Target features -> the drafter's H-dim hidden input (EAGLE-3: fc over three layers,
+        after ``input_norm`` or the per-layer ``fc_norm`` when the drafter has them)."""
+        if self.version != 3:
+            return features
+        if self.norm_flags["norm_before_fc"]:
+            features = self.input_norm(features)
+        elif self.norm_flags["fc_norm"]:
+            chunks = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(features)
 
     def forward(
         self,
@@ -227,7 +258,8 @@ class EagleDrafter(ReducedVocab, Drafter):
             attention_mask = additive_mask(causal(input_ids.shape[1], hidden.device)[None], hidden.dtype)
         if self.version == 3:
             first = self.layers[0]
-            x = torch.cat([_input_norm(first)(emb), self.hidden_norm(hidden)], dim=-1)
+            normed = self.hidden_norm(hidden)
+            x = torch.cat([_input_norm(first)(emb), normed], dim=-1)
             attn_out = first.self_attn(
                 hidden_states=x,
                 position_embeddings=pos_emb,
@@ -236,7 +268,7 @@ class EagleDrafter(ReducedVocab, Drafter):
                 cache=cache,
                 use_cache=cache is not None,
             )[0]
-            h = hidden + attn_out
+            h = (normed if self.norm_flags["norm_before_residual"] else hidden) + attn_out
             h = h + first.mlp(first.post_attention_layernorm(h))
             rest = self.layers[1:]
         else:
@@ -244,13 +276,34 @@ class EagleDrafter(ReducedVocab, Drafter):
             rest = self.layers
         for layer in rest:
             h = _call_layer(layer, h, attention_mask, position_ids, pos_emb, cache)
-        return h
+        return self.norm(h) if self.norm_flags["norm_output"] else h
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """Draft logits: over the draft vocabulary (EAGLE-3) or the full vocabulary (EAGLE-1)."""
+        """Draft logits: over the draft vocabulary (EAGLE-3) or the full vocabulary (EAGLE-1).
+        With ``norm_output`` the output is normed already."""
         if self.version == 3:
-            return self.lm_head(self.norm(out))
+            return self.lm_head(out if self.norm_flags["norm_output"] else self.norm(out))
         return self.shared("lm_head")(out)
+
+
+NORM_FLAGS = EAGLE3_FLAGS  # speculators' and vLLM's names
+
+
+def check_norm_flags(version: int, **flags: bool) -> dict[str, bool]:
+    """EAGLE-3's norm variants as booleans (:data:`NORM_FLAGS`); refused in one line for EAGLE-1,
+    and ``norm_before_fc`` with ``fc_norm`` (one norm before fc, or one per layer: not both)."""
+    flags = {k: bool(flags.get(k)) for k in NORM_FLAGS}
+    on = [k for k, v in flags.items() if v]
+    if on and version != 3:
+        raise UserError(
+            f"draft.{on[0]}=true is an EAGLE-3 variant; use it with draft=eagle3 (draft.version=3)"
+        )
+    if flags["norm_before_fc"] and flags["fc_norm"]:
+        raise UserError(
+            "draft.norm_before_fc and draft.fc_norm are both true; they are alternatives (one norm over the "
+            "three target layers, or one per layer): set one"
+        )
+    return flags
 
 
 def _make_layer(cls: type[nn.Module], config, idx: int) -> nn.Module:

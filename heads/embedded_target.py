@@ -50,11 +50,44 @@ def _gguf_path(cfg: TargetConfig) -> Path:
 
 # what a finished conversion holds; a folder without all of them is converted again
 CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# the tied embedding's name in a folder written as ``save_pretrained`` writes one; every engine
+# (vLLM, SGLang, speculators' verifier loading) reads the embedding from it
+EMBEDDING_KEY = "model.embed_tokens.weight"
+
+
+def conversion_problem(path: Path) -> str | None:
+    """Why ``path`` is no whole, current conversion (a missing file, or the older layout that
+    stored the tied embedding only as ``lm_head.weight``), or None when it is one."""
+    missing = [name for name in CONVERTED_FILES if not (path / name).is_file()]
+    if missing:
+        return f"it lacks {', '.join(missing)}"
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            keys = set(f.keys())
+    except Exception as e:  # noqa: BLE001 - any unreadable header means: convert again
+        return f"its model.safetensors is unreadable ({type(e).__name__})"
+    if EMBEDDING_KEY not in keys:
+        return f"it stores no {EMBEDDING_KEY} (an older layout that engines cannot load)"
+    return None
 
 
 def is_converted(path: Path) -> bool:
-    """Whether ``path`` holds a whole conversion (weights, config and tokenizer)."""
-    return all((path / name).is_file() for name in CONVERTED_FILES)
+    """Whether ``path`` holds a whole conversion (weights, config and tokenizer) in the current layout."""
+    return conversion_problem(path) is None
+
+
+def usable_conversion(out: Path) -> bool:
+    """Whether ``out`` holds a whole conversion in the current layout. A folder there that does
+    not is named in one line on stderr, with why, since it is about to be converted again."""
+    if not out.exists():
+        return False
+    problem = conversion_problem(out)
+    if problem is None:
+        return True
+    print(f"note: converting the embedded SmolLM2 again into {out}: {problem}", file=sys.stderr)
+    return False
 
 
 @contextmanager
@@ -76,10 +109,11 @@ def convert_smollm2(cfg: TargetConfig) -> Path:
     Every process can convert (ranks of a run, test workers): each writes a private folder and
     renames it into place, so a half-written conversion is never picked up. The weights are
     written with safetensors directly, not ``save_pretrained``, which writes nothing on a rank
-    other than 0 once a process group exists. A cached folder missing a file is replaced.
+    other than 0 once a process group exists. A cached folder missing a file, or in the older
+    layout without ``model.embed_tokens.weight``, is replaced, saying so in one line.
     """
     out = cache_root(cfg) / "smollm2-135m-instruct"
-    if is_converted(out):
+    if usable_conversion(out):
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,11 +134,18 @@ def convert_smollm2(cfg: TargetConfig) -> Path:
 def save_converted(model, tokenizer, directory: Path) -> None:
     """Write ``model`` (weights, config, generation config) and ``tokenizer`` to ``directory``
     on whatever rank this process is: the weights through safetensors, as a conversion is
-    every process's own (``save_pretrained`` writes no weights off rank 0)."""
-    from safetensors.torch import save_model
+    every process's own (``save_pretrained`` writes no weights off rank 0).
+
+    The tensors are the ones ``save_pretrained`` writes: a tied lm_head is dropped and its
+    embedding kept as ``model.embed_tokens.weight``, the name engines load the embedding from.
+    """
+    from safetensors.torch import save_file
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     directory.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    tensors = remove_tied_weights_from_state_dict(model.state_dict(), model)
+    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     follow_umask(directory / "model.safetensors")
     model.config.save_pretrained(directory)
     if model.generation_config is not None:
@@ -114,17 +155,17 @@ def save_converted(model, tokenizer, directory: Path) -> None:
 
 def install(tmp: Path, out: Path) -> Path:
     """Move the conversion in ``tmp`` to ``out`` atomically; a whole conversion already there
-    (another process finished first) is kept, an incomplete one replaced."""
+    (another process finished first) is kept, an incomplete or old-layout one replaced."""
     import shutil
 
-    if not is_converted(tmp):
-        missing = [n for n in CONVERTED_FILES if not (tmp / n).is_file()]
+    problem = conversion_problem(tmp)
+    if problem is not None:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"the SmolLM2 conversion wrote no {', '.join(missing)}")
+        raise RuntimeError(f"the SmolLM2 conversion is incomplete: {problem}")
     if is_converted(out):
         shutil.rmtree(tmp, ignore_errors=True)
         return out
-    if out.exists():  # a conversion that lost files: set aside, then removed
+    if out.exists():  # a conversion that lost files or has the old layout: set aside, then removed
         stale = out.with_name(out.name + f".stale{os.getpid()}")
         out.rename(stale)
         shutil.rmtree(stale, ignore_errors=True)

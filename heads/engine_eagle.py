@@ -50,6 +50,10 @@ def eagle3_rules(c: dict[str, Any]) -> dict[str, TensorRule]:
     }
     if c.get("bias"):  # SGLang builds fc with bias=config.bias
         out["fc.bias"] = TensorRule((H,))
+    if c.get("norm_before_fc"):  # vLLM: one RMSNorm over the three target states
+        out["input_norm.weight"] = TensorRule((3 * Ht,))
+    if c.get("fc_norm"):  # vLLM: one RMSNorm per target state
+        out.update({f"fc_norm.{i}.weight": TensorRule((Ht,)) for i in range(3)})
     out.update(llama_layer_rules("midlayer.", c, 2 * H, input_norm=True))
     return out
 

@@ -52,7 +52,12 @@ from draftheads.heads.checkpoint import (
 from draftheads.heads.convert import detect_layout
 from draftheads.heads.engines import ENGINES, FORMATS, RULES, validate_export
 from draftheads.heads.layouts import DFLASH_ARCHITECTURE
-from draftheads.heads.speculators import dflash_to_speculators, eagle3_to_speculators, speculators_section
+from draftheads.heads.speculators import (
+    check_verifier_folder,
+    dflash_to_speculators,
+    eagle3_to_speculators,
+    speculators_section,
+)
 from draftheads.heads.target import load_target
 
 __all__ = ["ENGINES", "FORMATS", "RULES", "export", "export_drafter", "validate_export"]
@@ -158,13 +163,24 @@ def export_eagle3(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[s
     cfg = llama_config(drafter, ["LlamaForCausalLMEagle3"])
     cfg.update(draft_vocab_size=drafter.draft_vocab_size, target_hidden_size=fp.hidden_size)
     if engine == "vllm":
-        cfg.update(eagle_aux_hidden_state_layer_ids=layers, norm_before_residual=False)
+        cfg.update(eagle_aux_hidden_state_layer_ids=layers, **drafter.norm_flags)
     else:
+        sglang_norm_refusal(drafter.norm_flags)
         cfg["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
             "use_aux_hidden_state": True,
         }
     return cfg, sd
+
+
+def sglang_norm_refusal(flags: dict[str, bool]) -> None:
+    """SGLang's EAGLE-3 loader was read for none of the norm variants: refuse a drafter with one."""
+    on = [k for k, v in flags.items() if v]
+    if on:
+        raise UserError(
+            f"this EAGLE-3 drafter uses {', '.join(on)}, which SGLang's EAGLE-3 loader is not known to read; "
+            "export it with format=vllm or format=speculators"
+        )
 
 
 def dflash_config(drafter: Drafter) -> dict[str, Any]:
@@ -320,11 +336,18 @@ def exported_from(out: Path) -> str:
     return str(record.get("source") or "") if isinstance(record, dict) else ""
 
 
-def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source: Path | None = None) -> Path:
+def export_drafter(
+    drafter: Drafter,
+    engine: str,
+    out: str | os.PathLike,
+    source: Path | None = None,
+    verifier: str | None = None,
+) -> Path:
     """Write ``drafter`` for ``engine`` into ``out`` (config.json + model.safetensors) and validate it.
 
     Shared-lm_head Medusa heads must be attached to their target (its lm_head is written).
-    ``source`` (the drafter's directory) is never written to.
+    ``source`` (the drafter's directory) is never written to. ``verifier`` (speculators only) is
+    the local folder of the target the export is served with, recorded instead of its Hub name.
     """
     engine = engine.lower()
     if engine not in FORMAT_NAMES:
@@ -332,7 +355,7 @@ def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source
     out = Path(out)
     check_out_dir(out, source if source is not None else drafter.source_dir)
     if engine == SPECULATORS:
-        cfg, sd = export_speculators(drafter)
+        cfg, sd = export_speculators(drafter, verifier)
     elif drafter.kind == "medusa":
         cfg, sd = export_medusa(drafter, engine)
     elif drafter.kind == "dflash":
@@ -357,21 +380,25 @@ def export_drafter(drafter: Drafter, engine: str, out: str | os.PathLike, source
     return out
 
 
-def export_speculators(drafter: Drafter) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def export_speculators(
+    drafter: Drafter, verifier: str | None = None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """EAGLE-3 and DFlash in speculators' layout, from their vLLM layout (same checks, same weights).
 
     The verifier is the drafter's target; the default proposal is the greedy chain the model
     card names (``block_size - 1`` tokens for DFlash). Speculators has no EAGLE-1 or Medusa type.
+    ``verifier`` (a local copy of the target, checked to be it) replaces the target's name.
     """
     refusal = speculators_refusal(drafter.kind, drafter.spec().get("version"))
     if refusal:
         raise UserError(refusal)
     fp = drafter.target_fingerprint
     k = num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
+    name = check_verifier_folder(verifier, fp) if verifier else fp.name
     if drafter.kind == "dflash":
-        section = speculators_section("dflash", k, fp.name, fp.architecture)
+        section = speculators_section("dflash", k, name, fp.architecture)
         return dflash_to_speculators(*export_dflash(drafter, "vllm"), section)
-    section = speculators_section("eagle3", k, fp.name, fp.architecture)
+    section = speculators_section("eagle3", k, name, fp.architecture)
     return eagle3_to_speculators(*export_eagle3(drafter, "vllm"), section)
 
 
@@ -425,18 +452,33 @@ def export(cfg) -> Path:
     directory = resolve_checkpoint_dir(cfg.heads, cfg.revision)
     check_out_dir(Path(cfg.out), directory)  # before loading anything
     check_engine_fits(directory, engine)
+    verifier = getattr(cfg, "verifier", None)
+    if verifier and not Path(verifier).expanduser().is_dir():  # before loading anything
+        raise UserError(
+            f"verifier={verifier} does not exist; pass the folder of the target model the engine serves"
+        )
     if needs_target(directory):
         target, tok = load_target(cfg.target)
         drafter = Drafter.from_pretrained(directory, target=target, tokenizer=tok)
     else:
         drafter = Drafter.from_pretrained(directory)
-    out = export_drafter(drafter, engine, cfg.out, source=directory)
+    if verifier and engine != SPECULATORS:  # the target named in the printed serve command
+        verifier = check_verifier_folder(verifier, drafter.target_fingerprint)
+    out = export_drafter(drafter, engine, cfg.out, source=directory, verifier=verifier)
+    note = vllm_cpu_note(drafter) if engine != "sglang" else None
     if engine == SPECULATORS:
         print(f"exported {drafter.kind} drafter to {out} (speculators); serve it with:")
         print(f"  vllm serve {out}")
+        if not verifier:
+            print(
+                f"  (vLLM loads the verifier {drafter.target_fingerprint.name} by that name; to serve a local "
+                "copy, export again with verifier=PATH)"
+            )
+        if note:
+            print(note)
         return out
     fmt = validate_export(out, engine, drafter.target_fingerprint.num_layers)
-    target_name = drafter.target_fingerprint.name
+    target_name = verifier or drafter.target_fingerprint.name
     if drafter.requires_adapters:
         target_name = "MERGED_TARGET"
         print(
@@ -446,4 +488,22 @@ def export(cfg) -> Path:
     k = num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
     print(f"exported {drafter.kind} drafter to {out} ({engine} {fmt.method}); serve it with:")
     print("  " + serve_command(engine, fmt.method, target_name, str(out), k))
+    if note:
+        print(note)
     return out
+
+
+VLLM_CPU_MIN_HEAD = 32  # vLLM's CPU attention kernels take no smaller head size
+
+
+def vllm_cpu_note(drafter: Drafter) -> str | None:
+    """A note, before any engine starts, when vLLM's CPU build cannot serve this drafter (its
+    attention's head size, the target's, is below what vLLM's CPU attention accepts)."""
+    layers = getattr(drafter, "layer_config", None)
+    head = getattr(layers, "head_dim", None)
+    if isinstance(head, int) and head < VLLM_CPU_MIN_HEAD:
+        return (
+            f"note: the attention head size is {head}; vLLM's CPU build needs at least {VLLM_CPU_MIN_HEAD}, "
+            "so serve this export with vLLM on a GPU"
+        )
+    return None

@@ -32,7 +32,8 @@ do. Types that draftheads cannot run (``dflash2``, ``dspark``, ``xpress``, ``pea
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+import json
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -40,6 +41,7 @@ import torch
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TINY_KINDS
 from draftheads.heads.reduced_vocab import t2d_from_d2t
+from draftheads.heads.target_fingerprint import SAMPLES_PER_TENSOR, TargetFingerprint, samples_match
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config and model classes this follows
 PROPOSAL = "greedy"  # the only proposal method speculators defines: one chain of drafted tokens
@@ -58,7 +60,7 @@ NOT_LAYER_KEYS = (
     "draft_vocab_size",
     "target_hidden_size",
     "eagle_aux_hidden_state_layer_ids",
-    "norm_before_residual",
+    *EAGLE3_FLAGS,
     "block_size",
     "num_target_layers",
     "dflash_config",
@@ -109,7 +111,7 @@ def eagle3_to_speculators(
         "draft_vocab_size": draft_vocab,
         "target_hidden_size": engine_cfg["target_hidden_size"],
         "eagle_aux_hidden_state_layer_ids": engine_cfg["eagle_aux_hidden_state_layer_ids"],
-        **dict.fromkeys(EAGLE3_FLAGS, False),
+        **{f: bool(engine_cfg.get(f)) for f in EAGLE3_FLAGS},
         "embed_requires_grad": False,
         "speculators_config": section,
     }
@@ -140,7 +142,9 @@ def dflash_to_speculators(
         "target_hidden_size": engine_cfg["hidden_size"],
         "aux_hidden_state_layer_ids": [i + 1 for i in nested["target_layer_ids"]],
         "mask_token_id": nested["mask_token_id"],
-        "sliding_window_non_causal": False,
+        # every layer is full attention, which speculators always runs both ways; vLLM reads
+        # false here as dflash_config.causal for every layer, so true keeps it non-causal there too
+        "sliding_window_non_causal": True,
         "sample_from_anchor": False,
         "speculators_config": section,
     }
@@ -209,13 +213,8 @@ def full_layer_config(given: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def eagle3_engine_config(config: dict[str, Any], layers: dict[str, Any], where: str) -> dict[str, Any]:
-    """An eagle3 speculators config as vLLM's EAGLE-3 config (layer inputs as ids, as ours)."""
-    flags = [f for f in EAGLE3_FLAGS if config.get(f)]
-    if flags:
-        raise UserError(
-            f"{where}: {', '.join(flags)} set; draftheads' EAGLE-3 drafter has none of these norm "
-            "variants, so this speculator cannot be loaded"
-        )
+    """An eagle3 speculators config as vLLM's EAGLE-3 config (layer inputs as ids, as ours; the
+    norm variants as vLLM reads them, at the top level)."""
     if layers.get("num_hidden_layers", 1) != 1:
         raise UserError(
             f"{where}: this eagle3 speculator has {layers['num_hidden_layers']} decoder layers; draftheads' "
@@ -226,6 +225,7 @@ def eagle3_engine_config(config: dict[str, Any], layers: dict[str, Any], where: 
         "draft_vocab_size": config.get("draft_vocab_size"),
         "target_hidden_size": config.get("target_hidden_size"),
         "eagle_aux_hidden_state_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
+        **{f: bool(config.get(f)) for f in EAGLE3_FLAGS},
     }
 
 
@@ -282,3 +282,89 @@ def verifier_override(name: str) -> str:
     if name == "HuggingFaceTB/SmolLM2-135M-Instruct":
         return "target=smollm2"
     return f"target.name_or_path={name or 'ORG/NAME'}"
+
+
+# ---- the verifier a user serves with -------------------------------------------------------------
+EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight")
+
+
+def weight_names(folder: Path) -> list[str]:
+    """The tensor names of a model folder's safetensors weights (one file or an index)."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return list(json.loads(index.read_text())["weight_map"])
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return list(f.keys())
+
+
+def read_tensor(folder: Path, name: str) -> torch.Tensor:
+    """One tensor of a model folder's safetensors weights, read alone."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    file = json.loads(index.read_text())["weight_map"][name] if index.is_file() else "model.safetensors"
+    with safe_open(str(folder / file), framework="pt") as f:
+        return f.get_tensor(name)
+
+
+def verifier_problem(folder: Path, fp: TargetFingerprint) -> str | None:
+    """How the model in ``folder`` differs from the drafter's target ``fp`` (shape, architecture,
+    tokenizer, the embedding's weight sample), or why an engine cannot load it; None when it is
+    the target."""
+    from draftheads.conf.schema.heads import TargetConfig
+    from draftheads.heads.target import load_tokenizer
+    from draftheads.heads.target_fingerprint import _spread, tokenizer_hash
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        names = weight_names(folder)
+    except (OSError, ValueError, KeyError) as e:
+        return f"it is no model folder with config.json and safetensors weights ({type(e).__name__})"
+    got = {
+        "model_type": config.get("model_type"),
+        "hidden_size": config.get("hidden_size"),
+        "num_layers": config.get("num_hidden_layers"),
+        "vocab_size": config.get("vocab_size"),
+    }
+    bad = [
+        f"{k} {got[k]} (target: {getattr(fp, k)})" for k in got if getattr(fp, k) and got[k] != getattr(fp, k)
+    ]
+    if bad:
+        return f"it is another model: {', '.join(bad)}"
+    embedding = next((n for n in names if n.endswith(EMBEDDING_SUFFIXES)), None)
+    if embedding is None:
+        return (
+            "its weights hold no input embedding (model.embed_tokens.weight), which vLLM then leaves "
+            "uninitialised; save it with transformers' save_pretrained"
+        )
+    sample = tuple(round(v, 6) for v in _spread(read_tensor(folder, embedding), SAMPLES_PER_TENSOR))
+    if fp.weight_sample and not samples_match(sample, fp.weight_sample[:SAMPLES_PER_TENSOR]):
+        return "its embedding weights are not the target's (another model of the same shape)"
+    if fp.tokenizer_hash:
+        try:
+            tok = load_tokenizer(TargetConfig(name_or_path=str(folder)))
+        except UserError:
+            return "it has no tokenizer that transformers can load"
+        if tokenizer_hash(tok) != fp.tokenizer_hash:
+            return "its tokenizer is not the target's"
+    return None
+
+
+def check_verifier_folder(path: str, fp: TargetFingerprint) -> str:
+    """The verifier a speculators export names (``verifier=PATH``): a local copy of the drafter's
+    target, which the engine loads from there instead of the Hub. Returns its absolute path;
+    a missing folder or another model is refused in one line."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise UserError(
+            f"verifier={path} does not exist; pass the folder of the target model the engine serves "
+            f"({fp.name}: its config.json, weights and tokenizer)"
+        )
+    problem = verifier_problem(folder, fp)
+    if problem:
+        raise UserError(
+            f"verifier={path} cannot serve this drafter: {problem}; pass a local copy of its target {fp.name}"
+        )
+    return str(folder.resolve())

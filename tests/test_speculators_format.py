@@ -88,7 +88,7 @@ def test_a_speculators_import_re_exports_to_the_same_files(tmp_path, tiny_llama,
     model, tok, fp = tiny_llama
     first = export_drafter(dflash(model, fp, 50), "speculators", tmp_path / "first")
     again = export(cli(first, tmp_path / "again"))
-    assert capsys.readouterr().out.splitlines()[-1] == f"  vllm serve {again}"
+    assert f"  vllm serve {again}" in capsys.readouterr().out.splitlines()
     (cfg_a, sd_a), (cfg_b, sd_b) = read(first), read(again)
     assert cfg_a == cfg_b and sd_a.keys() == sd_b.keys()
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
@@ -387,3 +387,90 @@ def test_the_model_card_shows_a_speculators_export_that_parses_with_its_target(t
         assert isinstance(inv.args, ExportArgs) and inv.args.format in ("vllm", "sglang", "speculators")
         if draft_vocab:
             assert inv.args.target.name_or_path == "tiny-llama"
+
+
+# ---- the verifier a user serves with -----------------------------------------------------------
+def saved_target(folder, model, tok):
+    """A local copy of ``model`` as a user serves it: save_pretrained's weights and tokenizer."""
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_a_verifier_folder_is_recorded_and_the_export_imports_back(tmp_path, tiny_llama, capsys):
+    model, tok, fp = tiny_llama
+    src = tmp_path / "src"
+    dflash(model, fp, 50).save_pretrained(src)
+    verifier = saved_target(tmp_path / "models" / "tiny-llama", model, tok)
+    cfg = cli(src, tmp_path / "out")
+    cfg.verifier = str(verifier)
+    out = export(cfg)
+    printed = capsys.readouterr().out.splitlines()
+    assert f"  vllm serve {out}" in printed and not any("verifier=PATH" in line for line in printed)
+    written, _ = read(out)
+    assert written["speculators_config"]["verifier"]["name_or_path"] == str(verifier.resolve())
+    assert Drafter.from_pretrained(out, target=model, tokenizer=tok).block_size == BLOCK
+
+
+def test_without_a_verifier_the_export_says_how_to_serve_a_local_copy(tmp_path, tiny_llama, capsys):
+    model, _, fp = tiny_llama
+    src = tmp_path / "src"
+    dflash(model, fp).save_pretrained(src)
+    out = export(cli(src, tmp_path / "out"))
+    printed = capsys.readouterr().out.splitlines()
+    at = printed.index(f"  vllm serve {out}")
+    assert "verifier=PATH" in printed[at + 1]
+    # tiny-llama's head size is 16: said now, not when vLLM's CPU build refuses it
+    assert printed[-1] == (
+        "note: the attention head size is 16; vLLM's CPU build needs at least 32, so serve this export "
+        "with vLLM on a GPU"
+    )
+
+
+def old_layout(folder, model, tok):
+    """The target saved without its input embedding (only lm_head.weight, as a tied model's
+    older conversion was), which vLLM loads with an uninitialised embedding."""
+    from safetensors.torch import save_file
+
+    saved_target(folder, model, tok)
+    sd = {k: v for k, v in model.state_dict().items() if k != "model.embed_tokens.weight"}
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda p, tok: p / "missing", "does not exist"),
+        (
+            lambda p, tok: saved_target(p / "m", get_target("mistral")[0], tok),
+            "it is another model: model_type",
+        ),
+        (lambda p, tok: saved_target(p / "s", reseeded(), tok), "embedding weights are not the target's"),
+        (lambda p, tok: old_layout(p / "o", get_target("llama")[0], tok), "no input embedding"),
+    ],
+)
+def test_a_verifier_that_is_missing_or_not_the_target_is_refused_before_writing(
+    tmp_path, tiny_llama, make, match
+):
+    model, tok, fp = tiny_llama
+    src = tmp_path / "src"
+    dflash(model, fp).save_pretrained(src)
+    cfg = cli(src, tmp_path / "out")
+    cfg.verifier = str(make(tmp_path, tok))
+    with pytest.raises(UserError, match=match) as err:
+        export(cfg)
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
+def get_target(kind: str):
+    from tests.conftest import get_target as loaded
+
+    return loaded(kind)
+
+
+def reseeded():
+    """The tiny Llama's shape with other weights."""
+    from draftheads.heads.target import build_tiny
+
+    return build_tiny("llama", get_target("llama")[1], seed=1234)

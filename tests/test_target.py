@@ -223,3 +223,125 @@ def test_a_tokenizer_loaded_again_is_a_fresh_copy_until_its_files_change(tmp_pat
     first.save_pretrained(tmp_path / "t")
     again = load_tokenizer(cfg)
     assert len(again) == len(first) and tokenizer_hash(again) == tokenizer_hash(first)
+
+
+# ---- the converted folder as engines read it ---------------------------------------------------
+def tied_llama():
+    """A tiny Llama whose lm_head is its embedding, as SmolLM2's is."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(3)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def tensors_in(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def speculators_verifier(folder: Path, config):
+    """speculators' own verifier loading (``load_verifier_weights``) of ``folder``, into a
+    one-layer EAGLE-3 drafter over the full vocabulary: its embedding, lm_head and final norm."""
+    pytest.importorskip(
+        "speculators", reason="speculators is not installed (see the interop extra in pyproject.toml)"
+    )
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    layers = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 1})
+    layers._attn_implementation = "eager"
+    spec = Eagle3DraftModel(
+        Eagle3SpeculatorConfig(
+            transformer_layer_config=layers,
+            draft_vocab_size=config.vocab_size,
+            speculators_config=SpeculatorsConfig(
+                algorithm="eagle3",
+                proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+                default_proposal_method="greedy",
+                verifier=VerifierConfig(name_or_path=str(folder), architectures=["LlamaForCausalLM"]),
+            ),
+        )
+    )
+    spec.embed_tokens.weight.data.fill_(float("nan"))  # unloaded, as speculators marks it
+    spec.lm_head.weight.data.fill_(float("nan"))
+    spec.load_verifier_weights()
+    return spec
+
+
+def agree_with_speculators(folder: Path, model) -> None:
+    spec = speculators_verifier(folder, model.config)
+    assert torch.equal(spec.embed_tokens.weight, model.get_input_embeddings().weight)
+    assert torch.equal(spec.verifier_lm_head.weight, model.get_output_embeddings().weight)
+    assert torch.equal(spec.verifier_norm.weight, model.model.norm.weight)
+
+
+def test_a_converted_tied_target_is_written_as_save_pretrained_writes_it(tmp_path):
+    """The tied embedding is stored as model.embed_tokens.weight (no lm_head.weight), the same
+    tensors save_pretrained writes; transformers and speculators' verifier loading read it back
+    as the model it was."""
+    from transformers import AutoModelForCausalLM
+
+    from draftheads.heads.embedded_target import save_converted
+    from tests.conftest import get_target
+
+    model, tok = tied_llama(), get_target("llama")[1]
+    save_converted(model, tok, tmp_path / "ours")
+    model.save_pretrained(tmp_path / "theirs")
+    ours, theirs = tensors_in(tmp_path / "ours"), tensors_in(tmp_path / "theirs")
+    assert "model.embed_tokens.weight" in ours and "lm_head.weight" not in ours
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 50, 245, 14]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    agree_with_speculators(tmp_path / "ours", model)
+
+
+def test_an_old_layout_conversion_is_named_in_one_line_and_replaced(tmp_path, capsys):
+    """A cached folder from the older layout (the tied embedding only as lm_head.weight) is not
+    used: one line says why, and the new conversion replaces it."""
+    from safetensors.torch import save_model
+
+    from draftheads.heads.embedded_target import install, save_converted, usable_conversion
+    from tests.conftest import get_target
+
+    model, tok = tied_llama(), get_target("llama")[1]
+    cached = tmp_path / "smollm2-135m-instruct"
+    save_converted(model, tok, cached)
+    save_model(model, str(cached / "model.safetensors"))  # what older versions wrote
+    assert "model.embed_tokens.weight" not in tensors_in(cached)
+    assert not usable_conversion(cached)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"converting the embedded SmolLM2 again into {cached}" in err
+    assert "model.embed_tokens.weight" in err
+    save_converted(model, tok, tmp_path / "new.tmp")
+    assert install(tmp_path / "new.tmp", cached) == cached
+    assert usable_conversion(cached) and capsys.readouterr().err == ""
+    assert "model.embed_tokens.weight" in tensors_in(cached)
+    assert not usable_conversion(tmp_path / "absent") and capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_the_embedded_target_folder_is_read_alike_by_transformers_and_speculators(smollm2):
+    """The cached SmolLM2 conversion holds its embedding under the name engines read, and
+    speculators' verifier loading gets the same embedding, lm_head and norm as the target."""
+    from draftheads.heads.embedded_target import convert_smollm2
+
+    model, _ = smollm2
+    folder = convert_smollm2(TargetConfig())
+    assert "model.embed_tokens.weight" in tensors_in(folder)
+    agree_with_speculators(folder, model)

@@ -73,6 +73,7 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
             draft_vocab_size=d.draft_vocab_size if d.version == 3 else None,
             save_shared=d.save_shared,
             fc_bias=d.fc_bias,
+            **d.norm_flags(),
         )
     return drafter.attach(target)
 

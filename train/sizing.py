@@ -125,6 +125,7 @@ def meta_drafter(d: DraftConfig, shape: TargetShape, name: str) -> DFlashDrafter
             feature_layers=d.feature_layers,
             draft_vocab_size=d.draft_vocab_size if d.version == 3 else None,
             fc_bias=d.fc_bias,
+            **d.norm_flags(),
         )
 
 

@@ -139,6 +139,9 @@ class ExportArgs:
     revision: str | None = None
     format: str | None = None
     out: str | None = None
+    # the local folder of the target the export is served with: recorded as a speculators
+    # export's verifier, and the target of the printed serve command; checked to be the target
+    verifier: str | None = None
 
 
 @dataclass

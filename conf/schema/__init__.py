@@ -226,6 +226,7 @@ class Config:
     private: bool = False
     format: str | None = None
     out: str | None = None
+    verifier: str | None = None
 
 
 def register() -> None:

@@ -219,6 +219,14 @@ class DraftConfig:
     # EAGLE-1 only: fc over concat(embedding, feature) with a bias. vLLM builds this fc without
     # one (and drops fc.bias), so a drafter meant for vLLM is trained with fc_bias=false.
     fc_bias: bool = True
+    # EAGLE-3's norm variants, as speculators and vLLM name them (see heads/eagle.py): an RMSNorm
+    # over the three target layers before fc (norm_before_fc) or one per layer (fc_norm), the
+    # attention's residual taken after hidden_norm (norm_before_residual), and the normed output
+    # fed back between drafted tokens (norm_output)
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
     # EAGLE: start the decoder layer(s) as the target's last layer(s); EAGLE-3's widened q/k/v
     # hold the target's weights in the feature half and zeros in the embedding half
     init_from_target: bool = False
@@ -272,6 +280,12 @@ class DraftConfig:
         problem = draft_config_problem(self)
         if problem:
             raise UserError(problem)
+
+    def norm_flags(self) -> dict[str, bool]:
+        """EAGLE-3's norm variants, as the drafter's keyword arguments (it refuses them elsewhere)."""
+        return {
+            k: getattr(self, k) for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+        }
 
     def training_layers(self, num_layers: int) -> list[int]:
         """Target hidden states a drafter of this shape trains on: what a feature cache holds.

@@ -1,0 +1,320 @@
+"""vLLM, the real engine, serves draftheads' exports: the oracle for every export format.
+
+Run by ``make test-engine`` (marked ``engine``, so ``make test`` leaves them out). vLLM's CPU
+build lives in its own environment (``make engine``: ``.venv-engine``); each test exports with
+draftheads here, then runs the serve command the export printed through
+``tests/vllm_engine.py`` in that environment, one engine start per command, and compares:
+
+- plain vLLM greedy with the target's greedy here;
+- for EAGLE-3 and DFlash, in ``format=vllm`` and ``format=speculators``: vLLM's output with the
+  target's greedy, and vLLM's acceptance counters (drafting steps, accepted tokens, accepted per
+  chain position) with draftheads' decoder running the same chain on the same token ids;
+- a deliberately broken export (a shifted ``d2t``): the counters no longer agree.
+
+The target is a tiny random Llama with head size 32 (vLLM's CPU attention needs at least 32)
+steered to a wide-margin greedy text, token t -> t + 1, so that float rounding in either engine
+cannot flip a token. The drafters are trained here for a few seconds on that text, until they
+agree with the target often but not always, so the counters say something.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftheads.conf.schema import Config
+from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.conf.schema.heads import DraftConfig, TargetConfig
+from draftheads.heads import Drafter
+from draftheads.heads.export import export
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "vllm_engine.py"
+INSTALL = "make engine"
+# this machine's limits for the engine, added to every serve command (none is about the drafter):
+# float32 as draftheads computes, a small KV cache and no compilation (a CPU start takes minutes)
+ENGINE = {
+    "dtype": "float32",
+    "max_model_len": 256,
+    "kv_cache_memory_bytes": 128 * 2**20,
+    "enforce_eager": True,
+}
+NEW = 24  # tokens generated per prompt
+CHAIN = 3  # EAGLE-3 drafted tokens per step; DFlash drafts block - 1
+BLOCK = 4
+VOCAB_RANGE = 800  # prompts and training text use ids below this; the continuation stays < 1024
+
+
+def engine_python() -> Path:
+    return Path(os.environ.get("DRAFTHEADS_ENGINE_PYTHON") or ROOT / ".venv-engine" / "bin" / "python")
+
+
+@cache
+def engine_missing() -> str | None:
+    """Why vLLM cannot run here (with the install command), or None."""
+    python = engine_python()
+    if not python.is_file():
+        return f"vLLM is not installed: no {python}; run `{INSTALL}`"
+    probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return f"vLLM does not import in {python} ({last}); run `{INSTALL}`"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_engine():
+    reason = engine_missing()
+    if reason:
+        print(f"skipped: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+
+
+def run_engine(command: str, prompts: list[list[int]], workdir: Path) -> dict:
+    """``command`` (a ``vllm serve`` line) run offline by vLLM on ``prompts``: its outputs and counters."""
+    job = workdir / "job.json"
+    result = workdir / "result.json"
+    job.write_text(
+        json.dumps(
+            {
+                "command": command,
+                "prompts": prompts,
+                "max_tokens": NEW,
+                "engine": ENGINE,
+                "result": str(result),
+            }
+        )
+    )
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false"}
+    run = subprocess.run(
+        [str(engine_python()), str(SCRIPT), str(job)],
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=env,
+        timeout=900,
+    )
+    (workdir / "engine.log").write_text(run.stdout + run.stderr)
+    assert run.returncode == 0 and result.is_file(), f"vLLM failed on `{command}`:\n{run.stderr[-3000:]}"
+    return json.loads(result.read_text())
+
+
+# ---- the target and its drafters -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """(folder, model, tokenizer): a tiny Llama of head size 32 whose greedy text is t -> t + 1,
+    saved as a user would serve it and loaded back from there as draftheads loads a target."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftheads.heads.target import load_target, load_tokenizer
+
+    tok = load_tokenizer(TargetConfig(name_or_path="tiny-llama", tiny="llama"))
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tok),
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # the embedding dominates every layer; lm_head row t + 1 reads embedding t
+        emb = model.get_input_embeddings().weight
+        emb.mul_(100.0)
+        model.lm_head.weight.copy_(F.normalize(emb, dim=-1).roll(1, dims=0) * 10.0)
+    folder = tmp_path_factory.mktemp("engine") / "tiny-llama-h32"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    cfg = TargetConfig(name_or_path=str(folder))
+    loaded, tok = load_target(cfg)
+    return folder, loaded, tok
+
+
+def successor_rows(g: torch.Generator, n: int = 4, length: int = 48) -> dict[str, torch.Tensor]:
+    """Training rows as the target writes them: 8 random prompt tokens, then t + 1, t + 2, ..."""
+    ids = torch.randint(10, VOCAB_RANGE, (n, length), generator=g)
+    ids[:, 8:] = ids[:, 7:8] + torch.arange(1, length - 7)
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, 8:] = 1
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}
+
+
+def trained(target, draft: DraftConfig, steps: int, lr: float, out: Path) -> tuple[Drafter, Path]:
+    """A drafter of ``draft`` trained by draftheads' own objective on the target's text, and the
+    folder ``out`` it is saved in."""
+    from draftheads.train.drafters import build_drafter, build_objective, init_drafter_weights
+
+    folder, model, tok = target
+    cfg = Config(target=TargetConfig(name_or_path=str(folder)), draft=draft)
+    torch.manual_seed(0)
+    drafter = build_drafter(cfg, model, tok)
+    vocab_rows = [{"input_ids": torch.arange(1024), "loss_mask": torch.ones(1024)}]
+    init_drafter_weights(drafter, model, draft, vocab_rows, 0)
+    objective = build_objective(drafter, model, draft, topk=1)
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        loss, _ = objective(successor_rows(g))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    drafter.eval().save_pretrained(out)
+    return drafter, out
+
+
+@pytest.fixture(scope="module")
+def eagle3(target, tmp_path_factory):
+    draft = DraftConfig(
+        kind="eagle", version=3, draft_vocab_size=1024, ttt_steps=CHAIN, feature_loss_weight=0.0
+    )
+    return trained(target, draft, steps=60, lr=3e-3, out=tmp_path_factory.mktemp("eagle3") / "drafter")
+
+
+@pytest.fixture(scope="module")
+def dflash(target, tmp_path_factory):
+    draft = DraftConfig(
+        kind="dflash", block_size=BLOCK, num_decoder_layers=1, draft_vocab_size=1024, anchors_per_row=16
+    )
+    return trained(target, draft, steps=500, lr=1e-2, out=tmp_path_factory.mktemp("dflash") / "drafter")
+
+
+PROMPTS = torch.randint(10, VOCAB_RANGE - NEW, (4, 12), generator=torch.Generator().manual_seed(7)).tolist()
+
+
+@cache
+def greedy(model) -> list[list[int]]:
+    """The target's own greedy continuation of each prompt (transformers' generate)."""
+    outs = []
+    for p in PROMPTS:
+        ids = torch.tensor([p])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+        outs.append(out[0, len(p) :].tolist())
+    return outs
+
+
+def our_counters(drafter: Drafter, model, tok, chain: int) -> dict:
+    """draftheads' decoder with a chain of ``chain`` drafts, every drafted token verified, on the
+    prompts' token ids: its output, and its counters as vLLM counts them.
+
+    vLLM drafts the whole chain up to the last step and counts what it accepts there before it
+    cuts the output at ``max_tokens``; draftheads drafts no token past ``max_new_tokens``. So the
+    decoder runs ``chain`` tokens further, and its steps are counted as vLLM's: each step until
+    the prompt has its ``NEW`` tokens (the first comes from the prefill), with all it accepted.
+    """
+    from draftheads.decode import SpeculativeGenerator
+
+    cfg = DecodeConfig(tree=f"chain{chain}", cost_aware=False, lookup=False, backend="eager")
+    outputs, depths = [], []
+    for p in PROMPTS:
+        gen = SpeculativeGenerator(model, drafter, tok, cfg)
+        ids = torch.tensor([p])
+        out = gen.generate(ids, torch.ones_like(ids), max_new_tokens=NEW + chain)
+        outputs.append(out[0, len(p) : len(p) + NEW].tolist())
+        made = 1
+        for accepted in gen.last_stats.accepted_depths:
+            if made >= NEW:
+                break
+            depths.append(accepted)
+            made += accepted + 1
+    return {
+        "outputs": outputs,
+        "num_drafts": len(depths),
+        "num_draft_tokens": chain * len(depths),
+        "num_accepted_tokens": sum(depths),
+        "accepted_per_position": [sum(a >= d for a in depths) for d in range(1, chain + 1)],
+    }
+
+
+def exported(heads: Path, fmt: str, out: Path, folder: Path, capsys, verifier: Path | None = None) -> str:
+    """Export ``heads`` as the command line does; returns the serve command it printed."""
+    cfg = Config(heads=str(heads), format=fmt, out=str(out), target=TargetConfig(name_or_path=str(folder)))
+    cfg.verifier = str(verifier) if verifier else None
+    capsys.readouterr()
+    export(cfg)
+    printed = capsys.readouterr().out.splitlines()
+    command = printed[printed.index(next(line for line in printed if line.endswith("serve it with:"))) + 1]
+    return command.strip()
+
+
+def counters(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "outputs"}
+
+
+# ---- the tests --------------------------------------------------------------------------------------
+def test_plain_vllm_greedy_is_the_targets_greedy(target, tmp_path):
+    folder, model, _ = target
+    report = run_engine(f"vllm serve {folder}", PROMPTS, tmp_path)
+    assert report["outputs"] == greedy(model)
+    assert report["outputs"][0][:3] == [PROMPTS[0][-1] + 1, PROMPTS[0][-1] + 2, PROMPTS[0][-1] + 3]
+
+
+def test_vllm_serves_the_embedded_target_folder_with_draftheads_greedy(smollm2, tmp_path):
+    """The embedded SmolLM2, as draftheads converts it into its cache, is what vLLM serves: the
+    same greedy tokens as the target draftheads loads (an embedding vLLM could not find would
+    leave it uninitialised, and the text would be garbage)."""
+    from draftheads.heads.embedded_target import convert_smollm2
+
+    model, tok = smollm2
+    messages = ["What is 12 times 7?", "Name three colours."]
+    chats = [[{"role": "user", "content": m}] for m in messages]
+    prompts = [
+        list(tok.apply_chat_template(c, add_generation_prompt=True, return_dict=True)["input_ids"])
+        for c in chats
+    ]
+    want = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+        want.append(out[0, len(p) :].tolist())
+    report = run_engine(f"vllm serve {convert_smollm2(TargetConfig())}", prompts, tmp_path)
+    assert report["outputs"] == want
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "speculators"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, request, tmp_path, capsys):
+    folder, model, tok = target
+    drafter, heads = request.getfixturevalue(kind)
+    chain = CHAIN if kind == "eagle3" else BLOCK - 1
+    ours = our_counters(drafter, model, tok, chain)
+    assert ours["outputs"] == greedy(model)
+    assert 0 < ours["num_accepted_tokens"] < ours["num_draft_tokens"]  # agrees sometimes, not always
+    verifier = folder if fmt == "speculators" else None
+    command = exported(heads, fmt, tmp_path / "export", folder, capsys, verifier)
+    assert command.startswith("vllm serve ")
+    report = run_engine(command, PROMPTS, tmp_path)
+    assert report["outputs"] == greedy(model)
+    assert counters(report) == counters(ours)
+
+
+def test_a_shifted_d2t_is_caught_by_the_counters(target, eagle3, tmp_path, capsys):
+    """An EAGLE-3 export whose d2t is off by one drafts other tokens: vLLM's output stays the
+    target's (verification is lossless), but its counters no longer match draftheads'."""
+    from safetensors.torch import load_file, save_file
+
+    folder, model, tok = target
+    drafter, heads = eagle3
+    command = exported(heads, "vllm", tmp_path / "export", folder, capsys)
+    weights = tmp_path / "export" / "model.safetensors"
+    sd = load_file(str(weights))
+    sd["d2t"] = sd["d2t"] + 1
+    save_file(sd, str(weights))
+    report = run_engine(command, PROMPTS, tmp_path)
+    assert report["outputs"] == greedy(model)
+    assert counters(report) != counters(our_counters(drafter, model, tok, CHAIN))
