@@ -48,7 +48,7 @@ demo: install
 test: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=10 tests
 
-# The engine tests: vLLM serves draftheads' exports (see docs/engines.md). Skipped, with the
+# The engine tests: vLLM serves draftheads' exports (see docs/hub.md). Skipped, with the
 # reason, where `make engine` has not been run.
 test-engine: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -rs -m engine tests
