@@ -26,7 +26,7 @@ Each side keeps a running mean of its measured rate, ``(B + accepted drafts) / (
 verify forward)``, over a plain step's ``B / c(B)``; the leader runs, and the trailing side is
 probed after ``wait`` steps (``wait`` doubles, up to :data:`MAX_WAIT`, while its probes keep
 losing, and is back at 1 once it leads). Without lookup branches (level 0) the side without the
-drafter is a plain step, whose rate is 1 by definition, so it is never probed. A drafted step
+drafter is a plain step, whose rate is 1 by definition: it is neither measured nor probed. A drafted step
 that keeps no node puts the drafter behind until its next probe, and a probe of the drafter
 verifies at least one node, so fresh acceptance reaches the duel and ``trust`` even when the
 scores say nothing pays.
@@ -199,11 +199,13 @@ class Planner:
         self.drafted, self.probe = True, False
 
     def record(self, drafted: bool, rate: float, kept: bool = True) -> None:
-        """Fold a step's measured ``rate`` into its side at this step's level. A probe that still
-        trails waits twice as long next time, one that leads is back at 1; a drafted step that
-        kept no node (``kept`` False) puts the drafter behind at once."""
+        """Fold a step's measured ``rate`` into its side at this step's level (a plain step's rate
+        is 1 by definition: measuring it would only add the clock's noise to the duel). A probe
+        that still trails waits twice as long next time, one that leads is back at 1; a drafted
+        step that kept no node (``kept`` False) puts the drafter behind at once."""
         rates = self.duel(self.level)
-        rates[drafted] = 0.7 * rates[drafted] + 0.3 * rate
+        if drafted or self.level > 0:  # at level 0 the side without the drafter is a plain step: 1
+            rates[drafted] = 0.7 * rates[drafted] + 0.3 * rate
         if drafted and not kept:
             rates[True] = min(rates[True], rates[False] - 1e-9)
         if self.probe:
