@@ -23,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from draftheads.decode.cost import CostCurve, CostModel, measure_model, model_forwards, model_key
+from draftheads.decode.cost import (
+    CONTEXT_BUCKET,
+    CostCurve,
+    CostModel,
+    measure_model,
+    model_forwards,
+    model_key,
+)
 from draftheads.heads.checkpoint import atomic_write
 
 
@@ -165,7 +172,7 @@ def cached_model(target, backend: str, cache_dir: str | Path | None = None) -> C
 
 
 def cached_curve(
-    target, backend: str, cache_dir: str | Path | None = None, batch: int = 1, context: int = 128
+    target, backend: str, cache_dir: str | Path | None = None, batch: int = 1, context: int = CONTEXT_BUCKET
 ) -> CostCurve:
     """The verify-cost curve of ``batch`` rows after ``context`` cached tokens, read from this
     set-up's cached model (:func:`cached_model`)."""
