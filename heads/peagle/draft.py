@@ -1,8 +1,9 @@
 """One decoding pass of a P-EAGLE drafter: the new accepted pairs and a whole group at once.
 
 After the target verifies a step, the drafter has ``n`` new pairs per row (the features of the
-accepted positions with the tokens that followed them; padded, ``valid`` a prefix) and, in its
-cache, the pairs of every earlier position (``context``). One forward reads::
+accepted positions with the tokens that followed them; ``valid`` marks the real ones: a prefix
+after a step, the prompt's left padding excluded after the prefill) and, in its cache, the pairs
+of every earlier position (``context``). One forward reads::
 
     [pair_0 .. pair_{n-1}, mask_1 .. mask_{k-1}]     at positions p_0 .. p_{n-1}, p_a+1 .. p_a+k-1
 
@@ -39,7 +40,7 @@ def parallel_draft(
     ``cache`` (a transformers ``DynamicCache``) the pairs' keys and values are appended to it."""
     B, n = next_ids.shape
     m = k - 1
-    last = valid.long().sum(1) - 1
+    last = torch.where(valid, torch.arange(n, device=valid.device), -1).amax(1)  # the anchor
     hidden = drafter.fuse(features)
     mask_rows = drafter.mask_feature().to(hidden.dtype).expand(B, m, -1)
     ids = torch.cat([next_ids, next_ids.new_full((B, m), drafter.mask_token_id)], 1)
@@ -49,6 +50,6 @@ def parallel_draft(
     mask = additive_mask(decode_mask(slots, valid, k), hidden.dtype)
     out = drafter(ids, torch.cat([hidden, mask_rows], 1), pos, mask, cache)
     if cache is not None and m:
-        cache.crop(cache.get_seq_length() - m)
+        cache.crop(-m)  # the number of slots to remove
     rows = torch.arange(B, device=out.device)
     return torch.cat([out[rows, last][:, None], out[:, n:]], 1)

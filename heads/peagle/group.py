@@ -45,8 +45,8 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def decode_mask(context: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean ``[B, n + k - 1, S + n + k - 1]`` of a decoding pass: ``n`` new pairs (``valid
-    [B, n]``, a prefix per row), then the ``k - 1`` mask entries of one group anchored at each
-    row's last valid pair, over ``context [B, S]`` cached slots, the new pairs and the group.
+    [B, n]`` the real ones), then the ``k - 1`` mask entries of one group anchored at each row's
+    last valid pair, over ``context [B, S]`` cached slots, the new pairs and the group.
 
     A pair sees the context and the valid pairs up to itself; mask entry d sees the context,
     every valid pair (those up to its anchor) and mask entries 1..d."""
