@@ -21,8 +21,8 @@ token's row is the drafter's own (``mask_embed`` [H]), so a real token embeds as
 Training runs a group at every row at once (:meth:`PEagleDrafter.group`, entries from
 :mod:`~draftheads.heads.peagle.sampling`); decoding runs one group after the accepted pairs
 (:func:`~draftheads.heads.peagle.draft.parallel_draft`). The layout follows speculators'
-``PEagleDraftModel`` (``models/peagle/core.py``), so :mod:`~draftheads.heads.peagle.convert`
-maps its checkpoints by renaming ``hidden_norm`` alone.
+``PEagleDraftModel`` (``models/peagle/core.py``): :mod:`~draftheads.heads.peagle.convert` maps
+its checkpoints by moving ``hidden_norm`` and the embedding's mask row, nothing else.
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ def depth_sizes(n: torch.Tensor, depths: int, ratio: float, ratio_min: float) ->
     """``[depths, B]`` entries kept per depth for ``n [B]`` seed anchors: n at depth 0, then
     ``floor(max(0, n - d) * max(ratio**d, ratio_min))`` (in float64, as Python's ``int(x * r)``)."""
     d = torch.arange(depths, device=n.device)
-    keep = torch.tensor([max(ratio**i, ratio_min) for i in range(depths)], dtype=torch.float64)
-    size = ((n[None] - d[:, None]).clamp(min=0).double() * keep.to(n.device)[:, None]).floor().long()
+    share = torch.tensor([max(ratio**i, ratio_min) for i in range(depths)], dtype=torch.float64)
+    size = ((n[None] - d[:, None]).clamp(min=0).double() * share.to(n.device)[:, None]).floor().long()
     size[0] = n
     return size
 
