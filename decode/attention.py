@@ -1,20 +1,11 @@
-"""Grouped-query attention under a tree mask, without copying the shared keys and values.
+"""transformers' SDPA attention with grouped-query heads folded under a mask.
 
 A grouped-query target (SmolLM2: 9 query heads share 3 key/value heads) reads each key/value head
 ``g = H / H_kv`` times. transformers' SDPA path attends with ``enable_gqa`` only when no mask is
 passed (a plain greedy step); under a mask, the decoder's every verify step, it first copies each
-layer's whole cache ``g`` times (``repeat_kv``). That copy grows with the context: after 1,500
-cached tokens it is about 280 MB of fresh memory per step on SmolLM2, more than the step's own
-matrix work, and it is what made a long-context verify step cost about 1.5 greedy steps.
-
-The fold. Head ``h`` reads key/value head ``h // g``, so the ``g`` query heads of one group can
-stand in one attention call as ``g·n`` query rows against the group's single key/value head:
-
-    q [B, H, n, D] -> [B, H_kv, g·n, D],   mask [B, 1, n, S] -> [B, 1, g·n, S] (each row's mask, g times)
-    out = SDPA(q, k, v, mask) [B, H_kv, g·n, D] -> [B, H, n, D]
-
-Every query row still meets the same keys, values and mask row, so the result is the same
-attention (to float rounding); only the ``g·n × S`` mask is repeated, not the ``S × D`` cache.
+layer's whole cache ``g`` times (``repeat_kv``), a copy that grows with the context.
+:func:`~draftheads.heads.attention.grouped_attention` folds the query groups instead (the math is
+stated there): the same attention, no copy.
 
 :func:`grouped` switches a target's (and a drafter's) ``sdpa`` attention to this one inside a
 block; the decoder's backend blocks (:mod:`~draftheads.decode.backend`) enter it, so the decoder,
@@ -30,6 +21,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+
+from draftheads.heads.attention import foldable, grouped_attention
 
 NAME = "draftheads_grouped_sdpa"
 _LOCK = threading.Lock()
@@ -52,10 +45,7 @@ def grouped_sdpa(
     docstring); otherwise transformers' ``sdpa_attention_forward``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    B, H, n, D = query.shape
-    kv = key.shape[1]
-    mask = attention_mask
-    if mask is None or kv == H or mask.dim() != 4 or mask.shape[1] != 1 or (dropout and module.training):
+    if not foldable(query, key, attention_mask) or (dropout and module.training):
         return sdpa_attention_forward(
             module,
             query,
@@ -67,13 +57,8 @@ def grouped_sdpa(
             is_causal=is_causal,
             **kwargs,
         )
-    g, S = H // kv, key.shape[2]
-    mask = mask[:, :, :, :S]
-    folded = mask[:, :, None].expand(mask.shape[0], 1, g, n, S).reshape(mask.shape[0], 1, g * n, S)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(B, kv, g * n, D), key, value, attn_mask=folded, scale=scaling
-    )
-    return out.reshape(B, H, n, D).transpose(1, 2).contiguous(), None
+    out = grouped_attention(query, key, value, attention_mask, scaling)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def register() -> None:
