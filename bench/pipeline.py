@@ -61,19 +61,19 @@ PUBLISHED_TREE = {"dynamic": True, "top_k_draft": 10, "depth": 6, "total_tokens"
 TREE_ROW = "{kind} (EAGLE-2 tree)"
 
 
-def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, rows: Rows = NO_ROWS) -> dict[str, Any]:
-    """Run (or resume) every stage, then the study's ``rows`` (none when installed); returns what
-    the docs page is written from. A row ``rows`` refuses or an output folder the guard refuses
-    stops it before the first stage."""
+def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, study: Rows = NO_ROWS) -> dict[str, Any]:
+    """Run (or resume) every stage, then the rows of a maintainer's ``study`` (none when
+    installed); returns what the docs page is written from. A row the study refuses or an output
+    folder the guard refuses stops it before the first stage."""
     from draftheads.heads.target import load_target
     from draftheads.heads.target_fingerprint import fingerprint
 
-    rows.check(b)
+    study.check(b)
     guard_out_dir(b.out_dir, "bench", "bench.out_dir")
     t0 = time.perf_counter()
     target, tok = load_target(cfg.target)
     H, L = target.config.hidden_size, fingerprint(target).num_layers
-    read = cache_layers(list(b.drafters), L, rows.overrides(b))  # every layer a cache holds
+    read = cache_layers(list(b.drafters), L, study.overrides(b))  # every layer a cache holds
     data_dirs = stage_distill(cfg, b, target, tok) if b.distill_prompts else []
     distilled = None  # with teacher-forced data: the distilled answers' own cache, mixed in by view
     if b.teacher_tokens:
@@ -120,20 +120,20 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, rows: Rows = NO_ROWS) ->
         results["drafter_only"] = {
             kind: stage_alone(cfg, b, target, tok, trained[kind]) for kind in b.drafters
         }
-    results.update(rows.run(MainRun(cfg, b, target, tok, cache, distilled, data, eagle, results)))
+    results.update(study.run(MainRun(cfg, b, target, tok, cache, distilled, data, eagle, results)))
     results["stage_minutes"] = stage_minutes(b)
     results["seconds"] = time.perf_counter() - t0
     return results
 
 
-def bench(cfg: BenchArgs, rows: Rows = NO_ROWS) -> None:
-    """``make bench``: the whole pipeline at benchmark size, with a study's ``rows`` when a
-    maintainer's run hands them; writes ``bench.docs`` (checked first)."""
+def bench(cfg: BenchArgs, study: Rows = NO_ROWS) -> None:
+    """``make bench``: the whole pipeline at benchmark size, with the rows of a maintainer's
+    ``study`` when one hands them; writes ``bench.docs`` (checked first)."""
     b = cfg.bench
     if b.docs:
         check_docs(Path(b.docs))
-    results = pipeline(cfg, b, rows)
-    results["command"] = rows.command()
+    results = pipeline(cfg, b, study)
+    results["command"] = study.command()
     out = Path(b.out_dir)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     if results["scaling"]:
