@@ -154,11 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m bench.lab.study OVERRIDES``: ``draftheads bench`` with the study's rows."""
     from draftheads.conf.cli import parse
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(args):
+        print(__doc__)
+        return 0
     try:
-        bench(parse(["bench", *(sys.argv[1:] if argv is None else argv)]).args, STUDY)
+        bench(parse(["bench", *args]).args, STUDY)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1
     return 0
 
 
