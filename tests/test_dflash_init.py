@@ -9,7 +9,7 @@ import inspect
 import pytest
 import torch
 
-from draftheads.bench.block_attention import position1_attention, shares
+from bench.lab.block_attention import position1_attention, shares
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.heads import DFlashDrafter, Drafter, fingerprint
