@@ -18,7 +18,9 @@ of its own (:mod:`~draftheads.bench.data_stages` 1–2, :mod:`~draftheads.bench.
    runs are decoded once per turn for every drafter, and every ratio comes from one run. With
    ``bench.drafter_only`` every drafter's held-out τ is measured once more with its own tree
    alone (no lookup branch, no cost-aware planning): the drafter's own progress
-   (:mod:`~draftheads.bench.drafter_only`).
+   (:mod:`~draftheads.bench.drafter_only`). With ``bench.workloads`` the EAGLE drafter is also
+   measured beyond batch 1, on the long and copy sets and on its first call
+   (:mod:`~draftheads.bench.workload_stage`).
 6. **study** (a maintainer's, from a checkout: ``python -m bench.lab.study``): τ on held-out
    prompts against training tokens for the EAGLE drafter, the ablation rows at equal data, and
    ``bench.variants``: rows trained on the main data and passes, each measured drafter only. The
@@ -46,6 +48,7 @@ from draftheads.bench.stage_times import stage_minutes
 from draftheads.bench.stages import load_rows, log
 from draftheads.bench.teacher_stages import cache_layers, stage_teacher, train_on
 from draftheads.bench.train_stages import stage_train, stage_tree
+from draftheads.bench.workload_stage import stage_workloads
 from draftheads.conf.commands.args import BenchArgs, DemoArgs
 from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig
@@ -116,6 +119,8 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, study: Rows = NO_ROWS) -
             reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, PUBLISHED_TREE)
             if eagle in reports:  # absent when the prompt set is
                 row[name] = reports[eagle]
+    if b.workloads and eagle:
+        results["workloads"] = stage_workloads(cfg, b, target, tok, trained[eagle])
     if b.drafter_only and "heldout" in b.eval_sets:
         results["drafter_only"] = {
             kind: stage_alone(cfg, b, target, tok, trained[kind]) for kind in b.drafters
@@ -164,6 +169,7 @@ def demo(cfg: DemoArgs) -> None:
         eval_new_tokens=96,
         baselines=[],
         drafter_only=False,
+        workloads=False,
         shared_data="",  # the embedded default only
         docs="",
     )

@@ -10,7 +10,7 @@ import pytest
 
 from bench.lab.study import run as study  # the pipeline with the maintainers' study rows
 from draftheads.bench.pipeline import load_rows, pipeline
-from draftheads.bench.report import BEGIN, END, replace_section, summary_lines, write_docs
+from draftheads.bench.report import BEGIN, END, figures, replace_section, summary_lines, write_docs
 from draftheads.conf.cli import main, parse
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
@@ -28,6 +28,7 @@ def tiny_bench(tmp_path, *overrides: str, **settings):
         eval_sets=["heldout"],
         baselines=[],
         drafter_only=False,
+        workloads=False,
         docs="",
     )
     return cfg, replace(cfg.bench, **{**base, **settings})
@@ -55,6 +56,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         tmp_path,
         "decode.tree_prompts=4",  # the Medusa tree from 4 prompts' heads, 16 tokens each
         "decode.tree_new_tokens=16",
+        "decode.max_new_tokens=8",  # the workload rows' answers
         drafters=["medusa", "eagle3", "dflash"],
         distill_prompts=8,
         self_prompts=0,
@@ -70,9 +72,21 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         eval_new_tokens=8,
         baselines=["pld"],
         drafter_only=True,
+        workloads=True,
     )
-    pipeline(cfg, b)
+    first = pipeline(cfg, b)
     out = tmp_path / "bench"
+    # the EAGLE drafter beyond batch 1 and on its first call: every batch size against batched
+    # greedy, greedy identical; cold and warm first calls; printed and kept for benchmarks.json
+    work = first["workloads"]
+    assert [r["batch"] for r in work["batches"]] == [1, 4, 8] and all(r["identical"] for r in work["batches"])
+    assert work["settings"]["heads"] == str(out / "eagle3")
+    pairs = work["first_call"]["pairs"]
+    assert len(pairs) == 2 and all(p["cold"] > 0 and p["warm"] > 0 for p in pairs)
+    lines = summary_lines(first)
+    assert "workloads batch 8:" in lines and lines.count("first call: cold") == 2
+    kept = figures(first)
+    assert kept["first_call"] == work["first_call"] and "first_call" not in kept["workloads"]
     # scaling points (the study's, from the checkout) at exactly 2 and 4 cached rows' answer tokens
     # (in the stage's row order), so both are reachable whatever the distilled answers' lengths;
     # every other stage is cached now

@@ -101,6 +101,9 @@ class BenchConfig:
     # with heldout in eval_sets: every drafter's held-out τ once more with its own tree alone (no
     # lookup branch, no cost-aware planning), as the ablation rows' "drafter only": what it learnt
     drafter_only: bool = True
+    # the EAGLE drafter beyond batch 1 (batches 1/4/8, the long and copy sets with prompt lookup
+    # beside them) and on its first call, as ``draftheads speed speed.workloads=true`` measures
+    workloads: bool = True
     docs: str = "docs/benchmarks.md"
 
     def __post_init__(self) -> None:
