@@ -18,7 +18,7 @@ from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.layers import depth_problem
 from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter, MedusaHeads
-from draftheads.heads.anchor_prior import set_anchor_prior
+from draftheads.heads.dflash.anchor_prior import set_anchor_prior
 from draftheads.heads.dflash import choose_mask_token
 from draftheads.heads.layer_init import last_layers
 from draftheads.heads.target import target_name
