@@ -126,6 +126,17 @@ class Drafter(
             )
         return self._shared[name]
 
+    # ---- decoding facts (what shapes the draft trees) ------------------------------------
+    dynamic_trees: ClassVar[bool] = True  # drafts trees as it goes (EAGLE-2, DDTree); else static only
+
+    def tree_width(self) -> int | None:
+        """Heads a static tree's depths index (Medusa: its heads), or None: any depth."""
+        return None
+
+    def draft_depth(self) -> int | None:
+        """The most tokens one draft reaches (DFlash: a block's ``block_size - 1``), or None: no limit."""
+        return None
+
     def state_to_save(self) -> dict[str, torch.Tensor]:
         """Tensors written to model.safetensors: the drafter's own parameters and buffers."""
         return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
