@@ -25,7 +25,7 @@ ENGINE_PIP_ARGS ?=
 export DRAFTHEADS_ENGINE_PYTHON ?= $(abspath $(ENGINE_PY))
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo test test-fast test-engine engine lint bench clean
+.PHONY: install demo test test-fast test-engine engine lint bench study clean
 
 install: $(STAMP)
 
@@ -76,6 +76,12 @@ lint: install
 
 bench: install
 	$(VENV)/bin/draftheads bench
+
+# The maintainers' study (bench/lab/, run from this checkout, not installed): the bench with its
+# research rows, e.g. make study STUDY="'bench.scaling_tokens=[68000]' 'bench.ablations=[all]'"
+STUDY ?=
+study: install
+	$(PY) -m bench.lab.study $(STUDY)
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info outputs

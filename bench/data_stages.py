@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftheads.bench import study
+from draftheads.bench import teacher_stages
 from draftheads.bench.stages import compose, done, log, mark_done
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.schema import BenchConfig
@@ -89,21 +89,19 @@ def stage_features(
     target: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
     data_dirs: list[Path],
+    layers: list[int],
 ) -> Path:
-    """The one feature cache of the chats in ``data_dirs``, with every layer any drafter reads."""
+    """The one feature cache of the chats in ``data_dirs``, with the target ``layers`` every drafter
+    reads (:func:`~draftheads.bench.teacher_stages.cache_layers`)."""
     import datasets
 
     from draftheads.data.cache_build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
-    from draftheads.heads.target_fingerprint import fingerprint
 
     out = Path(b.out_dir) / "features"
     # beside a teacher-forced cache, the same label columns (top-k), so the two train as one
     topk = b.topk if b.teacher_tokens else 0
-    # every layer the drafters and ablation rows read (EAGLE-3's: a superset of Medusa's final
-    # state), so one cache serves them all
-    layers = study.row_layers(study.cached_rows(b), list(b.drafters), fingerprint(target).num_layers)
-    made = {"data": [d.name for d in data_dirs], "topk": topk, "layers": layers}
+    made = {"data": [d.name for d in data_dirs], "topk": topk, "layers": list(layers)}
     if done(out, made):
         return out
     parts = []
@@ -115,7 +113,7 @@ def stage_features(
     log(f"features: {len(ds)} rows, layers {layers}")
     t0 = time.perf_counter()
     build_feature_cache(target, tok, ds, out, layers, dtype="bfloat16", topk=topk, batch_tokens=2048)
-    study.write_answer_tokens(out, [sum(m) for m in ds["loss_mask"]])
+    teacher_stages.write_answer_tokens(out, [sum(m) for m in ds["loss_mask"]])
     answer = sum(map(sum, ds["loss_mask"]))
     mark_done(out, {"rows": len(ds), "answer_tokens": answer, "seconds": time.perf_counter() - t0}, made)
     return out

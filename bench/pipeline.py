@@ -2,8 +2,8 @@
 
 Stages, each cached under ``bench.out_dir`` so that a rerun skips what is done, each in a module
 of its own (:mod:`~draftheads.bench.data_stages` 1–2, :mod:`~draftheads.bench.train_stages` 3–4,
-:mod:`~draftheads.bench.eval_stage` 5, :mod:`~draftheads.bench.scaling` 6; the teacher-forced
-stages in :mod:`~draftheads.bench.study`); this module runs them in order:
+:mod:`~draftheads.bench.eval_stage` 5; the teacher-forced stages in
+:mod:`~draftheads.bench.teacher_stages`); this module runs them in order:
 
 1. **distill**: the target answers prompts greedily (the embedded train split, plus GSM8K
    train and CodeAlpaca when the optional ``bench.shared_data`` folder exists) and, optionally, prompts it wrote
@@ -18,10 +18,13 @@ stages in :mod:`~draftheads.bench.study`); this module runs them in order:
    runs are decoded once per turn for every drafter, and every ratio comes from one run. With
    ``bench.drafter_only`` every drafter's held-out τ is measured once more with its own tree
    alone (no lookup branch, no cost-aware planning): the drafter's own progress
-   (:mod:`~draftheads.bench.drafter_only`).
-6. **scaling**: τ on held-out prompts against training tokens for the EAGLE drafter; the
-   opt-in ablation rows at equal data, and ``bench.variants``: rows trained on the main data and
-   passes, each measured drafter only.
+   (:mod:`~draftheads.bench.drafter_only`). With ``bench.workloads`` the EAGLE drafter is also
+   measured beyond batch 1, on the long and copy sets and on its first call
+   (:mod:`~draftheads.bench.workload_stage`).
+6. **study** (a maintainer's, from a checkout: ``python -m bench.lab.study``): τ on held-out
+   prompts against training tokens for the EAGLE drafter, the ablation rows at equal data, and
+   ``bench.variants``: rows trained on the main data and passes, each measured drafter only. The
+   installed bench refuses them (:mod:`~draftheads.bench.extension`).
 
 The results, with the commands, the hardware and each stage's minutes
 (:mod:`~draftheads.bench.stage_times`), are written to ``bench.docs``.
@@ -31,22 +34,21 @@ The results, with the commands, the hardware and each stage's minutes
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from draftheads.bench import study
 from draftheads.bench.data_stages import stage_distill, stage_features
-from draftheads.bench.drafter_only import check_variants, main_data, stage_alone, stage_variants
+from draftheads.bench.drafter_only import main_data, stage_alone
 from draftheads.bench.eval_stage import stage_eval
+from draftheads.bench.extension import NO_ROWS, MainRun, Rows
 from draftheads.bench.report import check_docs, scaling_plot, summary_lines, write_docs
-from draftheads.bench.scaling import main_point, stage_scaling
 from draftheads.bench.stage_times import stage_minutes
 from draftheads.bench.stages import load_rows, log
+from draftheads.bench.teacher_stages import cache_layers, stage_teacher, train_on
 from draftheads.bench.train_stages import stage_train, stage_tree
+from draftheads.bench.workload_stage import stage_workloads
 from draftheads.conf.commands.args import BenchArgs, DemoArgs
 from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig
@@ -62,26 +64,27 @@ PUBLISHED_TREE = {"dynamic": True, "top_k_draft": 10, "depth": 6, "total_tokens"
 TREE_ROW = "{kind} (EAGLE-2 tree)"
 
 
-def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
-    """Run (or resume) every stage; returns what the docs page is written from. An unknown
-    ablation row or an output folder the guard refuses stops it before the first stage."""
+def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, study: Rows = NO_ROWS) -> dict[str, Any]:
+    """Run (or resume) every stage, then the rows of a maintainer's ``study`` (none when
+    installed); returns what the docs page is written from. A row the study refuses or an output
+    folder the guard refuses stops it before the first stage."""
     from draftheads.heads.target import load_target
     from draftheads.heads.target_fingerprint import fingerprint
 
-    study.check_ablations(b)
-    check_variants(b)
+    study.check(b)
     guard_out_dir(b.out_dir, "bench", "bench.out_dir")
     t0 = time.perf_counter()
     target, tok = load_target(cfg.target)
     H, L = target.config.hidden_size, fingerprint(target).num_layers
+    read = cache_layers(list(b.drafters), L, study.overrides(b))  # every layer a cache holds
     data_dirs = stage_distill(cfg, b, target, tok) if b.distill_prompts else []
     distilled = None  # with teacher-forced data: the distilled answers' own cache, mixed in by view
     if b.teacher_tokens:
-        cache = study.stage_teacher(cfg, b, target, tok)
+        cache = stage_teacher(cfg, b, target, tok, read)
         if data_dirs:
-            distilled = stage_features(cfg, b, target, tok, data_dirs)
+            distilled = stage_features(cfg, b, target, tok, data_dirs, read)
     else:
-        cache = stage_features(cfg, b, target, tok, data_dirs)
+        cache = stage_features(cfg, b, target, tok, data_dirs, read)
     results: dict[str, Any] = {"drafters": {}, "scaling": [], "train": {}, "ablations": {}}
     if b.teacher_tokens:
         results["data"] = json.loads((cache / ".done").read_text())
@@ -93,7 +96,7 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
         heads = Path(b.out_dir) / kind
         if data and kind in STREAMED:  # streamed from the cache (or the view with the distilled answers)
             source, tokens, epochs, note = data
-            study.train_on(cfg, b, target, source, heads, tokens, epochs, STREAMED[kind], note=note)
+            train_on(cfg, b, target, source, heads, tokens, epochs, STREAMED[kind], note=note)
         else:
             limit = b.medusa_tokens if b.teacher_tokens and kind == "medusa" else None
             layers = DraftConfig(kind="dflash").training_layers(L) if kind == "dflash" else None
@@ -116,32 +119,26 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig) -> dict[str, Any]:
             reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, PUBLISHED_TREE)
             if eagle in reports:  # absent when the prompt set is
                 row[name] = reports[eagle]
+    if b.workloads and eagle:
+        results["workloads"] = stage_workloads(cfg, b, target, tok, trained[eagle])
     if b.drafter_only and "heldout" in b.eval_sets:
         results["drafter_only"] = {
             kind: stage_alone(cfg, b, target, tok, trained[kind]) for kind in b.drafters
         }
-    if b.teacher_tokens:
-        points = study.stage_scaling(cfg, b, target, tok, cache)
-        # the main drafter is a point of the equal-compute curve unless distilled data was added
-        main = eagle == "eagle3" and distilled is None
-        results["scaling"] = points + (main_point(results, eagle) if main else [])
-        results["ablations"] = study.stage_ablations(cfg, b, target, tok, cache, distilled)
-    elif eagle and b.scaling_tokens:
-        results["scaling"] = stage_scaling(cfg, b, target, tok, cache, eagle) + main_point(results, eagle)
-    if data and b.variants:
-        results["variants"] = stage_variants(cfg, b, target, tok, data)
+    results.update(study.run(MainRun(cfg, b, target, tok, cache, distilled, data, eagle, results)))
     results["stage_minutes"] = stage_minutes(b)
     results["seconds"] = time.perf_counter() - t0
     return results
 
 
-def bench(cfg: BenchArgs) -> None:
-    """``make bench``: the whole pipeline at benchmark size; writes ``bench.docs`` (checked first)."""
+def bench(cfg: BenchArgs, study: Rows = NO_ROWS) -> None:
+    """``make bench``: the whole pipeline at benchmark size, with the rows of a maintainer's
+    ``study`` when one hands them; writes ``bench.docs`` (checked first)."""
     b = cfg.bench
     if b.docs:
         check_docs(Path(b.docs))
-    results = pipeline(cfg, b)
-    results["command"] = command_line()
+    results = pipeline(cfg, b, study)
+    results["command"] = study.command()
     out = Path(b.out_dir)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     if results["scaling"]:
@@ -150,12 +147,6 @@ def bench(cfg: BenchArgs) -> None:
         write_docs(results, b, Path(b.docs))
         log(f"results written to {b.docs}")
     print(summary_lines(results))
-
-
-def command_line() -> str:
-    """The command that ran the bench: ``draftheads bench`` with its overrides."""
-    args = sys.argv[1:]
-    return shlex.join(["draftheads", *args]) if args[:1] == ["bench"] else "draftheads bench"
 
 
 def demo(cfg: DemoArgs) -> None:
@@ -178,6 +169,7 @@ def demo(cfg: DemoArgs) -> None:
         eval_new_tokens=96,
         baselines=[],
         drafter_only=False,
+        workloads=False,
         shared_data="",  # the embedded default only
         docs="",
     )

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from draftheads.bench.workload_stage import workload_figures, workload_lines
 from draftheads.conf.commands.checks import writable_file
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
@@ -45,6 +46,7 @@ def summary_lines(results: dict[str, Any]) -> str:
             if "pld" in r:
                 line += f"  | prompt lookup τ {r['pld']['tau']:.2f} speedup {r['pld']['speedup']:.2f}×"
             lines.append(line)
+    lines += workload_lines(results.get("workloads", {}))
     for kind, r in results.get("drafter_only", {}).items():
         lines.append(f"{kind:<7} heldout     τ {r['tau']:.2f}, drafter only (no lookup branch, no planner)")
     for p in results.get("scaling", []):
@@ -395,6 +397,7 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         "variants": results.get("variants", {}),
         "stage_minutes": results.get("stage_minutes", {}),
         "seconds": results.get("seconds"),
+        **workload_figures(results.get("workloads")),
     }
 
 
@@ -417,18 +420,16 @@ def check_docs(path: Path) -> None:
 
 
 # keys of docs/benchmarks.json that other commands write, kept when the bench rewrites it
-KEPT_KEYS = ("workloads", "reduced_runs", "full_runs")
+KEPT_KEYS = ("workloads", "first_call", "reduced_runs", "full_runs")
 
 
 def write_figures(results: dict[str, Any], settings: dict[str, Any], path: Path) -> None:
-    """``docs/benchmarks.json``: the figures of ``docs/benchmarks.md`` with the command and settings.
-    What other runs recorded there is kept: the ``workloads`` rows of ``draftheads speed
-    speed.workloads=true``, the ``reduced_runs`` (smaller benches, each with its own command) and
-    the ``full_runs`` (whole benches recorded beside the main one, e.g. on another machine)."""
+    """``docs/benchmarks.json``: the figures of ``docs/benchmarks.md``, the command and settings,
+    and what other runs recorded there (:data:`KEPT_KEYS`, e.g. ``full_runs`` from other machines)."""
     record = {"command": results.get("command", "draftheads bench"), "settings": settings, **figures(results)}
     earlier = read_json(path) if path.exists() else None
-    for key in KEPT_KEYS:
-        if isinstance(earlier, dict) and key in earlier:
+    for key in KEPT_KEYS:  # unless this run measured them itself
+        if isinstance(earlier, dict) and key in earlier and key not in record:
             record[key] = earlier[key]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")

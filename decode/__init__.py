@@ -1,4 +1,5 @@
-"""draftheads.decode: the tree-attention speculative decoder (Medusa and EAGLE drafters)."""
+"""draftheads.decode: the tree-attention speculative decoder (Medusa, EAGLE and DFlash drafters;
+one proposer registered per kind, see :mod:`draftheads.decode.proposers`)."""
 
 from draftheads.decode.generator import DecodeStats, SpeculativeGenerator
 

@@ -45,6 +45,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import BACKENDS
+from draftheads.decode.attention import grouped
 
 
 class _Packed:
@@ -216,10 +217,12 @@ def _packable(m: nn.Linear) -> bool:
 class Backend:
     """One call's backend: for ``onednn``, the modules' packed weights (made here, held until this
     object is dropped); :meth:`active` runs the modules on them. A block already active in this
-    thread lends its packed weights (nothing is packed twice)."""
+    thread lends its packed weights (nothing is packed twice). On every backend the modules'
+    grouped-query attention runs without copying its keys (:mod:`~draftheads.decode.attention`)."""
 
     def __init__(self, name: str, *modules: nn.Module, cache: PackCache | None = None) -> None:
         outer = _ACTIVE.get() or {}
+        self.modules = modules
         self.packed: dict[nn.Linear, _Packed] = {}
         if name == "onednn":
             for m in linears(*modules):
@@ -229,6 +232,12 @@ class Backend:
     @contextmanager
     def active(self) -> Iterator[None]:
         """Run the modules on this backend inside the block, in this thread; exception-safe."""
+        with grouped(*self.modules), self._packed():
+            yield
+
+    @contextmanager
+    def _packed(self) -> Iterator[None]:
+        """The packed weights installed inside the block (none: the modules as they are)."""
         if not self.packed:
             yield
             return

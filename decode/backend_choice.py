@@ -35,7 +35,7 @@ from draftheads.decode.context import position_limit
 from draftheads.decode.cost import device_name
 from draftheads.decode.cost_cache import default_cache_dir, finite_seconds, read_record, write_record
 
-CHOICE_VERSION = 1
+CHOICE_VERSION = 2  # 2: grouped-query attention folded under masks (decode/attention.py)
 STEPS = 5  # timed calls per candidate (after one untimed call that pays one-off costs)
 CONTEXT = 32  # cached tokens before a timed target step
 DRAFT_ROWS = 4  # rows of a timed drafter call: a drafting step's candidates

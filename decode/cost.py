@@ -34,8 +34,8 @@ from draftheads.decode.context import position_limit
 from draftheads.heads.masks import additive_mask
 
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-CURVE_VERSION = 2
-MODEL_VERSION = 1
+CURVE_VERSION = 3  # 3: grouped-query attention folded under masks (decode/attention.py)
+MODEL_VERSION = 2  # 2: the same
 MODEL_SIZES = (1, 2, 4, 8, 16, 32, 64)  # tokens per forward at the short context
 LONG_SIZES = (1, 8, 32)  # tokens per forward at the long context: enough for a and b
 MODEL_CONTEXTS = (128, 1024)  # c0 and c1 (fewer where the model's positions end)

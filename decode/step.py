@@ -2,7 +2,7 @@
 
 One step::
 
-    tree  = proposer.propose(root, pos, plan)           # Medusa, EAGLE, lookup, or a mix
+    tree  = proposer.propose(root, pos, plan)           # Medusa, EAGLE, DFlash, lookup, or a mix
     tree  = prune(tree, n*)                             # only the nodes that pay (cost.py);
                                                         # not cost-aware: drop_padding(tree)
     out   = target(tree.tokens, 4-D tree mask, position_ids = pos + depth, cache)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from draftheads.conf.errors import UserError
+from draftheads.heads.kinds import drafter_kind
 
 TREE_FILE = "tree.json"
 
@@ -261,20 +262,19 @@ def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> St
     """The static tree a drafter decodes with (None: EAGLE-2 dynamic trees, or DDTree for a
     DFlash block), from ``decode.tree``: a spec, else a tree.json beside the heads, else a
     default (Medusa: the best tree of ``total_tokens`` for prior accuracies; EAGLE with
-    ``dynamic`` off: a chain of ``depth``; DFlash with ``dynamic`` off: the block's chain)."""
-    kind = getattr(drafter, "kind", "")
-    if kind not in ("medusa", "eagle", "dflash"):
-        raise UserError(
-            f"drafter kind {kind!r} is not supported; use a draftheads MedusaHeads, EagleDrafter or DFlashDrafter"
-        )
-    num_heads = getattr(drafter, "num_heads", None) if kind == "medusa" else None
-    block = drafter.block_size - 1 if kind == "dflash" else None  # the tokens one block drafts
+    ``dynamic`` off: a chain of ``depth``; DFlash with ``dynamic`` off: the block's chain).
+
+    The drafter says what shapes its trees (``Drafter.tree_width``, ``draft_depth``,
+    ``dynamic_trees``); its kind is never tested by name here."""
+    drafter_kind(getattr(drafter, "kind", ""))  # a registered kind, or one clear error
+    num_heads = drafter.tree_width()  # Medusa: the tree's nodes index its heads
+    block = drafter.draft_depth()  # DFlash: the tokens one block drafts
     choices = parse_tree(cfg.tree, num_heads or block)
     directory = tree_dir or getattr(drafter, "source_dir", None)
     if choices is None and directory is not None:
         f = Path(directory) / TREE_FILE
         choices = load_tree_file(f) if f.is_file() else None
-    if choices is None and kind != "medusa" and cfg.dynamic:
+    if choices is None and drafter.dynamic_trees and cfg.dynamic:
         if cfg.top_k_draft < 1 or cfg.depth < 1 or cfg.total_tokens < 2:
             raise UserError(
                 f"decode.top_k_draft={cfg.top_k_draft}, depth={cfg.depth}, total_tokens={cfg.total_tokens}: "
@@ -282,7 +282,7 @@ def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> St
             )
         return None
     if choices is None:
-        if kind == "medusa":
+        if num_heads is not None:
             choices = best_tree(prior_accuracies(num_heads), max(cfg.total_tokens - 1, 1))
         else:
             choices = chain(block or cfg.depth)

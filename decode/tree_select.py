@@ -144,7 +144,7 @@ def select_tree(
     ``dc.tree_size=N`` picks the best N-token tree; ``dc.tree_size=0`` measures this device's
     verification cost curve and picks the size maximising tokens/s.
     """
-    if drafter.kind != "medusa":
+    if drafter.tree_width() is None:  # only heads that index a static tree have accuracies to measure
         raise UserError(
             "draftheads tree builds trees for Medusa heads; EAGLE drafters use EAGLE-2 dynamic trees "
             "(decode.dynamic=true) or a tree given with decode.tree=[[0],[0,0],...]"

@@ -1,8 +1,12 @@
-"""Drafter modules and their checkpoint format."""
+"""Drafter modules and their checkpoint format; one folder per drafter kind (see :mod:`draftheads.heads.kinds`).
+
+Importing this package registers every kind: ``medusa``, ``eagle`` (EAGLE-1 and EAGLE-3) and ``dflash``.
+"""
 
 from draftheads.heads.base import Drafter
 from draftheads.heads.dflash import DFlashDrafter
 from draftheads.heads.eagle import EagleDrafter
+from draftheads.heads.kinds import DrafterKind, drafter_kind, register_kind
 from draftheads.heads.medusa import MedusaHeads, ResBlock
 from draftheads.heads.target import load_target
 from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
@@ -10,10 +14,13 @@ from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
 __all__ = [
     "DFlashDrafter",
     "Drafter",
+    "DrafterKind",
     "EagleDrafter",
     "MedusaHeads",
     "ResBlock",
     "TargetFingerprint",
+    "drafter_kind",
     "fingerprint",
     "load_target",
+    "register_kind",
 ]

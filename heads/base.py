@@ -3,7 +3,8 @@
 A drafter is an ``nn.Module`` that reads some of the frozen target's hidden states and
 proposes future tokens. Training and decoding only rely on this small surface:
 
-* ``kind``: ``"medusa"`` or ``"eagle"``;
+* ``kind``: the registered kind (``"medusa"``, ``"eagle"``, ``"dflash"``; see
+  :mod:`draftheads.heads.kinds`, which holds what each kind is beside its model);
 * ``feature_layers()`` / ``select_features(hidden_states)``: which entries of the target's
   ``output_hidden_states`` tuple the drafter reads (index ``i`` is the input of layer ``i``;
   index ``num_layers`` is the final, normed state that the target's lm_head sees);
@@ -36,7 +37,6 @@ from torch import nn
 
 from draftheads.heads.checkpoint import (
     CONFIG_NAME,
-    DRAFTER_KINDS,
     FORMAT_VERSION,
     WEIGHTS_NAME,
     atomic_write,
@@ -50,6 +50,7 @@ from draftheads.heads.checkpoint import (
     resolve_checkpoint_dir,
 )
 from draftheads.heads.convert import check_tensors, convert_official, detect_layout, import_provenance
+from draftheads.heads.kinds import drafter_kind
 from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
 
 __all__ = [
@@ -70,15 +71,13 @@ class Drafter(
     pipeline_tag="text-generation",
     tags=["speculative-decoding"],
 ):
-    """Base class of :class:`MedusaHeads` and :class:`EagleDrafter`."""
+    """Base class of every drafter (:class:`MedusaHeads`, :class:`EagleDrafter`, :class:`DFlashDrafter`).
+
+    A subclass sets ``kind``; its folder registers the kind's other facts with
+    :func:`~draftheads.heads.kinds.register_kind`.
+    """
 
     kind: ClassVar[str] = ""
-    registry: ClassVar[dict[str, type[Drafter]]] = DRAFTER_KINDS
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.kind:
-            Drafter.registry[cls.kind] = cls
 
     def __init__(self, target: TargetFingerprint) -> None:
         super().__init__()
@@ -126,6 +125,17 @@ class Drafter(
                 f"{type(self).__name__} is not attached to a target; call .attach(target) first"
             )
         return self._shared[name]
+
+    # ---- decoding facts (what shapes the draft trees) ------------------------------------
+    dynamic_trees: ClassVar[bool] = True  # drafts trees as it goes (EAGLE-2, DDTree); else static only
+
+    def tree_width(self) -> int | None:
+        """Heads a static tree's depths index (Medusa: its heads), or None: any depth."""
+        return None
+
+    def draft_depth(self) -> int | None:
+        """The most tokens one draft reaches (DFlash: a block's ``block_size - 1``), or None: no limit."""
+        return None
 
     def state_to_save(self) -> dict[str, torch.Tensor]:
         """Tensors written to model.safetensors: the drafter's own parameters and buffers."""
@@ -196,7 +206,7 @@ class Drafter(
     ) -> Drafter:
         """Load a drafter strictly; with ``target``, check the fingerprint and attach it.
 
-        The one loader every command uses. An official Medusa/EAGLE layout is converted for
+        The one loader every command uses. An official Medusa/EAGLE/DFlash layout is converted for
         ``target``. Medusa-2 heads get their LoRA adapters put on ``target`` (in place) when it
         has none, so the returned drafter decodes with the adapted target. Weights with NaN or
         infinity, or for another target (shape, architecture, weights, tokenizer), are refused.
@@ -206,7 +216,7 @@ class Drafter(
         if official is not None:
             fp = fingerprint(target, tokenizer) if target is not None else None
             kind, spec, tensors = convert_official(official, target, fp, expected_kind=cls.kind or None)
-            model = Drafter.registry[kind](fp, **spec)
+            model = drafter_kind(kind).drafter(fp, **spec)
             check_tensors(model.state_dict(), tensors, official, fp)
             check_finite(tensors, official.where())
             model.load_state_dict(tensors, strict=True)

@@ -6,11 +6,14 @@ huggingface_hub's ``ModelCard``/``ModelCardData``:
 
 * ``base_model`` (the target from the checkpoint's fingerprint) with ``base_model_relation``,
   so the heads appear in the target's model tree;
-* ``library_name: draftheads`` and tags (``speculative-decoding``, ``medusa``, ``eagle`` or ``dflash``);
+* ``library_name: draftheads`` and tags (``speculative-decoding``, the kind and the kind's own);
 * the training data and config (the checkpoint's provenance);
 * τ and speedup from an eval report dict, and held-out training metrics, when given;
 * usage snippets for draftheads, vLLM and SGLang, with ``num_speculative_tokens`` equal to
   the head count for Medusa and to ``block_size - 1`` for DFlash.
+
+What differs per kind (tags, the one-line description, the engines and methods that serve it)
+is asked from the kind's registration (:mod:`draftheads.heads.kinds`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from draftheads.heads.kinds import DrafterKind, drafter_kind
+
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-EAGLE_SPECULATIVE_TOKENS = 3  # a chain length the engines serve well; any value works for EAGLE
 LOCAL = "<this directory>"  # the repo id a card written beside a local checkpoint uses
 
 
@@ -31,7 +35,7 @@ def natural_key(name: str) -> list:
 
 
 def num_speculative_tokens(conf: dict[str, Any]) -> int:
-    """``num_speculative_tokens`` for serving the drafter with config ``conf``.
+    """``num_speculative_tokens`` for serving the drafter with config ``conf``, as its kind says.
 
     Medusa: exactly the head count. vLLM copies the value into the number of heads it builds
     (``num_lookahead_tokens``) and drops unknown keys, so a smaller value serves fewer heads and
@@ -39,11 +43,7 @@ def num_speculative_tokens(conf: dict[str, Any]) -> int:
     ``block_size - 1`` (vLLM runs ``1 + num_speculative_tokens`` block positions per step).
     EAGLE drafts autoregressively: any chain length.
     """
-    if conf["kind"] == "medusa":
-        return int(conf["spec"]["num_heads"])
-    if conf["kind"] == "dflash":
-        return int(conf["spec"]["block_size"]) - 1
-    return EAGLE_SPECULATIVE_TOKENS
+    return kind_of(conf).num_speculative_tokens(conf)
 
 
 def serve_command(engine: str, method: str, target: str, draft: str, k: int) -> str:
@@ -86,52 +86,13 @@ def dataset_ids(provenance: dict[str, Any]) -> list[str]:
 
 
 def drafter_tags(conf: dict[str, Any]) -> list[str]:
-    tags = ["speculative-decoding", conf["kind"], "draftheads"]
-    if conf["kind"] == "dflash":
-        tags.append("block-diffusion")
-    elif conf["kind"] == "eagle":
-        tags.append(
-            f"eagle{conf['spec'].get('version', 1)}" if conf["spec"].get("version") == 3 else "eagle1"
-        )
-    else:
-        tags.append(
-            "medusa-1"
-            if conf["spec"].get("lm_head") == "copy"
-            else "medusa-2"
-            if conf.get("requires_adapters")
-            else "medusa"
-        )
-    return sorted(set(tags))
+    """``speculative-decoding``, the kind, ``draftheads`` and the kind's own tags."""
+    return sorted({"speculative-decoding", conf["kind"], "draftheads", *kind_of(conf).tags(conf)})
 
 
 def describe(conf: dict[str, Any]) -> str:
     """One line: what this drafter is."""
-    spec = conf["spec"]
-    if conf["kind"] == "medusa":
-        lm = "own lm_heads" if spec.get("lm_head") == "copy" else "the target's shared lm_head"
-        variant = (
-            "Medusa-2 (trained jointly with LoRA adapters on the target)"
-            if conf.get("requires_adapters")
-            else "Medusa-1"
-        )
-        return f"{variant} heads: {spec['num_heads']} heads × {spec['num_layers']} ResBlock(s), with {lm}"
-    if conf["kind"] == "dflash":
-        vocab = spec.get("draft_vocab_size")
-        full = vocab is None or vocab == conf.get("target", {}).get("vocab_size")
-        return (
-            f"a DFlash block drafter: blocks of {spec['block_size']} tokens (the last accepted token, then "
-            f"{spec['block_size'] - 1} drafted in one pass), {spec.get('num_decoder_layers', 1)} decoder layer(s), "
-            f"mask token {spec['mask_token_id']}, features from layers {spec.get('feature_layers')}, "
-            + ("the target's full vocabulary" if full else f"draft vocabulary {vocab}")
-        )
-    version = spec.get("version", 1)
-    layers = spec.get("feature_layers")
-    extra = (
-        f", draft vocabulary {spec.get('draft_vocab_size')}, features from layers {layers}"
-        if version == 3
-        else ""
-    )
-    return f"an EAGLE-{version} drafter with {spec.get('num_decoder_layers', 1)} decoder layer(s){extra}"
+    return kind_of(conf).describe(conf)
 
 
 def metrics_section(metrics: dict[str, Any] | None) -> str:
@@ -199,7 +160,7 @@ out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
         parts.append(
             f"### {title}\n\n```bash\ndraftheads export heads={repo_id} format={engine} out_dir={out}{needs}\n{cmd}\n```\n"
         )
-    if conf["kind"] == "dflash" or conf["spec"].get("version") == 3:
+    if kind_of(conf).speculators_refusal(conf) is None:
         out = f"./{stem}-speculators"
         parts.append(
             f"### vLLM, speculators format\n\nThe export carries its target and a greedy chain of "
@@ -216,36 +177,23 @@ out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
 def export_target(conf: dict[str, Any]) -> str:
     """The ``target=`` overrides an export of ``conf`` needs (it writes the target's lm_head, or its
     rows, for shared-lm_head Medusa heads and reduced-vocabulary DFlash drafters), else ""."""
-    spec = conf["spec"]
-    vocab = spec.get("draft_vocab_size")
-    shared = conf["kind"] == "medusa" and spec.get("lm_head") == "shared"
-    reduced = conf["kind"] == "dflash" and vocab is not None and vocab < conf["target"]["vocab_size"]
-    return f" target=hf target.name_or_path={conf['target']['name']}" if shared or reduced else ""
+    needs = kind_of(conf).export_needs_target(conf)
+    return f" target=hf target.name_or_path={conf['target']['name']}" if needs else ""
 
 
 def engine_methods(conf: dict[str, Any]) -> list[tuple[str, str]]:
     """(engine, method) pairs that serve the drafter with config ``conf``."""
-    kind, spec = conf["kind"], conf["spec"]
-    if kind == "medusa":
-        return [("vllm", "medusa")]
-    if kind == "dflash":
-        return [("vllm", "dflash")] + ([] if sglang_refusal(conf) else [("sglang", "DFLASH")])
-    v3 = spec.get("version") == 3
-    return [("vllm", "eagle3" if v3 else "eagle"), ("sglang", "EAGLE3" if v3 else "EAGLE")]
+    return kind_of(conf).engine_methods(conf)
 
 
 def sglang_refusal(conf: dict[str, Any]) -> str | None:
     """Why SGLang cannot serve the drafter with config ``conf``, or None when it can."""
-    if conf["kind"] == "medusa":
-        return "SGLang does not support Medusa heads; use vLLM or the draftheads decoder."
-    vocab = conf["spec"].get("draft_vocab_size")
-    if conf["kind"] == "dflash" and vocab is not None and vocab != conf["target"]["vocab_size"]:
-        return (
-            f"SGLang's DFlash drafts with the target's full lm_head and cannot read this drafter's reduced "
-            f"vocabulary ({vocab} tokens, d2t); export it with format=vllm, or retrain it with "
-            "draft.draft_vocab_size=null"
-        )
-    return None
+    return kind_of(conf).sglang_refusal(conf)
+
+
+def kind_of(conf: dict[str, Any]) -> DrafterKind:
+    """The registered kind of the drafter with config ``conf``."""
+    return drafter_kind(conf["kind"])
 
 
 def model_card(

@@ -20,15 +20,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from draftheads.conf.errors import UserError
+from draftheads.heads.kinds import drafter_kind
 from draftheads.heads.target_fingerprint import TargetFingerprint
 
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 ADAPTER_DIR = "adapter"  # Medusa-2: peft's adapter_config.json + adapter_model.safetensors
-# kind -> drafter class; filled by ``Drafter.__init_subclass__`` (the same dict is
-# ``Drafter.registry``), so checkpoints can be built here without importing the classes.
-DRAFTER_KINDS: dict[str, Any] = {}
 # Files whose presence marks a directory as holding a drafter (ours or an official layout).
 CHECKPOINT_FILES = (
     CONFIG_NAME,
@@ -198,17 +196,14 @@ def load_checkpoint(directory: Path, expected_kind: str | None = None) -> Any:
     """
     cfg = read_config(directory)
     kind = cfg.get("kind")
-    if kind not in DRAFTER_KINDS:
-        raise UserError(
-            f"{directory / CONFIG_NAME}: unknown drafter kind {kind!r}; expected one of {sorted(DRAFTER_KINDS)}"
-        )
+    cls = drafter_kind(str(kind), f"{directory / CONFIG_NAME}: drafter kind").drafter
     if expected_kind and kind != expected_kind:
         raise UserError(
             f"{directory} holds a {kind} drafter, not a {expected_kind}; load it with Drafter.from_pretrained"
         )
     fp = TargetFingerprint.from_dict(cfg.get("target") or {})
     try:
-        model = DRAFTER_KINDS[kind](**cfg["spec"], target=fp)
+        model = cls(**cfg["spec"], target=fp)
     except (TypeError, KeyError, ValueError) as e:
         raise UserError(
             f"{directory / CONFIG_NAME}: invalid drafter spec ({e}); the file is damaged or from another tool"

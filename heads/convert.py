@@ -24,10 +24,10 @@ layout          files                                            keys
                                                                  ``lm_head`` [Vd,H] + ``d2t`` (vLLM)
 ==============  ===============================================  =====================================
 
-Each family converts in its own module (:mod:`~draftheads.heads.convert_medusa`,
-:mod:`~draftheads.heads.convert_eagle`, :mod:`~draftheads.heads.convert_dflash`); this one picks
-the builder for the layout, checks the tensors against the built drafter, and records where an
-import came from.
+Each kind converts in its own folder (:mod:`~draftheads.heads.medusa.convert`,
+:mod:`~draftheads.heads.eagle.convert`, :mod:`~draftheads.heads.dflash.convert`) and registers its
+layouts (``DrafterKind.layouts``); this one picks the converter for the layout, checks the
+tensors against the built drafter, and records where an import came from.
 
 Why the target is required: official files carry no usable fingerprint (Medusa's config even
 gets the head count wrong), so the drafter is built for the target the user loads it with,
@@ -38,33 +38,18 @@ with ``torch.load(weights_only=True)`` only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.convert_dflash import build_dflash
-from draftheads.heads.convert_eagle import build_eagle
-from draftheads.heads.convert_medusa import build_medusa
+from draftheads.heads.kinds import layout_kind
 from draftheads.heads.layouts import OfficialCheckpoint, detect_layout
 from draftheads.heads.speculators import check_verifier
 from draftheads.heads.target_fingerprint import TargetFingerprint
 
 __all__ = ["OfficialCheckpoint", "convert_official", "detect_layout", "import_provenance"]
-
-Builder = Callable[
-    [OfficialCheckpoint, nn.Module, TargetFingerprint], tuple[str, dict[str, Any], dict[str, torch.Tensor]]
-]
-BUILDERS: dict[str, Builder] = {
-    "medusa-v1": build_medusa,
-    "medusa-v2": build_medusa,
-    "medusa-2": build_medusa,
-    "eagle-1": build_eagle,
-    "eagle-3": build_eagle,
-    "dflash": build_dflash,
-}
 
 
 def check_tensors(
@@ -107,12 +92,13 @@ def convert_official(
         )
     if ckpt.origin == "speculators":
         check_verifier(ckpt.source_config, fp.name, fp.architecture, ckpt.where())
-    kind = "medusa" if ckpt.layout.startswith("medusa") else "dflash" if ckpt.layout == "dflash" else "eagle"
+    owner, build = layout_kind(ckpt.layout)
+    kind = owner.name
     if expected_kind and expected_kind != kind:
         raise UserError(
             f"{ckpt.where()} holds a drafter of kind {kind!r}, not {expected_kind!r}; use Drafter.from_pretrained"
         )
-    kind, spec, tensors = BUILDERS[ckpt.layout](ckpt, target, fp)
+    kind, spec, tensors = build(ckpt, target, fp)
     if ckpt.origin == "speculators":
         check_draft_vocab(ckpt.source_config.get("draft_vocab_size"), spec["draft_vocab_size"], ckpt.where())
     return kind, spec, tensors

@@ -21,9 +21,10 @@ DFlash            vLLM ``dflash``,    Qwen3 config, ``DFlashDraftModel``, ``laye
 
 :data:`FORMATS` holds each loader's config fields, tensor names, shapes and dtypes;
 :data:`RULES` holds the loaders' further rules, each with the engine source file it comes from.
-Both are gathered here from one module per drafter, written in the terms of
-:mod:`~draftheads.heads.engine_spec`: :mod:`~draftheads.heads.engine_eagle`,
-:mod:`~draftheads.heads.engine_medusa` and :mod:`~draftheads.heads.engine_dflash` (which also
+Both are gathered here from each registered kind's ``formats`` and ``rules``
+(:mod:`draftheads.heads.kinds`), written in its folder's ``engine.py`` in the terms of
+:mod:`~draftheads.heads.engine_spec`: :mod:`~draftheads.heads.eagle.engine`,
+:mod:`~draftheads.heads.medusa.engine` and :mod:`~draftheads.heads.dflash.engine` (which also
 names the engine commits its rules were read from).
 :func:`validate_export` checks a directory against both, strictly: the engines skip unknown keys
 silently (vLLM drops ``fc.bias``), so an extra key is an error here. This is a check of names,
@@ -43,14 +44,15 @@ from safetensors.torch import load_file
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME
-from draftheads.heads.engine_dflash import DFLASH_FORMATS, DFLASH_RULES
-from draftheads.heads.engine_eagle import EAGLE_FORMATS, EAGLE_RULES
-from draftheads.heads.engine_medusa import MEDUSA_FORMATS, MEDUSA_RULES
 from draftheads.heads.engine_spec import EngineFormat, Rule, TensorRule
+from draftheads.heads.kinds import KINDS
 
 ENGINES = ("vllm", "sglang")
-FORMATS: dict[tuple[str, str], EngineFormat] = {**EAGLE_FORMATS, **MEDUSA_FORMATS, **DFLASH_FORMATS}
-RULES: tuple[Rule, ...] = EAGLE_RULES + MEDUSA_RULES + DFLASH_RULES
+# gathered from the registered kinds (draftheads.heads imports them all before this module)
+FORMATS: dict[tuple[str, str], EngineFormat] = {
+    key: f for kind in KINDS.values() for key, f in kind.formats.items()
+}
+RULES: tuple[Rule, ...] = tuple(rule for kind in KINDS.values() for rule in kind.rules)
 
 
 def rules_for(engine: str, method: str) -> list[Rule]:

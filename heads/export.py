@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.base import Drafter
-from draftheads.heads.card import num_speculative_tokens, serve_command, sglang_refusal
+from draftheads.heads.card import num_speculative_tokens, serve_command
 from draftheads.heads.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -50,13 +50,8 @@ from draftheads.heads.checkpoint import (
 )
 from draftheads.heads.convert import detect_layout
 from draftheads.heads.engines import ENGINES, FORMATS, RULES, validate_export
-from draftheads.heads.export_layouts import export_dflash, export_eagle1, export_eagle3, export_medusa
-from draftheads.heads.speculators import (
-    check_verifier_folder,
-    dflash_to_speculators,
-    eagle3_to_speculators,
-    speculators_section,
-)
+from draftheads.heads.kinds import drafter_kind
+from draftheads.heads.speculators import check_verifier_folder, speculators_section
 from draftheads.heads.target import load_target
 
 __all__ = ["ENGINES", "FORMATS", "RULES", "export", "export_drafter", "validate_export"]
@@ -127,14 +122,8 @@ def export_drafter(
     check_out_dir(out, source if source is not None else drafter.source_dir)
     if engine == SPECULATORS:
         cfg, sd = export_speculators(drafter, verifier)
-    elif drafter.kind == "medusa":
-        cfg, sd = export_medusa(drafter, engine)
-    elif drafter.kind == "dflash":
-        cfg, sd = export_dflash(drafter, engine)
-    elif drafter.version == 1:
-        cfg, sd = export_eagle1(drafter, engine)
     else:
-        cfg, sd = export_eagle3(drafter, engine)
+        cfg, sd = drafter_kind(drafter.kind).export(drafter, engine)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -160,45 +149,25 @@ def export_speculators(
     card names (``block_size - 1`` tokens for DFlash). Speculators has no EAGLE-1 or Medusa type.
     ``verifier`` (a local copy of the target, checked to be it) replaces the target's name.
     """
-    refusal = speculators_refusal(drafter.kind, drafter.spec().get("version"))
+    kind, conf = drafter_kind(drafter.kind), {"kind": drafter.kind, "spec": drafter.spec()}
+    refusal = kind.speculators_refusal(conf)
     if refusal:
         raise UserError(refusal)
     fp = drafter.target_fingerprint
-    k = num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
+    k = num_speculative_tokens(conf)
     name = check_verifier_folder(verifier, fp) if verifier else fp.name
-    if drafter.kind == "dflash":
-        section = speculators_section("dflash", k, name, fp.architecture)
-        return dflash_to_speculators(*export_dflash(drafter, "vllm"), section)
-    section = speculators_section("eagle3", k, name, fp.architecture)
-    return eagle3_to_speculators(*export_eagle3(drafter, "vllm"), section)
-
-
-def speculators_refusal(kind: str, version: int | None) -> str | None:
-    """Why speculators cannot hold a drafter of ``kind`` (EAGLE ``version``), or None."""
-    if kind == "medusa" or (kind == "eagle" and version == 1):
-        what = "Medusa heads" if kind == "medusa" else "an EAGLE-1 drafter"
-        return (
-            f"speculators has no model type for {what} (it defines eagle3 and dflash drafters); "
-            "export it with format=vllm"
-        )
-    return None
+    section = speculators_section(kind.speculators_type or "", k, name, fp.architecture)
+    return kind.to_speculators(drafter, section)
 
 
 def needs_target(directory: Path) -> bool:
-    """Official layouts (imported for a target), shared-lm_head Medusa heads and reduced-vocabulary
-    DFlash drafters (the lm_head, or its draft-vocabulary rows, is written)."""
+    """Official layouts (imported for a target), and drafters whose export writes some of the
+    target's weights (``DrafterKind.export_needs_target``: shared-lm_head Medusa heads,
+    reduced-vocabulary DFlash drafters)."""
     if detect_layout(directory) is not None:
         return True
     conf = read_config(directory)
-    if conf["kind"] == "dflash":
-        return reduced_dflash_vocab(conf) is not None
-    return conf["kind"] == "medusa" and conf["spec"].get("lm_head") == "shared"
-
-
-def reduced_dflash_vocab(conf: dict[str, Any]) -> int | None:
-    """A DFlash checkpoint's draft vocabulary size when it is smaller than the target's, else None."""
-    vocab = conf["spec"].get("draft_vocab_size")
-    return vocab if vocab is not None and vocab < conf["target"]["vocab_size"] else None
+    return drafter_kind(conf["kind"], f"{directory}: drafter kind").export_needs_target(conf)
 
 
 def check_engine_fits(directory: Path, engine: str) -> None:
@@ -206,9 +175,7 @@ def check_engine_fits(directory: Path, engine: str) -> None:
     if detect_layout(directory) is not None:
         return
     conf = read_config(directory)
-    refusal = sglang_refusal(conf) if conf["kind"] == "dflash" and engine == "sglang" else None
-    if engine == SPECULATORS:
-        refusal = speculators_refusal(conf["kind"], conf["spec"].get("version"))
+    refusal = drafter_kind(conf["kind"], f"{directory}: drafter kind").export_refusal(conf, engine)
     if refusal:
         raise UserError(refusal)
 

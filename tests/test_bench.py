@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from bench.lab.study import run as study  # the pipeline with the maintainers' study rows
 from draftheads.bench.pipeline import load_rows, pipeline
-from draftheads.bench.report import BEGIN, END, replace_section, summary_lines, write_docs
+from draftheads.bench.report import BEGIN, END, figures, replace_section, summary_lines, write_docs
 from draftheads.conf.cli import main, parse
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
@@ -27,6 +28,7 @@ def tiny_bench(tmp_path, *overrides: str, **settings):
         eval_sets=["heldout"],
         baselines=[],
         drafter_only=False,
+        workloads=False,
         docs="",
     )
     return cfg, replace(cfg.bench, **{**base, **settings})
@@ -54,6 +56,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         tmp_path,
         "decode.tree_prompts=4",  # the Medusa tree from 4 prompts' heads, 16 tokens each
         "decode.tree_new_tokens=16",
+        "decode.max_new_tokens=8",  # the workload rows' answers
         drafters=["medusa", "eagle3", "dflash"],
         distill_prompts=8,
         self_prompts=0,
@@ -69,15 +72,28 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         eval_new_tokens=8,
         baselines=["pld"],
         drafter_only=True,
+        workloads=True,
     )
-    pipeline(cfg, b)
+    first = pipeline(cfg, b)
     out = tmp_path / "bench"
-    # scaling points at exactly 2 and 4 cached rows' answer tokens (in the stage's row order), so
-    # both are reachable whatever the distilled answers' lengths; every other stage is cached now
+    # the EAGLE drafter beyond batch 1 and on its first call: every batch size against batched
+    # greedy, greedy identical; cold and warm first calls; printed and kept for benchmarks.json
+    work = first["workloads"]
+    assert [r["batch"] for r in work["batches"]] == [1, 4, 8] and all(r["identical"] for r in work["batches"])
+    assert work["settings"]["heads"] == str(out / "eagle3")
+    pairs = work["first_call"]["pairs"]
+    assert len(pairs) == 2 and all(p["cold"] > 0 and p["warm"] > 0 for p in pairs)
+    lines = summary_lines(first)
+    assert "workloads batch 8:" in lines and lines.count("first call: cold") == 2
+    kept = figures(first)
+    assert kept["first_call"] == work["first_call"] and "first_call" not in kept["workloads"]
+    # scaling points (the study's, from the checkout) at exactly 2 and 4 cached rows' answer tokens
+    # (in the stage's row order), so both are reachable whatever the distilled answers' lengths;
+    # every other stage is cached now
     rows = load_rows(out / "features", 64, "all")
     sums = [sum(int(r["loss_mask"].sum()) for r in rows[:k]) for k in (2, 4)]
     b = replace(b, scaling_tokens=sums)
-    results = pipeline(cfg, b)
+    results = study(cfg, b)
     for stage in (
         "distill/prompts",
         "features",
@@ -170,11 +186,11 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         raise AssertionError("a cached stage ran again")
 
     monkeypatch.setattr("draftheads.train.recipe.train", no_training)
-    again = pipeline(cfg, b)
+    again = study(cfg, b)
     assert again["drafters"]["medusa"]["heldout"]["tau"] == results["drafters"]["medusa"]["heldout"]["tau"]
     # a lost report is decoded again for its drafter alone
     shutil.rmtree(out / "eagle3" / "eval-heldout")
-    again = pipeline(cfg, b)
+    again = study(cfg, b)
     decoded_with = {
         k: json.loads((out / k / "eval-heldout" / ".done").read_text())["decoded_with"]
         for k in ("medusa", "eagle3", "dflash")
@@ -203,7 +219,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
 
     # EAGLE-2's published tree: one more row per prompt set, every one of its nodes verified and
     # the output still the target's greedy one; the default rows are read from their cache
-    wide = pipeline(cfg, replace(b, published_tree=True))
+    wide = study(cfg, replace(b, published_tree=True))
     row = wide["drafters"]["eagle3 (EAGLE-2 tree)"]["heldout"]
     default = wide["drafters"]["eagle3"]["heldout"]
     assert row["greedy_identical"] == 1.0 and default == again["drafters"]["eagle3"]["heldout"]
@@ -347,7 +363,7 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
         eval_new_tokens=8,
     )
     out = tmp_path / "bench"
-    results = pipeline(cfg, b)
+    results = study(cfg, b)
     teacher = json.loads((out / "teacher" / ".done").read_text())
     assert (
         teacher["answer_tokens"] >= 1500
@@ -386,14 +402,14 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
         raise AssertionError("the feature cache was built again")
 
     monkeypatch.setattr("draftheads.data.cache_build.build_feature_cache", no_features)
-    again = pipeline(cfg, b)
+    again = study(cfg, b)
     assert [c.train.output_dir for c in calls] == [str(out / "scaling" / "eagle3-700" / "drafter")]
     assert again["ablations"]["eagle3 init from target"]["tau"] == row["tau"]
     # a finished stage is never reused under other settings: the rerun stops and names it
     with pytest.raises(UserError, match=r"teacher was made with topk=8, not topk=4; delete .*teacher"):
-        pipeline(cfg, replace(b, topk=4))
+        study(cfg, replace(b, topk=4))
     with pytest.raises(UserError, match=r"bench/eagle3 was made with epochs=0\.\d+, not epochs=1\.\d+;"):
-        pipeline(cfg, replace(b, scaling_compute=2000))
+        study(cfg, replace(b, scaling_compute=2000))
     assert (out / "eagle3" / "model.safetensors").is_file()  # nothing was deleted
 
     docs = tmp_path / "docs" / "benchmarks.md"
@@ -432,13 +448,32 @@ def test_distilled_answers_join_the_teacher_cache_by_view_for_the_main_drafter_o
     assert results["scaling"] == [] and results["mixture"]["rows"] == 4
 
 
+@pytest.mark.parametrize(
+    "settings,keys",
+    [
+        ({"ablations": ["eagle3"]}, "bench.ablations"),
+        ({"scaling_tokens": [1000], "variants": ["dflash 2 layers"]}, "bench.scaling_tokens, bench.variants"),
+    ],
+)
+def test_the_installed_bench_refuses_the_study_rows_naming_the_checkout_command(tmp_path, settings, keys):
+    """The research rows run from a checkout (bench/lab is not installed): the installed pipeline
+    refuses them in one line naming the command, before any stage."""
+    cfg = parse(["bench", "target=tiny-llama"]).args
+    b = replace(cfg.bench, out_dir=str(tmp_path / "bench"), **settings)
+    with pytest.raises(UserError) as e:
+        pipeline(cfg, b)
+    assert str(e.value).startswith(f"{keys}: the research rows are a maintainer's study")
+    assert "`python -m bench.lab.study <the same overrides>`" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "bench").exists()
+
+
 def test_an_unknown_ablation_row_is_refused_before_any_stage(tmp_path):
     cfg = parse(["bench", "target=tiny-llama"]).args
     b = replace(cfg.bench, out_dir=str(tmp_path / "bench"), ablations=["eagle3 ttt 9"])
     with pytest.raises(
         UserError, match=r"bench.ablations: unknown rows \['eagle3 ttt 9'\]; use all or some of"
     ):
-        pipeline(cfg, b)
+        study(cfg, b)
     assert not (tmp_path / "bench").exists()
 
 

@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from draftheads.bench.ablation_rows import ABLATIONS, ALONE, ONE_LAYER
-from draftheads.bench.pipeline import pipeline
+from bench.lab.ablation_rows import ABLATIONS, ONE_LAYER
+from bench.lab.study import run as pipeline  # the installed pipeline with the study's rows
+from draftheads.bench.drafter_only import ALONE
 from draftheads.bench.report import write_docs
 from draftheads.conf.cli import parse
 from draftheads.conf.errors import UserError
@@ -66,7 +67,7 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
         raise AssertionError("a finished variant ran again")
 
     monkeypatch.setattr("draftheads.train.recipe.train", nothing)
-    monkeypatch.setattr("draftheads.bench.study.heldout_tau", nothing)
+    monkeypatch.setattr("draftheads.bench.teacher_stages.heldout_tau", nothing)
     again = pipeline(cfg, b)
     assert again["variants"] == results["variants"]
     # a drafter made under another draft=dflash default (its marker records the resolved draft

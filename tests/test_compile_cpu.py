@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from draftheads.bench import compile_cpu
+from bench.lab import compile_cpu
 
 
 def test_compile_cpu_prints_a_row_per_size_with_a_matching_compiled_step(capsys):

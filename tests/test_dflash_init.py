@@ -9,12 +9,12 @@ import inspect
 import pytest
 import torch
 
-from draftheads.bench.block_attention import position1_attention, shares
+from bench.lab.block_attention import position1_attention, shares
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.heads import DFlashDrafter, Drafter, fingerprint
-from draftheads.heads.anchor_prior import anchor_direction, prior_gain, set_anchor_prior
 from draftheads.heads.dflash import choose_mask_token
+from draftheads.heads.dflash.anchor_prior import anchor_direction, prior_gain, set_anchor_prior
 from draftheads.heads.features import target_features
 from draftheads.train.recipe import train
 from tests.conftest import get_target

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from draftheads.bench.ablation_rows import ABLATIONS, ONE_LAYER
-from draftheads.bench.study import check_ablations, row_layers, row_settings, split_overrides
+from bench.lab.ablation_rows import ABLATIONS, ONE_LAYER
+from bench.lab.rows import check_ablations, row_layers, row_settings, split_overrides
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.lab.study import STUDY as STUDY_ROWS
+from draftheads.bench.extension import NO_ROWS
 from draftheads.conf.cli import command_help, parse
 from draftheads.conf.commands import COMMANDS
 
@@ -33,11 +35,16 @@ def shell_lines(text: str) -> list[str]:
     return out
 
 
+STUDY = "python -m bench.lab.study"  # the maintainers' study: draftheads bench's overrides
+
+
 def examples(path: Path) -> list[str]:
-    """The ``draftheads <command> ...`` invocations shown in ``path``."""
+    """The ``draftheads <command> ...`` invocations shown in ``path``; the study's
+    (``python -m bench.lab.study ...``, run from a checkout) as the ``draftheads bench`` they extend."""
     found = []
     for line in shell_lines(path.read_text(encoding="utf-8")):
-        m = re.search(r"(?:^|[\s/])(draftheads\s+[a-z-].*)$", line.strip())
+        line = line.strip().replace(STUDY, "draftheads study")
+        m = re.search(r"(?:^|[\s/])(draftheads\s+[a-z-].*)$", line)
         if m and not m.group(1).startswith("draftheads <command>"):
             found.append(m.group(1).strip())
     return found
@@ -49,6 +56,7 @@ EXAMPLES = [(p.relative_to(ROOT).as_posix(), e) for p in DOCS for e in examples(
 def test_the_docs_show_every_command():
     shown = {shlex.split(e)[1] for _, e in EXAMPLES}
     assert set(COMMANDS) <= shown, set(COMMANDS) - shown
+    assert "study" in shown  # and the maintainers' study, from a checkout
 
 
 @pytest.mark.parametrize("where,example", EXAMPLES, ids=[f"{w}:{e[:60]}" for w, e in EXAMPLES])
@@ -56,12 +64,16 @@ def test_documented_command_line_parses_and_composes(where, example):
     argv = [a for a in shlex.split(example)[1:] if a != "..."]
     if argv[0] in ("--help", "-h"):
         return
+    study = argv[0] == "study"
+    argv = ["bench", *argv[1:]] if study else argv
     assert argv[0] in COMMANDS, f"{where}: unknown command in {example!r}"
     if "--help" in argv:
         assert command_help(argv[0])
         return
     inv = parse(argv)
     assert isinstance(inv.args, COMMANDS[argv[0]].args)
+    if argv[0] == "bench":  # the study's rows are refused by the installed bench, checked by the study
+        (STUDY_ROWS if study else NO_ROWS).check(inv.args.bench)
 
 
 WORK_LABELS = re.compile(r"\bsession \d|\bsessions\b|\bissue \d|\bticket|/work/|shared/reference", re.I)

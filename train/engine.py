@@ -13,7 +13,10 @@ import atexit
 import contextlib
 import os
 import socket
+import sys
+import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +31,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# DeepSpeed compiles its CPU all-reduce op once (about 40 s on 2 cores) under a lock file; a build
+# interrupted there leaves the lock, and torch then waits on it forever, silently
+SHM_OP = "deepspeed_shm_comm"
+STALE_LOCK_S = 600.0
+
+
+def clear_stale_build_lock(name: str = SHM_OP, stale_s: float = STALE_LOCK_S) -> Path | None:
+    """Remove the op build's lock file when it is older than any build takes (an interrupted
+    build's), saying so in one line; returns the path removed, or None."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    if age < stale_s:
+        return None
+    lock.unlink(missing_ok=True)
+    print(
+        f"note: removed {lock}, left {age / 60:.0f} min ago by an interrupted build of DeepSpeed's {name} op; "
+        "building it again",
+        file=sys.stderr,
+    )
+    return lock
+
+
 def init_distributed() -> tuple[int, int]:
     """Initialise (once) the default process group; returns (rank, world size)."""
     import torch.distributed as dist
@@ -39,6 +69,9 @@ def init_distributed() -> tuple[int, int]:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     if not dist.is_initialized():
         import deepspeed
+
+        if not torch.cuda.is_available():
+            clear_stale_build_lock()
 
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(close_distributed)

@@ -1,7 +1,7 @@
 """The held-out evaluation a run logs (``eval/*``): top-1 accuracy per draft step and a
 simulated acceptance length, from the objective's ``chains`` on the held-out rows.
 
-Each objective gives, per draft step (Medusa: head; EAGLE: step; DFlash: block position
+Each objective gives (its class's ``eval_depth`` and ``eval_label`` name the steps), per draft step (Medusa: head; EAGLE: step; DFlash: block position
 k = 1 .. block-1), whether the drafter's top-1 equals the target's greedy token along a top-1
 chain; the accuracies are over every valid position, and tau is a chain's accepted length
 (DFlash: a block's) averaged over the chains that start at a valid position.
@@ -29,8 +29,7 @@ def heldout_metrics(
     """Held-out top-1 per head/step (DFlash: per block position k = 1 .. block-1) against the
     target's greedy tokens, and tau: a top-1 chain's accepted length (DFlash: a block's).
     ``batch`` turns ``micro_batch_size`` rows into a micro-batch on the engine's device."""
-    depth = {"medusa": d.num_heads, "eagle": d.ttt_steps, "dflash": d.block_size - 1}[d.kind]
-    depth = max(depth, 1)
+    depth = max(type(module).eval_depth(d), 1)
     hits, counts, gains = None, None, []
     mbs = micro_batch_size
     for i in range(0, len(rows), mbs):
@@ -38,7 +37,7 @@ def heldout_metrics(
         h, c = (correct & valid).flatten(1).sum(1), valid.flatten(1).sum(1)
         hits, counts = (h, c) if hits is None else (hits + h, counts + c)
         gains.append(chain_acceptance(correct, valid)[valid[0]].double())
-    name, first = {"medusa": ("head", 0), "eagle": ("step", 0), "dflash": ("pos", 1)}[d.kind]
+    name, first = type(module).eval_label
     out = {
         f"eval/{name}{s + first}/acc_top1": float(hits[s]) / max(int(counts[s]), 1) for s in range(len(hits))
     }

@@ -41,7 +41,6 @@ import torch.distributed as dist
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.train import validate
-from draftheads.heads import DFlashDrafter
 from draftheads.heads.target import load_target
 from draftheads.train import checkpoint, dry_run, saving
 from draftheads.train.batching import Layout, RowView, StepSampler, micro_batch, split_heldout
@@ -53,9 +52,6 @@ from draftheads.train.metrics import MetricSink, Window
 from draftheads.train.resume import check_resumable, resume_point
 from draftheads.train.rows import (
     cached_rows,
-    check_anchor_count,
-    check_block_size,
-    check_mask_token,
     pipeline_rows,
     saved_rows,
     token_rows,
@@ -94,10 +90,7 @@ class TrainRecipe:
         self.drafter = build_drafter(cfg, self.target, self.tokenizer)
         self.module = build_objective(self.drafter, self.target, cfg.draft, t.topk)
         rows, tokens = self.load_rows()
-        if isinstance(self.drafter, DFlashDrafter):
-            check_mask_token(self.drafter.mask_token_id, tokens)
-            check_anchor_count(cfg.draft.anchors_per_row, tokens)
-            check_block_size(cfg.draft.block_size, tokens)
+        type(self.module).check_rows(self.drafter, cfg.draft, tokens)
         if self.rank == 0:  # the data is accepted: from here on the run changes its folder
             checkpoint.remove_partials(self.ckpt_root)
         train_idx, held_idx = split_heldout(len(rows), t.eval_rows, t.seed)
@@ -139,7 +132,9 @@ class TrainRecipe:
         a row's features are read when its micro-batch is built."""
         t = self.cfg.train
         if t.features == "offline":
-            return cached_rows(self.cfg, self.drafter.target_fingerprint, self.module.layers())
+            return cached_rows(
+                self.cfg, self.drafter.target_fingerprint, self.module.layers(), type(self.module).reads_topk
+            )
         if self.given_rows is not None:
             return token_rows(self.given_rows)
         if t.rows:

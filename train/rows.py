@@ -10,14 +10,13 @@ columns only (``input_ids``, ``loss_mask``; no features read), or the same in-me
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.heads.target_fingerprint import TargetFingerprint
 from draftheads.train.batching import check_rows
-from draftheads.train.guards import dflash_topk, use_topk
 from draftheads.train.vocab import token_occurrences
 
 if TYPE_CHECKING:
@@ -27,15 +26,18 @@ if TYPE_CHECKING:
 KEPT = ("input_ids", "loss_mask", "position_ids", "features")
 
 
-def cached_rows(cfg: Config, fp: TargetFingerprint, layers: list[int]) -> tuple[Any, Any]:
+def cached_rows(
+    cfg: Config, fp: TargetFingerprint, layers: list[int], reads_topk: Callable[..., bool]
+) -> tuple[Any, Any]:
     """(training rows, their token columns) of the feature cache ``train.feature_cache``, which
     must hold ``layers`` of the target ``fp`` (a cache of more layers, one built for several
-    drafters, serves the ones read here), with the top-k logits where they are soft labels."""
+    drafters, serves the ones read here), with the top-k logits where they are soft labels
+    (``reads_topk(cache, train, draft)``: the kind's objective says, see ``Objective.reads_topk``)."""
     from draftheads.data.cache import FeatureCache
 
     t = cfg.train
     cache = FeatureCache(t.feature_cache, fp, layers, subset=True)
-    soft = dflash_topk(cache, t) if cfg.draft.kind == "dflash" else use_topk(cache, t, cfg.draft)
+    soft = reads_topk(cache, t, cfg.draft)
     names = ["input_ids", "loss_mask", "features"]
     names += ["topk_ids", "topk_logits"] if soft else []
     tokens = cache.view(["input_ids", "loss_mask"])

@@ -3,7 +3,8 @@ asked to predict) and the check that a DFlash mask token never occurs in the dat
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -43,3 +44,12 @@ def token_occurrences(rows: Iterable[dict], token_id: int) -> tuple[int, int | N
             first = i
         total += n
     return total, first
+
+
+def set_draft_vocab(drafter: Any, tokens: Sequence[dict]) -> float:
+    """The ``draft_vocab_size`` most frequent answer tokens of the training rows as ``drafter``'s
+    draft vocabulary; returns their share of the answer tokens (rounded to 4 places)."""
+    counts = masked_token_counts(tokens, drafter.target_fingerprint.vocab_size)
+    ids = draft_vocab(counts, drafter.draft_vocab_size)
+    drafter.set_vocab(ids)
+    return round(vocab_coverage(counts, ids), 4)

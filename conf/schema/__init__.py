@@ -41,52 +41,22 @@ class BenchConfig:
     components alone hold about 350k answer tokens; 500k needs GSM8K or CodeAlpaca in
     ``shared_data`` (1.47M with both).
 
-    **Time on 2 CPU cores** (stage times measured on an AMD EPYC with AVX2, torch 2.13 CPU):
-
-    * distillation: 960 prompts x up to 160 new tokens, 136k answer tokens at ~170 new
-      tokens/s ~ 13 min;
-    * teacher-forced features: 500k answer tokens (847k row tokens) at ~430-445 tokens/s
-      ~ 32-33 min;
-      the distilled answers' features (208k row tokens) ~ 7.5 min;
-    * Medusa, ``medusa_steps`` 150 at ~1.8-2 s ~ 4.5-5 min, its tree ~ 1 min;
-    * EAGLE-3, 500k teacher-forced answer tokens plus 136k distilled ones, one pass, streamed,
-      packed micro-batches, ~730 tokens/s ~ 24 min;
-    * evaluation (held-out 20, Spec-Bench 19 turns, GSM8K 20 prompts x 128 tokens; both drafters
-      in one loop against stock and same-backend greedy and prompt lookup) ~ 30 min;
-    * held-out τ again per drafter with its own tree alone (``drafter_only``, no baselines)
-      ~ 1.2 min each (20 prompts: 1.21 min for a 150k-token EAGLE-3, 1.13 for a DFlash, timed
-      alone; 4.3 min for the three drafters inside the AVX-512 run below);
-    * total ~ 117-121 min (``bench.drafter_only=false``: ~ 118) with Medusa and EAGLE-3 alone.
-
-    The default also trains DFlash (``draft=dflash``) on EAGLE-3's data and passes, so that both
-    drafters are reported side by side. Timed whole on an AMD EPYC with AVX-512 (2 cores): 107 min
-    (distillation 6.6, features 24.7 + 5.8, Medusa 4.2 + 1.0, EAGLE-3 20.6, DFlash 16.7,
-    evaluation of the three 22.8, drafter only 4.3). On the AVX2 EPYC above DFlash would add
-    about 17 min of training and 5 of decoding (~140 min, past two hours):
-    ``'bench.drafters=[medusa,eagle3]'`` leaves it out there.
+    The default trains DFlash (``draft=dflash``) on EAGLE-3's data and passes beside Medusa and
+    EAGLE-3, so that the drafters are reported side by side; ``'bench.drafters=[medusa,eagle3]'``
+    leaves it out where the run must fit in two hours on a slower CPU. ``drafter_only`` measures
+    each drafter's held-out τ once more with its own tree alone: what the drafter learnt, apart
+    from the lookup branch and the planner.
 
     ``published_tree=true`` adds a row per prompt set: the EAGLE drafter verified with EAGLE-2's
     published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
-    lookup branch as configured), the tree EAGLE's τ figures are measured with. On 2 CPU cores
-    such a step costs about four greedy steps, so it measures τ, not a faster setting: ~8 min
-    per prompt set.
+    lookup branch as configured), the tree EAGLE's τ figures are measured with. On a CPU such a
+    step costs several greedy steps, so it measures τ, not a faster setting.
 
-    ``distill_prompts=480 distill_repeats=2`` (the previous default) reads half the distinct
-    distilled answers twice each at the same training compute: Spec-Bench tau 2.14 against
-    2.20, held-out and GSM8K the same, ~7 min less distillation and ~4 min fewer features.
-
-    A scaling point costs as much as the main EAGLE-3 run without the distilled part (equal
-    compute; 26-31 min when timed, before micro-batches were packed), an ablation row
-    ``ablation_tokens x ablation_epochs`` = 68k answer-token passes ~ 120k row tokens ~ 5 min
-    plus 2 min of held-out decoding: they do not fit beside the main run, so they are off by
-    default and are added by a rerun (cached stages only add what is new):
-    ``bench.scaling_tokens=[68000,150000]`` (~60 min; the 500k point is the teacher-only drafter)
-    and ``bench.ablations=[all]`` (16 rows: the 10 EAGLE-3 and Medusa ones ~90 min, Medusa-2, which
-    trains the target's LoRA adapters, ~30 of them; the 6 DFlash ones are not timed yet).
-    A ``variants`` row trains on the main run's data and passes, so it costs a main run of its
-    own plus ~2.5 min of held-out decoding (drafter only and with the decoder's defaults); on the
-    AVX-512 EPYC: DFlash with one layer 16.7 min, with 2 layers 27.7–27.9, with 5 layers 61.4,
-    with one layer and 2 passes 33.3.
+    ``scaling_tokens``, ``ablations`` and ``variants`` are the maintainers' study, run from a
+    checkout with ``python -m bench.lab.study`` (the installed bench refuses them): each point or
+    row costs up to a main run, so they are off by default and a rerun adds them (cached stages
+    only add what is new). Each stage's minutes on the reference CPUs are in docs/training.md
+    ("Stage times of make bench"), the study's in docs/ablations.md.
     """
 
     out_dir: str = "outputs/bench"
@@ -113,12 +83,12 @@ class BenchConfig:
     scaling_tokens: list[int] = field(default_factory=list)
     scaling_compute: int = 500_000
     scaling_steps_per_10k_tokens: int = 40
-    # recipe switches at equal data (rows of draftheads.bench.ablation_rows.ABLATIONS, or [all])
+    # recipe switches at equal data (rows of ABLATIONS in bench/lab/ablation_rows.py, or [all])
     ablations: list[str] = field(default_factory=list)
     ablation_tokens: int = 68_000
     ablation_epochs: float = 1.0
     # rows of the same table trained on the main drafters' own data and passes, each measured
-    # drafter only (bench/drafter_only.py): levers at full data, e.g. [dflash 2 layers]
+    # drafter only (bench/lab/variants.py): levers at full data, e.g. [dflash 2 layers]
     variants: list[str] = field(default_factory=list)
     eval_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench", "gsm8k_test"])
     eval_prompts: int = 20
@@ -131,6 +101,9 @@ class BenchConfig:
     # with heldout in eval_sets: every drafter's held-out τ once more with its own tree alone (no
     # lookup branch, no cost-aware planning), as the ablation rows' "drafter only": what it learnt
     drafter_only: bool = True
+    # the EAGLE drafter beyond batch 1 (batches 1/4/8, the long and copy sets with prompt lookup
+    # beside them) and on its first call, as ``draftheads speed speed.workloads=true`` measures
+    workloads: bool = True
     docs: str = "docs/benchmarks.md"
 
     def __post_init__(self) -> None:

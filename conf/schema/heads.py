@@ -7,14 +7,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.layers import (
-    dflash_feature_layers,
-    dflash_layers_problem,
-    eagle_input_layers,
-    feature_layers_problem,
-)
+from draftheads.conf.schema.kinds import DRAFT_KINDS, draft_kind, unknown_kind_problem
 
-DRAFT_KINDS = ("medusa", "eagle", "dflash")
 LM_HEAD_MODES = ("shared", "copy")
 EAGLE_VERSIONS = (1, 3)
 TINY_KINDS = ("llama", "mistral", "qwen2", "gpt2")  # the random-init tiny targets (heads/target.py)
@@ -291,44 +285,13 @@ class DraftConfig:
         """Target hidden states a drafter of this shape trains on: what a feature cache holds.
 
         Medusa reads the final state. EAGLE reads its input layers plus the final state, which
-        is its regression and distillation target (see ``Drafter.training_layers``).
+        is its regression and distillation target (see ``Drafter.training_layers``). The kind's
+        config facts say (``conf/schema/kinds/<kind>.py``).
         """
-        if self.kind == "dflash":
-            return dflash_feature_layers(
-                self.feature_layers, num_layers, self.feature_rule, self.num_decoder_layers
-            )
-        if self.kind != "eagle":
-            return [num_layers]
-        return eagle_input_layers(self.version, self.feature_layers, num_layers) + [num_layers]
+        return draft_kind(self.kind).training_layers(self, num_layers)
 
 
 FEATURE_RULES = ("eagle3", "spread")
-POSITION_WEIGHTS = ("decay", "dpace")
-# The draft.* keys each kind reads (the others it ignores), and the options that select that kind.
-KIND_KEYS = {
-    "medusa": (
-        "num_heads", "num_layers", "lm_head", "head_loss_weight", "head_loss_decay", "lora", "lora_r",
-        "lora_alpha", "lora_dropout", "lora_target_modules", "head_lr_multiplier", "head_warmup",
-        "head_warmup_steps", "self_distill_weight",
-    ),
-    "eagle": (
-        "version", "ttt_steps", "ttt_decay", "feature_loss_weight", "token_loss_weight", "feature_noise",
-        "save_shared", "fc_bias", "num_decoder_layers", "feature_layers", "draft_vocab_size", "init_from_target",
-    ),
-    "dflash": (
-        "block_size", "mask_token_id", "loss_gamma", "position_weights", "dpace_alpha", "anchors_per_row",
-        "feature_rule", "kv_heads", "qk_gain", "context_dropout", "blind_steps", "anchor_prior", "out_gain",
-        "num_decoder_layers", "feature_layers", "draft_vocab_size", "init_from_target",
-    ),
-}  # fmt: skip
-KIND_OPTIONS = {
-    "medusa": "draft=medusa or draft=medusa2",
-    "eagle": "draft=eagle or draft=eagle3",
-    "dflash": "draft=dflash",
-}
-# another kind's key -> this kind's key of the same meaning
-SAME_MEANING = {("num_layers", "eagle"): "num_decoder_layers", ("num_layers", "dflash"): "num_decoder_layers",
-                ("num_decoder_layers", "medusa"): "num_layers"}  # fmt: skip
 
 
 def foreign_key_problem(d: DraftConfig) -> str | None:
@@ -338,15 +301,15 @@ def foreign_key_problem(d: DraftConfig) -> str | None:
     for f in fields(DraftConfig):
         key = f.name
         default = f.default_factory() if f.default is MISSING else f.default
-        if key == "kind" or key in KIND_KEYS[d.kind] or getattr(d, key) == default:
+        if key == "kind" or key in draft_kind(d.kind).keys or getattr(d, key) == default:
             continue
         value = str(getattr(d, key)).lower() if isinstance(getattr(d, key), bool) else getattr(d, key)
-        owners = [k for k, keys in KIND_KEYS.items() if key in keys]
-        same = SAME_MEANING.get((key, d.kind))
+        owners = [k for k, kind in DRAFT_KINDS.items() if key in kind.keys]
+        same = draft_kind(d.kind).same_meaning.get(key)
         fix = (
             f"use draft.{same}={value}"
             if same
-            else f"drop it ({' / '.join(KIND_OPTIONS[k] for k in owners)} reads it)"
+            else f"drop it ({' / '.join(DRAFT_KINDS[k].options for k in owners)} reads it)"
         )
         return (
             f"draft.{key}={value} is a key of {' and '.join(owners)} drafters, and "
@@ -357,8 +320,10 @@ def foreign_key_problem(d: DraftConfig) -> str | None:
 
 def draft_config_problem(d: DraftConfig) -> str | None:
     """The first nonsensical value in ``d`` as a one-line message naming the key, or None."""
-    if d.kind not in DRAFT_KINDS:
-        return f"draft.kind={d.kind!r} is unknown; use one of {', '.join(DRAFT_KINDS)}"
+    unknown = unknown_kind_problem(d.kind)
+    if unknown:
+        return unknown
+    kind = draft_kind(d.kind)
     if d.lm_head not in LM_HEAD_MODES:
         return f"draft.lm_head={d.lm_head!r} is unknown; use 'shared' (Medusa v2) or 'copy' (Medusa v1)"
     if d.version not in EAGLE_VERSIONS:
@@ -378,7 +343,7 @@ def draft_config_problem(d: DraftConfig) -> str | None:
             return f"draft.{key}={value} must be at least {low}"
     if d.kv_heads is not None and d.kv_heads < 1:
         return f"draft.kv_heads={d.kv_heads} must be at least 1; use null for the target's"
-    if d.kv_heads is not None and d.kind != "dflash":
+    if d.kv_heads is not None and "kv_heads" not in kind.keys:
         return f"draft.kv_heads={d.kv_heads} shapes DFlash layers only, not draft.kind={d.kind}; use null"
     if d.draft_vocab_size is not None and d.draft_vocab_size < 1:
         return (
@@ -399,36 +364,6 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     for key in weights:
         if getattr(d, key) < 0:
             return f"draft.{key}={getattr(d, key)} must not be negative"
-    if d.init_from_target and d.kind == "medusa":
-        return (
-            "draft.init_from_target=true starts EAGLE or DFlash decoder layers as the target's; Medusa "
-            "heads have none (their lm_heads start from the target's already); use draft.init_from_target=false"
-        )
     if d.feature_rule not in FEATURE_RULES:
         return f"draft.feature_rule={d.feature_rule!r} is unknown; use one of {', '.join(FEATURE_RULES)}"
-    if d.kind == "dflash":
-        if d.qk_gain <= 0:
-            return f"draft.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
-        if d.out_gain <= 0:
-            return f"draft.out_gain={d.out_gain} must be positive (the output norm's starting gain)"
-        if d.anchor_prior < 0:
-            return (
-                f"draft.anchor_prior={d.anchor_prior} must not be negative (a logit boost in nats; 0 is off)"
-            )
-        if not 0 <= d.context_dropout < 1:
-            return f"draft.context_dropout={d.context_dropout} must be in [0, 1) (the share of blocks trained blind)"
-        if d.loss_gamma <= 0:
-            return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
-        if d.position_weights not in POSITION_WEIGHTS:
-            return f"draft.position_weights={d.position_weights!r} is unknown; use one of {', '.join(POSITION_WEIGHTS)}"
-        if not 0 < d.dpace_alpha <= 1:
-            return (
-                f"draft.dpace_alpha={d.dpace_alpha} must be in (0, 1] (D-PACE's smoothing of each acceptance)"
-            )
-        if d.mask_token_id is not None and d.mask_token_id < 0:
-            return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
-        if d.feature_layers is not None:
-            return dflash_layers_problem(list(d.feature_layers))
-    if d.kind == "eagle" and d.feature_layers is not None:
-        return feature_layers_problem(list(d.feature_layers), d.version)
-    return foreign_key_problem(d)
+    return kind.problem(d) or foreign_key_problem(d)

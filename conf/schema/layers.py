@@ -106,20 +106,3 @@ def eagle_input_layers(version: int, feature_layers: list[int] | None, num_layer
     if feature_layers:
         return list(feature_layers)
     return default_eagle3_layers(num_layers) if version == 3 else [num_layers]
-
-
-def depth_problem(kind: str, version: int, depth: int, num_layers: int) -> str | None:
-    """Why an EAGLE or DFlash drafter of ``depth`` decoder layers makes no sense for a target of
-    ``num_layers`` layers (it would be deeper, so drafting would cost more than the target's own
-    step), or None. Medusa heads have no decoder layers."""
-    if kind == "medusa" or depth <= num_layers:
-        return None
-    engines = (
-        "; vLLM and SGLang serve EAGLE-3 drafters of one layer (draft.num_decoder_layers=1)"
-        if kind == "eagle" and version == 3
-        else ""
-    )
-    return (
-        f"draft.num_decoder_layers={depth} is more than the target's {num_layers} layers, so drafting "
-        f"would cost more than the target's own step; use at most {num_layers}{engines}"
-    )

@@ -13,6 +13,7 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.checks import finite
+from draftheads.conf.schema.kinds import DRAFT_KINDS, draft_kind
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 HEAD_WARMUPS = ("sine", "linear", "constant")
@@ -161,7 +162,7 @@ def validate_logger(lg: LoggerConfig) -> None:
 
 def validate_draft(d, num_target_layers: int | None = None) -> None:
     """Value checks of ``draft.*`` that the drafter constructors do not already make."""
-    _choice("draft.kind", d.kind, ("medusa", "eagle", "dflash"))
+    _choice("draft.kind", d.kind, tuple(DRAFT_KINDS))
     _choice("draft.head_warmup", d.head_warmup, HEAD_WARMUPS)
     for key in ("head_loss_weight", "feature_loss_weight", "token_loss_weight", "self_distill_weight"):
         _at_least(f"draft.{key}", getattr(d, key), 0)
@@ -173,14 +174,12 @@ def validate_draft(d, num_target_layers: int | None = None) -> None:
     _at_least("draft.head_warmup_steps", d.head_warmup_steps, 0)
     _at_least("draft.feature_noise", d.feature_noise, 0)
     if d.lora:
-        if d.kind != "medusa":
+        if "lora" not in draft_kind(d.kind).keys:
             raise UserError("draft.lora=true is Medusa-2 only; use draft=medusa2 or set draft.lora=false")
         _at_least("draft.lora_r", d.lora_r, 1)
         _at_least("draft.head_lr_multiplier", d.head_lr_multiplier, 0)
         if not d.lora_target_modules:
             raise UserError("draft.lora_target_modules is empty; list the target's linear layers to adapt")
-    if d.kind == "eagle" and d.version == 1 and d.ttt_steps > 1 and d.feature_loss_weight == 0:
-        raise UserError("draft=eagle with ttt_steps>1 needs draft.feature_loss_weight>0")
 
 
 def validate_deepspeed(ds: dict[str, Any]) -> None:
@@ -199,11 +198,9 @@ def validate(cfg) -> None:
     validate_logger(cfg.logger)
     validate_draft(cfg.draft)
     validate_deepspeed(cfg.deepspeed)
-    if cfg.draft.kind == "dflash" and cfg.train.soft_labels == "full":
-        raise UserError(
-            "train.soft_labels=full projects the target's final state, which a DFlash drafter does not read; "
-            "use train.soft_labels=auto (a feature cache's top-k logits, else the data's next tokens)"
-        )
+    problem = draft_kind(cfg.draft.kind).train_problem(cfg.draft, cfg.train)
+    if problem:
+        raise UserError(problem)
     if cfg.draft.lora and cfg.train.features == "offline":
         raise UserError(
             "draft=medusa2 trains LoRA adapters on the target, so its features change every step; "

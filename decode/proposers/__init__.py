@@ -1,9 +1,22 @@
-"""Drafting methods behind one protocol (base.py): Medusa, EAGLE, DFlash, lookup, and a drafter with lookup."""
+"""Drafting methods behind one protocol (base.py): Medusa, EAGLE, DFlash, lookup, and a drafter with lookup.
+
+Each drafter kind's proposer registers itself with ``@register_proposer("<kind>")`` in its own
+module here; importing this package registers them all, and :func:`build_proposer` builds the
+registered one (an unknown kind is one clear error, see docs/kinds.md).
+"""
 
 from __future__ import annotations
 
 from draftheads.conf.schema.decode import DecodeConfig
-from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Proposer, Tree
+from draftheads.decode.proposers.base import (
+    Accepted,
+    Plan,
+    Prefill,
+    Proposer,
+    Tree,
+    proposer_class,
+    register_proposer,
+)
 from draftheads.decode.proposers.combined import WithLookup
 from draftheads.decode.proposers.dflash import DFlashProposer
 from draftheads.decode.proposers.eagle import EagleProposer
@@ -23,6 +36,8 @@ __all__ = [
     "Tree",
     "WithLookup",
     "build_proposer",
+    "proposer_class",
+    "register_proposer",
 ]
 
 
@@ -35,11 +50,5 @@ def build_proposer(drafter, static: StaticTree | None, cfg: DecodeConfig) -> Pro
         if lookup is None:
             raise ValueError("no drafter and no lookup: nothing proposes drafts")
         return lookup
-    inner: Proposer
-    if drafter.kind == "medusa":
-        inner = MedusaProposer(drafter, static)
-    elif drafter.kind == "dflash":
-        inner = DFlashProposer(drafter, static, cfg)
-    else:
-        inner = EagleProposer(drafter, static, cfg)
+    inner: Proposer = proposer_class(getattr(drafter, "kind", "")).for_drafter(drafter, static, cfg)
     return WithLookup(inner, lookup) if lookup is not None else inner

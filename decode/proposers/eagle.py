@@ -29,13 +29,19 @@ import torch
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import dynamic, kv
 from draftheads.decode.kv import append_valid
-from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Prefill, Tree
+from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Prefill, Tree, register_proposer
 from draftheads.decode.static import Graphs, StaticKV, drafter_graphs
 from draftheads.decode.tree import StaticTree, ancestor_mask, levels
 from draftheads.heads.masks import additive_mask, padded_causal
 
 
+@register_proposer("eagle")
 class EagleProposer:
+    @classmethod
+    def for_drafter(cls, drafter, static: StaticTree | None, cfg: DecodeConfig) -> EagleProposer:
+        """The proposer for ``drafter`` (what :func:`~draftheads.decode.proposers.build_proposer` calls)."""
+        return cls(drafter, static, cfg)
+
     def __init__(
         self, drafter, static: StaticTree | None, cfg: DecodeConfig, graphs: Graphs | None = None
     ) -> None:

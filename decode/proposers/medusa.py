@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree
+from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree, register_proposer
 from draftheads.decode.tree import StaticTree, ancestor_mask, levels
 
 
+@register_proposer("medusa")
 class MedusaProposer:
+    @classmethod
+    def for_drafter(cls, drafter, static: StaticTree | None, cfg: DecodeConfig) -> MedusaProposer:
+        """The proposer for ``drafter`` (what :func:`~draftheads.decode.proposers.build_proposer` calls)."""
+        return cls(drafter, static)
+
     def __init__(self, drafter, static: StaticTree) -> None:
         self.drafter, self.static = drafter, static
         self.layer = drafter.feature_layers()[0]

@@ -10,9 +10,12 @@ submodule (the adapters train), and only the adapter parameters require gradient
 Besides the training loss, each class gives ``chains(batch)``: per draft step (DFlash: per
 block position), whether the drafter's top-1 equals the target's greedy token along a top-1
 chain. The recipe turns that into held-out accuracies and a simulated acceptance length.
+
+Each class registers for its kind with ``@register_objective("<kind>")``; importing this package
+registers them all, and :func:`objective_class` finds one (see docs/kinds.md).
 """
 
-from draftheads.train.modules.base import Objective, chunked_argmax
+from draftheads.train.modules.base import Objective, chunked_argmax, objective_class, register_objective
 from draftheads.train.modules.dflash import DFlashObjective
 from draftheads.train.modules.eagle import EagleObjective
 from draftheads.train.modules.medusa import Medusa2Objective, MedusaObjective
@@ -24,4 +27,6 @@ __all__ = [
     "MedusaObjective",
     "Objective",
     "chunked_argmax",
+    "objective_class",
+    "register_objective",
 ]

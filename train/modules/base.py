@@ -1,6 +1,13 @@
 """What every training objective shares: the drafter as the trained submodule, the frozen target
 held outside the module tree, and the target features the drafter reads.
 
+Each kind's objective registers itself with :func:`register_objective` (``@register_objective("eagle")``);
+the recipe builds, initialises and evaluates through the registered class (:func:`objective_class`),
+never by testing the kind's name. The class methods are the kind's training facts: how to build
+the module (:meth:`Objective.build`), the first weights that come from the target or the data
+(:meth:`Objective.init_head`, :meth:`Objective.init_rest`), checks of the setup and the rows, the
+soft labels it reads from a feature cache, and its held-out evaluation depth and label.
+
 The target sits in a plain dict, so it never reaches the optimizer, a ZeRO partition or a
 checkpoint; :meth:`Objective.features` gives its hidden states (computed online, or read from a
 feature cache's batch) in the drafter's dtype.
@@ -8,14 +15,18 @@ feature cache's batch) in the drafter's dtype.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.train import TrainConfig
 from draftheads.heads import Drafter
 from draftheads.heads.features import target_features
+from draftheads.train.guards import use_topk
 
 
 def chunked_argmax(
@@ -30,6 +41,42 @@ def chunked_argmax(
 class Objective(nn.Module):
     """A drafter plus its loss: ``forward(batch, step) -> (loss, stats)`` for DeepSpeed, and
     ``chains(batch, depth)`` for the held-out evaluation (defined by each family)."""
+
+    # the held-out metrics' name of a draft step and the number of the first: eval/{name}{k}/...
+    eval_label: ClassVar[tuple[str, int]] = ("step", 0)
+
+    @classmethod
+    def build(cls, drafter: Drafter, target: nn.Module, d: DraftConfig, topk: int) -> Objective:
+        """The module DeepSpeed trains for ``drafter``."""
+        return cls(drafter, target, d, topk)
+
+    @classmethod
+    def eval_depth(cls, d: DraftConfig) -> int:
+        """Draft steps the held-out evaluation checks (at least 1)."""
+        return 1
+
+    @classmethod
+    def check_setup(cls, d: DraftConfig, tokenizer: Any) -> None:
+        """Refuse, before the drafter is built, a config the tokenizer cannot serve."""
+
+    @classmethod
+    def check_rows(cls, drafter: Drafter, d: DraftConfig, tokens: Sequence[dict]) -> None:
+        """Refuse, before training, training rows (their token columns) this drafter cannot learn from."""
+
+    @classmethod
+    def reads_topk(cls, cache: Any, t: TrainConfig, d: DraftConfig) -> bool:
+        """Whether training reads the feature cache's top-k logits (refusing what cannot work)."""
+        return use_topk(cache, t, d)
+
+    @classmethod
+    def init_head(cls, drafter: Drafter, tokens: Sequence[dict]) -> dict[str, float]:
+        """The output head's first weights, from the target's (gathered) lm_head and the training
+        rows' tokens; returns what the run's data record gains."""
+        return {}
+
+    @classmethod
+    def init_rest(cls, drafter: Drafter, d: DraftConfig, stage: int) -> None:
+        """Further first weights, after the decoder layers (``draft.init_from_target``)."""
 
     def __init__(self, drafter: Drafter, target: nn.Module, cfg: DraftConfig, topk: int) -> None:
         super().__init__()
@@ -71,3 +118,27 @@ class Objective(nn.Module):
 
     def param_groups(self, lr: float) -> list[dict]:
         return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr, "name": "drafter"}]
+
+
+OBJECTIVES: dict[str, type[Objective]] = {}
+
+
+def register_objective(kind: str) -> Callable[[type[Objective]], type[Objective]]:
+    """Class decorator: ``cls`` trains drafters of ``kind`` (a kind is registered once)."""
+
+    def register(cls: type[Objective]) -> type[Objective]:
+        if kind in OBJECTIVES:
+            raise ValueError(f"an objective for drafter kind {kind!r} is registered twice")
+        OBJECTIVES[kind] = cls
+        return cls
+
+    return register
+
+
+def objective_class(kind: str) -> type[Objective]:
+    """The registered objective of ``kind``; one clear error naming the trainable kinds otherwise."""
+    if kind not in OBJECTIVES:
+        raise UserError(
+            f"draft.kind={kind} has no training objective; draftheads trains {', '.join(sorted(OBJECTIVES))}"
+        )
+    return OBJECTIVES[kind]

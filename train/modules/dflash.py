@@ -4,11 +4,17 @@ position-decayed loss; evaluation drafts a block at every answer position."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
+from draftheads.heads.dflash.anchor_prior import set_anchor_prior
 from draftheads.heads.features import target_features
-from draftheads.train.modules.base import Objective, chunked_argmax
+from draftheads.train.engine import gathered
+from draftheads.train.guards import dflash_topk
+from draftheads.train.modules.base import Objective, chunked_argmax, register_objective
 from draftheads.train.objectives import (
     Stats,
     anchor_candidates,
@@ -30,6 +36,8 @@ from draftheads.train.objectives import (
     token_uniforms,
     topk_teacher,
 )
+from draftheads.train.rows import check_anchor_count, check_block_size, check_mask_choice, check_mask_token
+from draftheads.train.vocab import set_draft_vocab
 
 
 def blind_blocks(
@@ -45,6 +53,7 @@ def blind_blocks(
     return (torch.rand(shape, dtype=torch.float64) >= dropout).to(device)
 
 
+@register_objective("dflash")
 class DFlashObjective(Objective):
     """DFlash: blocks anchored at random answer positions, every block of a micro-batch drafted
     in one drafter pass (the context keys and values computed once per row):
@@ -61,6 +70,45 @@ class DFlashObjective(Objective):
     EVAL_ANCHORS = 64
     # training drafts its sampled blocks this many per row and pass (the default 8 or 32: one pass)
     TRAIN_ANCHORS = 64
+    eval_label = ("pos", 1)
+
+    @classmethod
+    def eval_depth(cls, d) -> int:
+        """Block positions 1 .. block-1."""
+        return d.block_size - 1
+
+    @classmethod
+    def check_setup(cls, d, tokenizer: Any) -> None:
+        if d.mask_token_id is not None:
+            check_mask_choice(d.mask_token_id, tokenizer)
+
+    @classmethod
+    def check_rows(cls, drafter, d, tokens: Sequence[dict]) -> None:
+        check_mask_token(drafter.mask_token_id, tokens)
+        check_anchor_count(d.anchors_per_row, tokens)
+        check_block_size(d.block_size, tokens)
+
+    @classmethod
+    def reads_topk(cls, cache: Any, t, d) -> bool:
+        return dflash_topk(cache, t)
+
+    @classmethod
+    def init_head(cls, drafter, tokens: Sequence[dict]) -> dict[str, float]:
+        """A reduced vocabulary: its head is the target's rows of these ids."""
+        if not drafter.reduced_vocab:
+            return {}
+        return {"draft_vocab_coverage": set_draft_vocab(drafter, tokens)}
+
+    @classmethod
+    def init_rest(cls, drafter, d, stage: int) -> None:
+        """The starting gains, then the prior over them."""
+        if d.qk_gain != 1.0:
+            drafter.set_qk_gain(d.qk_gain)
+        if d.out_gain != 1.0:
+            drafter.set_out_gain(d.out_gain)
+        if d.anchor_prior > 0:
+            with gathered([drafter.shared("embed").weight], stage):
+                set_anchor_prior(drafter, d.anchor_prior, drafter.target_ids())
 
     def geometry(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(document ids, real-token mask, position ids or None) of the micro-batch's rows."""

@@ -4,9 +4,11 @@ steps, each step's features regressed and tokens distilled from the target's dis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from draftheads.train.modules.base import Objective, chunked_argmax
+from draftheads.train.modules.base import Objective, chunked_argmax, register_objective
 from draftheads.train.objectives import (
     Stats,
     feature_regression,
@@ -20,8 +22,10 @@ from draftheads.train.objectives import (
     uniform_noise,
 )
 from draftheads.train.unroll import unroll
+from draftheads.train.vocab import set_draft_vocab
 
 
+@register_objective("eagle")
 class EagleObjective(Objective):
     """EAGLE-1 and EAGLE-3, one loss with the version's defaults:
 
@@ -32,6 +36,19 @@ class EagleObjective(Objective):
     EAGLE-3: ``draft.ttt_steps`` steps, its own lm_head over the draft vocabulary, p restricted
     to that vocabulary, and positions whose target top-1 falls outside it not counted.
     """
+
+    @classmethod
+    def eval_depth(cls, d) -> int:
+        return d.ttt_steps
+
+    @classmethod
+    def init_head(cls, drafter, tokens: Sequence[dict]) -> dict[str, float]:
+        """EAGLE-3: the draft vocabulary from the rows, and its lm_head as the target's rows of it."""
+        if drafter.version != 3:
+            return {}
+        coverage = set_draft_vocab(drafter, tokens)
+        drafter.init_lm_head_from_target()
+        return {"draft_vocab_coverage": coverage}
 
     def split(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(drafter input features, final target state) from the concatenated layers."""

@@ -7,13 +7,16 @@ require gradients, and the heads learn at ``draft.head_lr_multiplier`` times the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.heads import Drafter
 from draftheads.heads.features import packed_inputs
-from draftheads.train.modules.base import Objective, chunked_argmax
+from draftheads.train.adapters import add_lora
+from draftheads.train.modules.base import Objective, chunked_argmax, register_objective
 from draftheads.train.objectives import (
     Stats,
     head_warmup,
@@ -25,8 +28,30 @@ from draftheads.train.objectives import (
 )
 
 
+@register_objective("medusa")
 class MedusaObjective(Objective):
     """Medusa-1: heads on a frozen target (see :func:`medusa_loss`)."""
+
+    eval_label = ("head", 0)
+
+    @classmethod
+    def build(cls, drafter: Drafter, target: nn.Module, d: DraftConfig, topk: int) -> Objective:
+        """Medusa-2 (``draft.lora``) first adds LoRA adapters to the target and marks the heads as
+        needing them."""
+        if d.lora:
+            drafter.requires_adapters = True
+            return Medusa2Objective(drafter, add_lora(target, d), d, topk)
+        return cls(drafter, target, d, topk)
+
+    @classmethod
+    def eval_depth(cls, d: DraftConfig) -> int:
+        return d.num_heads
+
+    @classmethod
+    def init_head(cls, drafter: Drafter, tokens: Sequence[dict]) -> dict[str, float]:
+        """Copied lm_heads (Medusa-1) start as the target's."""
+        drafter.init_lm_heads_from_target()
+        return {}
 
     def head_loss(self, h: torch.Tensor, batch: dict) -> tuple[torch.Tensor, Stats]:
         return medusa_loss(

@@ -12,8 +12,8 @@ the argmax of its logits (the step :mod:`draftheads.decode.cost` measures), thre
 
 Run on a quiet machine (nothing else on the cores)::
 
-    python -m draftheads.bench.compile_cpu                 # SmolLM2-135M, sizes 1 and 8
-    python -m draftheads.bench.compile_cpu --target tiny-llama --compiler aot_eager --repeats 2
+    python -m bench.lab.compile_cpu                 # SmolLM2-135M, sizes 1 and 8
+    python -m bench.lab.compile_cpu --target tiny-llama --compiler aot_eager --repeats 2
 
 Prints one row per size: median milliseconds per step for each way and the compiled step's
 speed over ``onednn``'s.

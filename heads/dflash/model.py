@@ -167,6 +167,10 @@ class DFlashDrafter(ReducedVocab, Drafter):
 
     kind = "dflash"
 
+    def draft_depth(self) -> int | None:
+        """One block drafts ``block_size - 1`` tokens."""
+        return self.block_size - 1
+
     def __init__(
         self,
         target: TargetFingerprint,

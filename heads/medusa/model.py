@@ -37,6 +37,10 @@ class ResBlock(nn.Module):
 
 class MedusaHeads(Drafter):
     kind = "medusa"
+    dynamic_trees = False  # a static tree over the heads' top candidates
+
+    def tree_width(self) -> int | None:
+        return self.num_heads
 
     def __init__(
         self, target: TargetFingerprint, num_heads: int = 4, num_layers: int = 1, lm_head: str = "shared"

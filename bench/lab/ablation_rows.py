@@ -1,11 +1,13 @@
 """The bench's ablation rows: each a named list of overrides on the bench's recipe for its
-drafter, trained at equal data (``bench.ablations``; :mod:`draftheads.bench.study` runs them)."""
+drafter, trained at equal data (``bench.ablations``; :mod:`bench.lab.study` runs them)."""
 
 from __future__ import annotations
 
+from draftheads.bench.drafter_only import ALONE, decode_overrides
+
 # recipe switches, each a row of overrides on the bench's EAGLE-3 (or Medusa, or DFlash) recipe;
 # ``decode.*`` overrides change how a row's drafter is decoded, not how it is trained, so such
-# a row decodes the drafter of the first row trained the same way (see :func:`draftheads.bench.study.drafter_row`)
+# a row decodes the drafter of the first row trained the same way (see :func:`bench.lab.study.drafter_row`)
 ABLATIONS: dict[str, list[str]] = {
     "eagle3": [],
     "eagle3 init from target": ["draft.init_from_target=true"],
@@ -147,16 +149,7 @@ ABLATIONS.update(
         if row[:1] == ["draft=dflash"] and name != "dflash"
     }
 )
-# the drafter's own tree verified at every step: no lookup branch, no cost-aware pruning or
-# skipping (the decode settings, and the same as overrides)
-ALONE = {"lookup": False, "cost_aware": False}
-
-
-def decode_overrides(decode: dict[str, bool]) -> list[str]:
-    """Decode settings as the ``decode.key=value`` overrides a row (or a stage) passes."""
-    return [f"decode.{key}={str(value).lower()}" for key, value in decode.items()]
-
-
+# the drafter's own tree verified at every step, as overrides
 DRAFTER_ONLY = decode_overrides(ALONE)
 # "<row> drafter only" decodes <row>'s drafter so (it trains nothing of its own)
 ABLATIONS.update(

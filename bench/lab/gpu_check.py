@@ -1,11 +1,11 @@
-"""The decoder's GPU check, decisive in one short run: ``python -u bench/gpu_check.py``.
+"""The decoder's GPU check, decisive in one short run: ``python -u -m bench.lab.gpu_check``
+from the top of a checkout (it is a maintainer's tool, not installed).
 
 It needs only PyTorch and transformers (nothing is downloaded, no other dependency of this
-project is imported): the repository's ``conf/``, ``heads/`` and ``decode/`` folders are put on
-``sys.path`` as the ``draftheads`` package through a temporary directory of symlinks. Targets
-are random-initialised Llama models of about 1B and 8B shape, built on the device. Each
-section is a module of ``bench/gpu/``, imported from beside this script as the package ``gpu``
-(so it needs no installed ``draftheads`` either); this file runs them in order.
+project is imported): the package ``draftheads`` is this checkout's top folder, so its
+``conf/``, ``heads/`` and ``decode/`` are what is checked, installed or not (:func:`bootstrap`).
+Targets are random-initialised Llama models of about 1B and 8B shape, built on the device. Each
+section is a module of ``bench/lab/gpu/``; this file runs them in order.
 
 Every section prints a timestamped header and flushes each line; a section that fails prints
 its traceback and the rest still run. Sections, per target shape:
@@ -42,28 +42,24 @@ cuda-graphs path without capture and times are not measurements.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-# the sections (bench/gpu/) import as ``gpu``: bench/ goes first on the path, as
-# ``python bench/gpu_check.py`` has it, and through runpy, which does not put it there
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from .gpu.drafting import drafting
+from .gpu.environment import environment
+from .gpu.identity import TIE_ULPS, identity
+from .gpu.log import say, section, stamp
+from .gpu.models import SHAPES, SMALL_SHAPES, build_dflash, build_eagle, build_target, random_prompts, steer
+from .gpu.oracle_tau import oracle_tau
+from .gpu.speed import compiled_generate, speed
+from .gpu.verify_cost import verify_cost
 
-from gpu.drafting import drafting
-from gpu.environment import environment
-from gpu.identity import TIE_ULPS, identity
-from gpu.log import say, section, stamp
-from gpu.models import SHAPES, SMALL_SHAPES, build_dflash, build_eagle, build_target, random_prompts, steer
-from gpu.oracle_tau import oracle_tau
-from gpu.speed import compiled_generate, speed
-from gpu.verify_cost import verify_cost
-
-REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("conf", "heads", "decode")
+REPO = Path(__file__).resolve().parents[2]
 NEEDS = {"torch": "2.13", "transformers": "5.24"}  # transformers 5.24: the forward's cache= argument
 
 
@@ -81,16 +77,16 @@ def check_versions() -> str | None:
     return None
 
 
-def bootstrap() -> Path:
-    """Make ``import draftheads.<conf|heads|decode>`` read this checkout, without installing it."""
-    root = Path(tempfile.mkdtemp(prefix="draftheads-gpu-check-"))
-    pkg = root / "draftheads"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text('"""draftheads, from a source checkout."""\n')
-    for name in PACKAGES:
-        (pkg / name).symlink_to(REPO / name, target_is_directory=True)
-    sys.path.insert(0, str(root))
-    return root
+def bootstrap() -> None:
+    """Make ``import draftheads.<conf|heads|decode>`` read this checkout, installed or not: the
+    package ``draftheads`` is the checkout's top folder, its subpackages the folders there, as
+    pyproject's package-dir maps them (a bare GPU machine needs no install). Left as it is when
+    ``draftheads`` was imported already."""
+    if "draftheads" in sys.modules:
+        return
+    spec = importlib.machinery.ModuleSpec("draftheads", None, is_package=True)
+    spec.submodule_search_locations = [str(REPO)]
+    sys.modules["draftheads"] = importlib.util.module_from_spec(spec)
 
 
 def run_shape(name: str, shape: tuple[int, ...], device: torch.device, small: bool, first: bool) -> None:

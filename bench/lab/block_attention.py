@@ -5,8 +5,8 @@ splits layer 0's attention of position 1 (averaged over heads and blocks) into t
 context position a−1, the whole context and the block's mask rows, with its entropy, on a
 standard-library source text with the target's own features and the training mask::
 
-    python -m draftheads.bench.block_attention outputs/bench/ablations/dflash/drafter [more drafters]
-    python -m draftheads.bench.block_attention DIR --target tiny-llama --tokens 128
+    python -m bench.lab.block_attention outputs/bench/ablations/dflash/drafter [more drafters]
+    python -m bench.lab.block_attention DIR --target tiny-llama --tokens 128
 
 A drafter that has learnt its block gives the anchor a large share; one that spreads its
 attention over the context predicts from the features alone.

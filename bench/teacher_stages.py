@@ -1,14 +1,10 @@
-"""The bench's teacher-forced stages: one feature cache of text the target did not write, the
-main EAGLE-3 (and DFlash) drafter trained on it from the disk, τ at equal compute for more
-distinct data against more epochs (scaling), and one row per recipe switch at equal data
-(ablations).
+"""The bench's teacher-forced stages: one feature cache of text the target did not write, and
+the main EAGLE-3 (and DFlash) drafter trained on it from the disk.
 
 Every stage is a folder under ``bench.out_dir`` marked done when finished; training runs save
-checkpoints, so a rerun skips finished stages and continues an interrupted one.
-
-Subsets of the cache are *views*: a folder whose manifest lists the first shards of the full
-cache (rows are interleaved across components, so every prefix is a balanced mixture and the
-smaller subsets are nested in the larger ones). Nothing is copied.
+checkpoints, so a rerun skips finished stages and continues an interrupted one. The cache records
+each shard's answer tokens (:data:`ANSWER_TOKENS`), so that a maintainer's study (``bench/lab/``
+in the repository) can cut views of its first shards without reading it.
 """
 
 from __future__ import annotations
@@ -16,11 +12,10 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from draftheads.bench.ablation_rows import ABLATIONS, ROW_DATA
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig
@@ -28,86 +23,21 @@ from draftheads.conf.schema.heads import DraftConfig
 ANSWER_TOKENS = "answer_tokens.json"  # per shard of the teacher cache: trained (answer) tokens
 
 
-def ablation_rows(names: list[str], key: str = "bench.ablations") -> dict[str, list[str]]:
-    """The named rows of :data:`ABLATIONS` (``all``: every row), refusing unknown names (given
-    under ``key``)."""
-    from draftheads.conf.errors import UserError
-
-    if names == ["all"]:
-        return dict(ABLATIONS)
-    bad = [n for n in names if n not in ABLATIONS]
-    if bad:
-        raise UserError(f"{key}: unknown rows {bad}; use all or some of {list(ABLATIONS)}")
-    return {n: ABLATIONS[n] for n in names}
-
-
-def check_ablations(b: BenchConfig) -> None:
-    """Refuse unknown ablation rows, and rows on regenerated answers when the bench writes none,
-    before the first stage."""
-    from draftheads.conf.errors import UserError
-
-    for name, extra in ablation_rows(list(b.ablations)).items():
-        if row_settings(split_overrides(extra)[0])[1] == "regenerated" and not (
-            b.distill_prompts and b.teacher_tokens
-        ):
-            raise UserError(
-                f"bench.ablations row {name!r} trains on the target's regenerated answers, which a bench run "
-                "writes with bench.distill_prompts > 0 beside teacher-forced text (bench.teacher_tokens > 0); "
-                "set both (e.g. bench.distill_prompts=320 bench.teacher_tokens=40000), or leave the row out"
-            )
-
-
-def split_overrides(extra: list[str]) -> tuple[list[str], list[str]]:
-    """(training overrides, ``decode.*`` overrides) of an ablation row."""
-    return [o for o in extra if not o.startswith("decode.")], [o for o in extra if o.startswith("decode.")]
-
-
-def row_settings(trained: list[str]) -> tuple[list[str], str, float | None]:
-    """A row's training overrides split into (``train``/``draft`` overrides, its data: ``teacher``
-    or ``regenerated``, its passes or None for ``bench.ablation_epochs``): the ``bench.data`` and
-    ``bench.epochs`` keys are the bench's own, not the trainer's."""
-    data, epochs, rest = "teacher", None, []
-    for o in trained:
-        key, _, value = o.partition("=")
-        if key == "bench.data":
-            data = value
-        elif key == "bench.epochs":
-            epochs = float(value)
-        else:
-            rest.append(o)
-    if data not in ROW_DATA:
-        raise ValueError(f"ablation row data {data!r} is not one of {ROW_DATA}")
-    return rest, data, epochs
-
-
-def cached_rows(b: BenchConfig) -> list[str]:
-    """Every row trained from the bench's feature caches: the ablation rows and the variants."""
-    return [*ablation_rows(list(b.ablations)), *b.variants]
-
-
-def row_layers(names: list[str], drafters: list[str], num_layers: int) -> list[int]:
-    """Every target layer that the bench's drafters and the named rows (ablations, variants)
-    read: the one feature cache each data source gets holds their union, so every row trains
-    from it."""
+def cache_layers(drafters: list[str], num_layers: int, rows: Sequence[list[str]] = ()) -> list[int]:
+    """Every target layer that the bench's drafters read, and the training overrides of ``rows``
+    (a study's extra rows, on the EAGLE-3 recipe unless they name a ``draft``): the one feature
+    cache each data source gets holds their union, so every drafter and row trains from it."""
     from draftheads.bench.stages import compose
 
     layers: set[int] = set(DraftConfig(kind="eagle", version=3).training_layers(num_layers))
     overrides = [["draft=dflash"] if k == "dflash" else [] for k in drafters]
-    overrides += [split_overrides(ablation_rows(names)[n])[0] for n in ablation_rows(names)] if names else []
-    for extra in overrides:
-        draft = [o for o in row_settings(extra)[0] if o.startswith("draft")]
+    for extra in [*overrides, *rows]:
+        draft = [o for o in extra if o.startswith("draft")]
         if any(o.startswith("draft=medusa") for o in draft):
             continue
         kind = [] if any(o.startswith("draft=") for o in draft) else ["draft=eagle3"]  # a row's base recipe
         layers.update(compose([*kind, *draft]).draft.training_layers(num_layers))
     return sorted(layers)
-
-
-def drafter_row(name: str) -> str:
-    """The first row of :data:`ABLATIONS` trained as ``name`` is (the same training overrides):
-    rows that differ only in decoding share its drafter."""
-    trained = split_overrides(ABLATIONS[name])[0]
-    return next(n for n, extra in ABLATIONS.items() if split_overrides(extra)[0] == trained)
 
 
 def decode_with(decode, overrides: list[str]):
@@ -163,16 +93,15 @@ def teacher_dataset(cfg: BenchArgs, b: BenchConfig, tok):
     return datasets.concatenate_datasets(parts).select(picked), tokens
 
 
-def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
-    """The feature cache of the teacher-forced rows: EAGLE-3's layers and the target's top-k."""
+def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok, layers: list[int]) -> Path:
+    """The feature cache of the teacher-forced rows: the target ``layers`` every drafter reads
+    (:func:`cache_layers`) and the target's top-k."""
     from draftheads.bench.stages import done, log, mark_done
     from draftheads.data.cache_build import build_feature_cache
-    from draftheads.heads.target_fingerprint import fingerprint
 
     out = Path(b.out_dir) / "teacher"
-    L = fingerprint(target).num_layers
     made = {"teacher_tokens": b.teacher_tokens, "topk": b.topk, "max_rows": cfg.data.max_rows}
-    made["layers"] = row_layers(cached_rows(b), list(b.drafters), L)
+    made["layers"] = list(layers)
     if done(out, made):
         return out
     t0 = time.perf_counter()
@@ -187,27 +116,11 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok) -> Path:
 
 
 def write_answer_tokens(cache: Path, loss: list[int]) -> None:
-    """Each shard's answer tokens beside the cache (what :func:`cache_view` cuts views by)."""
+    """Each shard's answer tokens beside the cache (what a study's views are cut by)."""
     from draftheads.data.cache_manifest import read_manifest
 
     shards = read_manifest(cache)["shards"]
     (cache / ANSWER_TOKENS).write_text(json.dumps([sum(loss[a:z]) for a, z in (s["rows"] for s in shards)]))
-
-
-def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
-    """A cache folder reading the first shards of ``cache`` up to about ``max_tokens`` answer
-    tokens (at least one shard); returns its answer tokens."""
-    from draftheads.data.cache_manifest import read_manifest
-    from draftheads.data.cache_views import write_view
-
-    m = read_manifest(cache)
-    per_shard = json.loads((cache / ANSWER_TOKENS).read_text())
-    k, tokens = 0, 0
-    while k < len(per_shard) and (k == 0 or tokens + per_shard[k] / 2 <= max_tokens):
-        tokens += per_shard[k]
-        k += 1
-    write_view(out, m, [(cache, m["shards"][:k])], num_loss_tokens=tokens)
-    return tokens
 
 
 def mixture(b: BenchConfig, teacher: Path, distilled: Path) -> tuple[Path, dict]:
@@ -320,67 +233,3 @@ def heldout_tau(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result) + "\n")
     return result
-
-
-def point(
-    cfg,
-    b,
-    target,
-    tok,
-    cache: Path,
-    folder: Path,
-    tokens: int,
-    compute: int,
-    extra=(),
-    decode=(),
-    tau_in=None,
-) -> dict[str, Any]:
-    """Train in ``folder`` on the first ``tokens`` answer tokens of ``cache`` for ``compute``
-    answer-token passes (epochs = compute / tokens), then τ on held-out prompts, decoded with
-    ``decode`` overrides (recorded in ``tau_in``, by default ``folder``)."""
-    have = cache_view(cache, folder / "cache", tokens)
-    epochs = compute / max(have, 1)
-    info = train_on(cfg, b, target, folder / "cache", folder / "drafter", have, epochs, list(extra))
-    tau = heldout_tau(cfg, b, target, tok, folder / "drafter", decode, tau_in)
-    return {**info, **tau, "compute": compute}
-
-
-def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> list[dict]:
-    """τ at equal compute (``bench.scaling_compute`` answer-token passes) for each of
-    ``bench.scaling_tokens`` distinct answer tokens: more data against more epochs."""
-    from draftheads.bench.stages import log
-
-    points = []
-    for n in b.scaling_tokens:
-        p = point(
-            cfg, b, target, tok, cache, Path(b.out_dir) / "scaling" / f"eagle3-{n}", n, b.scaling_compute
-        )
-        log(f"scaling: {p['answer_tokens']} tokens x {p['epochs']:.2f} epochs -> tau {p['tau']:.2f}")
-        points.append(p)
-    return points
-
-
-def stage_ablations(
-    cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path, regenerated: Path | None = None
-) -> dict[str, dict]:
-    """One row per recipe switch, all on ``bench.ablation_tokens`` answer tokens of the
-    teacher-forced ``cache`` (or of the ``regenerated`` answers' cache, for a row that asks for
-    them: equal data) and ``bench.ablation_epochs`` passes unless the row sets its own. A row
-    that only decodes differently reuses the drafter of :func:`drafter_row`."""
-    from draftheads.bench.stages import log
-
-    rows = {}
-    root = Path(b.out_dir) / "ablations"
-    for name, extra in ablation_rows(list(b.ablations)).items():
-        folder = root / name.replace(" ", "-")
-        trained, decode = split_overrides(extra)
-        trained, data, epochs = row_settings(trained)
-        source = regenerated if data == "regenerated" else cache
-        compute = round(b.ablation_tokens * (epochs or b.ablation_epochs))
-        trained_in = root / drafter_row(name).replace(" ", "-")
-        rows[name] = point(
-            cfg, b, target, tok, source, trained_in, b.ablation_tokens, compute, trained, decode, folder
-        )
-        rows[name]["data"] = data
-        log(f"ablation {name}: tau {rows[name]['tau']:.2f}")
-    return rows

@@ -7,8 +7,8 @@ decodes the embedded prompts with it through the decoder (its backend, no lookup
 planner, so that every step drafts), and divides the drafting time per drafting step by the
 target's measured 1-token step (the decoder's cost curve)::
 
-    python -m draftheads.bench.drafting_cost                     # SmolLM2-135M, DFlash 1/2/3/5 layers, EAGLE-3 1 layer
-    python -m draftheads.bench.drafting_cost --target tiny-llama --depths 1 2 --tokens 8
+    python -m bench.lab.drafting_cost                     # SmolLM2-135M, DFlash 1/2/3/5 layers, EAGLE-3 1 layer
+    python -m bench.lab.drafting_cost --target tiny-llama --depths 1 2 --tokens 8
 
 Run it on a quiet machine (nothing else on the cores): the figures are ratios from one process.
 """

@@ -1,9 +1,9 @@
-"""Stage 6 of the bench on distilled data: tau on held-out prompts against training tokens.
+"""The study's scaling curve on distilled data: tau on held-out prompts against training tokens.
 
 One drafter per point, trained on the first ``n`` cached answer tokens with steps in proportion,
 then decoded on the held-out prompts; the main drafter (trained on every cached token) is the
 curve's last point. With teacher-forced data the curve is drawn at equal compute instead
-(:func:`draftheads.bench.study.stage_scaling`).
+(:func:`bench.lab.study.stage_scaling`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,58 @@
+"""DFlash's draft-config facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftheads.conf.schema.kinds.registry import DraftKind, register_draft_kind
+from draftheads.conf.schema.layers import dflash_feature_layers, dflash_layers_problem
+
+POSITION_WEIGHTS = ("decay", "dpace")
+
+
+@register_draft_kind
+class DFlashDraft(DraftKind):
+    name = "dflash"
+    keys = (
+        "block_size", "mask_token_id", "loss_gamma", "position_weights", "dpace_alpha", "anchors_per_row",
+        "feature_rule", "kv_heads", "qk_gain", "context_dropout", "blind_steps", "anchor_prior", "out_gain",
+        "num_decoder_layers", "feature_layers", "draft_vocab_size", "init_from_target",
+    )  # fmt: skip
+    options = "draft=dflash"
+    same_meaning = {"num_layers": "num_decoder_layers"}
+
+    def problem(self, d: Any) -> str | None:
+        if d.qk_gain <= 0:
+            return f"draft.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
+        if d.out_gain <= 0:
+            return f"draft.out_gain={d.out_gain} must be positive (the output norm's starting gain)"
+        if d.anchor_prior < 0:
+            return (
+                f"draft.anchor_prior={d.anchor_prior} must not be negative (a logit boost in nats; 0 is off)"
+            )
+        if not 0 <= d.context_dropout < 1:
+            return f"draft.context_dropout={d.context_dropout} must be in [0, 1) (the share of blocks trained blind)"
+        if d.loss_gamma <= 0:
+            return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
+        if d.position_weights not in POSITION_WEIGHTS:
+            return f"draft.position_weights={d.position_weights!r} is unknown; use one of {', '.join(POSITION_WEIGHTS)}"
+        if not 0 < d.dpace_alpha <= 1:
+            return (
+                f"draft.dpace_alpha={d.dpace_alpha} must be in (0, 1] (D-PACE's smoothing of each acceptance)"
+            )
+        if d.mask_token_id is not None and d.mask_token_id < 0:
+            return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
+        if d.feature_layers is not None:
+            return dflash_layers_problem(list(d.feature_layers))
+        return None
+
+    def train_problem(self, d: Any, t: Any) -> str | None:
+        if t.soft_labels == "full":
+            return (
+                "train.soft_labels=full projects the target's final state, which a DFlash drafter does not read; "
+                "use train.soft_labels=auto (a feature cache's top-k logits, else the data's next tokens)"
+            )
+        return None
+
+    def training_layers(self, d: Any, num_layers: int) -> list[int]:
+        return dflash_feature_layers(d.feature_layers, num_layers, d.feature_rule, d.num_decoder_layers)

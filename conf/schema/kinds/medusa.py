@@ -1,0 +1,28 @@
+"""Medusa's (and Medusa-2's) draft-config facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftheads.conf.schema.kinds.registry import DraftKind, register_draft_kind
+
+
+@register_draft_kind
+class MedusaDraft(DraftKind):
+    name = "medusa"
+    keys = (
+        "num_heads", "num_layers", "lm_head", "head_loss_weight", "head_loss_decay", "lora", "lora_r",
+        "lora_alpha", "lora_dropout", "lora_target_modules", "head_lr_multiplier", "head_warmup",
+        "head_warmup_steps", "self_distill_weight",
+    )  # fmt: skip
+    options = "draft=medusa or draft=medusa2"
+    decoder_layers = False
+    same_meaning = {"num_decoder_layers": "num_layers"}
+
+    def problem(self, d: Any) -> str | None:
+        if d.init_from_target:
+            return (
+                "draft.init_from_target=true starts EAGLE or DFlash decoder layers as the target's; Medusa "
+                "heads have none (their lm_heads start from the target's already); use draft.init_from_target=false"
+            )
+        return None

@@ -1,0 +1,7 @@
+"""EAGLE-1 and EAGLE-3 drafters: the model, its converter from published layouts, the engines' rules
+and export, its registration."""
+
+from draftheads.heads.eagle.kind import EagleKind
+from draftheads.heads.eagle.model import EagleDrafter, check_norm_flags, layer_class
+
+__all__ = ["EagleDrafter", "EagleKind", "check_norm_flags", "layer_class"]
