@@ -1,6 +1,6 @@
 """Drafter modules and their checkpoint format; one folder per drafter kind (see :mod:`draftheads.heads.kinds`).
 
-Importing this package registers every kind: ``medusa``, ``eagle`` (EAGLE-1 and EAGLE-3) and ``dflash``.
+Importing this package registers every kind: ``medusa``, ``eagle`` (EAGLE-1 and EAGLE-3), ``dflash`` and ``peagle``.
 """
 
 from draftheads.heads.base import Drafter
@@ -8,6 +8,7 @@ from draftheads.heads.dflash import DFlashDrafter
 from draftheads.heads.eagle import EagleDrafter
 from draftheads.heads.kinds import DrafterKind, drafter_kind, register_kind
 from draftheads.heads.medusa import MedusaHeads, ResBlock
+from draftheads.heads.peagle import PEagleDrafter
 from draftheads.heads.target import load_target
 from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
 
@@ -17,6 +18,7 @@ __all__ = [
     "DrafterKind",
     "EagleDrafter",
     "MedusaHeads",
+    "PEagleDrafter",
     "ResBlock",
     "TargetFingerprint",
     "drafter_kind",

@@ -26,8 +26,11 @@ The embedding (and a full-vocabulary DFlash lm_head) is the verifier's, never st
 This module translates between that layout and the engine layouts the rest of
 :mod:`draftheads.heads` already writes (:mod:`~draftheads.heads.export`) and reads
 (:mod:`~draftheads.heads.convert`), so an import checks every tensor exactly as those paths
-do. Types that draftheads cannot run (``dflash2``, ``dspark``, ``xpress``, ``peagle``,
-``mtp``) are refused naming the type and why.
+do. Which types draftheads reads is the kind registry's to say (``DrafterKind.speculators_type``):
+``eagle3`` and ``dflash`` are read through their engine layouts (:data:`ENGINE_LAYOUTS`), a kind
+that reads speculators' own layout registers it under its type (``peagle``). Types that
+draftheads cannot run (``dflash2``, ``dspark``, ``xpress``, ``mtp``) are refused naming the type
+and why.
 """
 
 from __future__ import annotations
@@ -40,17 +43,16 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TINY_KINDS
+from draftheads.heads.kinds import KINDS
 from draftheads.heads.reduced_vocab import t2d_from_d2t
 from draftheads.heads.target_fingerprint import SAMPLES_PER_TENSOR, TargetFingerprint, samples_match
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config and model classes this follows
 PROPOSAL = "greedy"  # the only proposal method speculators defines: one chain of drafted tokens
-TYPES = {"eagle3": "eagle-3", "dflash": "dflash"}  # speculators_model_type -> our layout
 UNMAPPED = {
     "dflash2": "its sliding-window layers attend causally inside the block",
     "dspark": "it samples from the anchor and adds Markov and confidence heads",
     "xpress": "its drafter has no draftheads counterpart",
-    "peagle": "it drafts every position in parallel, which draftheads' EAGLE does not",
     "mtp": "it reuses the target's own multi-token-prediction layers",
 }
 EAGLE3_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
@@ -157,28 +159,39 @@ def is_speculators_config(config: dict[str, Any]) -> bool:
     return "speculators_model_type" in config
 
 
-def speculators_layout(config: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
-    """(our layout, the equivalent engine-layout config) of a speculators config, checked first.
+def readable_types() -> list[str]:
+    """The speculators types draftheads reads: those of the registered kinds."""
+    return sorted(k.speculators_type for k in KINDS.values() if k.speculators_type)
 
-    Refused in one line: a type draftheads cannot run (named), a ``speculators_config``
-    whose default proposal method it does not define, and drafter options draftheads lacks.
+
+def speculators_layout(config: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
+    """(our layout, the config its converter reads) of a speculators config, checked first: an
+    engine layout and its config for the types read that way (:data:`ENGINE_LAYOUTS`), else the
+    type itself and the speculators config, which the kind registered for it converts.
+
+    Refused in one line: a type no registered kind reads (named, with why where known), a
+    ``speculators_config`` whose default proposal method it does not define, and drafter
+    options draftheads lacks.
     """
     kind = config.get("speculators_model_type")
+    readable = ", ".join(readable_types())
     if kind in UNMAPPED:
         raise UserError(
             f"{where}: speculators_model_type {kind!r} cannot be run by draftheads ({UNMAPPED[kind]}); "
-            "draftheads reads eagle3 and dflash speculators"
+            f"draftheads reads {readable} speculators"
         )
-    if kind not in TYPES:
+    if kind not in readable_types():
         raise UserError(
-            f"{where}: unknown speculators_model_type {kind!r}; draftheads reads eagle3 and dflash "
-            f"speculators (and refuses {', '.join(UNMAPPED)})"
+            f"{where}: unknown speculators_model_type {kind!r}; draftheads reads {readable} speculators "
+            f"(and refuses {', '.join(UNMAPPED)})"
         )
     check_section(config.get("speculators_config"), where)
-    layers = full_layer_config(config.get("transformer_layer_config") or {}, where)
-    if kind == "eagle3":
-        return TYPES[kind], eagle3_engine_config(config, layers, where)
-    return TYPES[kind], dflash_engine_config(config, layers, where)
+    if kind not in ENGINE_LAYOUTS:
+        return kind, config
+    layout, engine_config = ENGINE_LAYOUTS[kind]
+    return layout, engine_config(
+        config, full_layer_config(config.get("transformer_layer_config") or {}, where), where
+    )
 
 
 def check_section(section: Any, where: str) -> None:
@@ -252,6 +265,11 @@ def dflash_engine_config(config: dict[str, Any], layers: dict[str, Any], where: 
             "target_layer_ids": [i - 1 if isinstance(i, int) else i for i in ids],
         },
     }
+
+
+# speculators_model_type -> (our engine layout, its config from the speculators config): the types
+# whose speculators layout is an engine layout's tensors under other names
+ENGINE_LAYOUTS = {"eagle3": ("eagle-3", eagle3_engine_config), "dflash": ("dflash", dflash_engine_config)}
 
 
 def same_model(name: str, other: str) -> bool:

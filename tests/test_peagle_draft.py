@@ -11,7 +11,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
-from draftheads.heads import Drafter, EagleDrafter
+from draftheads.heads import Drafter, EagleDrafter, drafter_kind
 from draftheads.heads.masks import additive_mask
 from draftheads.heads.peagle import PEagleDrafter, every_depth, group_entries, parallel_draft
 from draftheads.train.modules.eagle import EagleObjective
@@ -159,7 +159,7 @@ def test_a_checkpoint_round_trips_with_its_mask_parameters(tmp_path, tiny_llama,
     d = peagle(model, fp, seed=4, own_embedding=own, norm_output=True)
     d.save_pretrained(tmp_path / "d")
     back = Drafter.from_pretrained(tmp_path / "d", target=model, tokenizer=tok).eval()
-    assert Drafter.registry["peagle"] is PEagleDrafter and isinstance(back, PEagleDrafter)
+    assert drafter_kind("peagle").drafter is PEagleDrafter and isinstance(back, PEagleDrafter)
     assert back.spec() == d.spec() and back.spec()["own_embedding"] is own and back.norm_flags["norm_output"]
     assert set(back.state_dict()) >= {"mask_hidden", "embed_tokens.weight" if own else "mask_embed"}
     feats, next_ids, pos = pairs(d, model, row_ids())

@@ -177,7 +177,7 @@ def max_memory_problem(t: TargetConfig) -> str | None:
 
 @dataclass
 class DraftConfig:
-    """Shape and objective of the drafter (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3, dflash)."""
+    """Shape and objective of the drafter (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3, dflash, peagle)."""
 
     kind: str = "medusa"
     # --- Medusa ---
@@ -268,6 +268,20 @@ class DraftConfig:
     # logits are confident and wrong (~60 nats of loss on SmolLM2) and the first steps of a short
     # run go to undoing that. Small: the first drafts are near uniform over the draft vocabulary
     out_gain: float = 1.0
+    # --- P-EAGLE: EAGLE-3's drafter drafting a group of tokens in one pass (feature_layers,
+    # num_decoder_layers, draft_vocab_size, mask_token_id, feature_noise and the norm variants
+    # above apply too) ---
+    # tokens one pass drafts (speculators' num_depths); a decoding tree is at most this deep
+    num_depths: int = 8
+    # conditional drop: depth d >= 1 trains max(ratio**d, ratio_min) of the anchors depth d - 1
+    # kept, so training costs a few times EAGLE-3's one step instead of num_depths times
+    down_sample_ratio: float = 0.7
+    down_sample_ratio_min: float = 0.2
+    # at most this many anchors per row seed the deeper depths (null: every answer anchor)
+    max_anchors: int | None = None
+    # true: train a copy of the whole input embedding, as speculators does; false: the target's
+    # embedding, with only the mask token's row the drafter's own (a real token embeds as in EAGLE-3)
+    own_embedding: bool = False
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""

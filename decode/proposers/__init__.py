@@ -1,4 +1,4 @@
-"""Drafting methods behind one protocol (base.py): Medusa, EAGLE, DFlash, lookup, and a drafter with lookup.
+"""Drafting methods behind one protocol (base.py): Medusa, EAGLE, DFlash, P-EAGLE, lookup, and a drafter with lookup.
 
 Each drafter kind's proposer registers itself with ``@register_proposer("<kind>")`` in its own
 module here; importing this package registers them all, and :func:`build_proposer` builds the
@@ -22,6 +22,7 @@ from draftheads.decode.proposers.dflash import DFlashProposer
 from draftheads.decode.proposers.eagle import EagleProposer
 from draftheads.decode.proposers.lookup import LookupProposer
 from draftheads.decode.proposers.medusa import MedusaProposer
+from draftheads.decode.proposers.peagle import PEagleProposer
 from draftheads.decode.tree import StaticTree
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "EagleProposer",
     "LookupProposer",
     "MedusaProposer",
+    "PEagleProposer",
     "Plan",
     "Prefill",
     "Proposer",

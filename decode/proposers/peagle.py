@@ -28,14 +28,20 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import block_tree, kv
 from draftheads.decode.kv import append_valid
-from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree
+from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree, register_proposer
 from draftheads.decode.proposers.eagle import merge_pending
 from draftheads.decode.tree import StaticTree, ancestor_mask
 from draftheads.heads.peagle.draft import parallel_draft
 
 
+@register_proposer("peagle")
 class PEagleProposer:
     passes = 1  # drafter forwards per propose (the decoder's cost model reads it)
+
+    @classmethod
+    def for_drafter(cls, drafter, static: StaticTree | None, cfg: DecodeConfig) -> PEagleProposer:
+        """The proposer for ``drafter`` (what :func:`~draftheads.decode.proposers.build_proposer` calls)."""
+        return cls(drafter, static, cfg)
 
     def __init__(self, drafter, static: StaticTree | None, cfg: DecodeConfig) -> None:
         from transformers import DynamicCache
@@ -52,7 +58,7 @@ class PEagleProposer:
             raise UserError(
                 f"decode.tree drafts {self.drafts} tokens deep but the P-EAGLE drafter was trained for groups "
                 f"of {drafter.num_depths}; use a tree of at most {drafter.num_depths} levels "
-                "(decode.tree=chain drafts the whole group)"
+                f"(decode.tree=chain{drafter.num_depths} drafts the whole group)"
             )
         self.topk = min(
             max(static.topk_per_depth()) if static is not None else cfg.top_k_draft,

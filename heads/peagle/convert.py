@@ -18,8 +18,8 @@ layer ids, the norm flags) with ``speculators_model_type: peagle``, ``mask_token
 ``speculators_config`` whose greedy proposal drafts ``num_depths`` tokens. vLLM serves it with
 ``"parallel_drafting": true`` (it reads ``mask_token_id``, and fuses ``mask_hidden`` through fc
 once). The EAGLE-3 part is written and read by the EAGLE-3 paths themselves
-(:func:`~draftheads.heads.export_layouts.export_eagle3`,
-:func:`~draftheads.heads.convert_eagle.eagle3_tensors`), so both kinds keep one set of checks.
+(:func:`~draftheads.heads.eagle.export.export_eagle3`,
+:func:`~draftheads.heads.eagle.convert.eagle3_tensors`), so both kinds keep one set of checks.
 
 On import, an embedding that is the target's outside the mask token's row becomes
 ``mask_embed``; any other (a speculators-trained one) is kept whole (``own_embedding``).
@@ -37,13 +37,14 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import atomic_write
-from draftheads.heads.convert_eagle import (
+from draftheads.heads.eagle.convert import (
     eagle3_feature_layers,
     eagle3_norm_flags,
     eagle3_tensors,
     eagle_layer_config,
 )
-from draftheads.heads.export_layouts import export_eagle3
+from draftheads.heads.eagle.export import export_eagle3
+from draftheads.heads.layouts import OfficialCheckpoint, read_tensors
 from draftheads.heads.peagle.model import PEagleDrafter
 from draftheads.heads.reduced_vocab import check_vocab_maps
 from draftheads.heads.speculators import (
@@ -61,15 +62,14 @@ OWN_ONLY = ("mask_embed", "embed_tokens.weight")  # our embedding parameters; wr
 
 
 # ---- export ------------------------------------------------------------------------------------
-def to_speculators(
-    drafter: PEagleDrafter, verifier: str | None = None
+def speculators_model(
+    drafter: PEagleDrafter, section: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config.json, tensors) of ``PEagleDraftModel`` for ``drafter``; ``verifier`` is the model
-    name the engine loads (default: the target's)."""
-    fp = drafter.target_fingerprint
+    """(config.json, tensors) of ``PEagleDraftModel`` for ``drafter``, ``section`` its
+    ``speculators_config``: EAGLE-3's speculator with the mask token, the learned mask feature and
+    the embedding the drafter reads."""
     engine_cfg, sd = export_eagle3(drafter, "vllm")
     sd = {k: v for k, v in sd.items() if k not in OWN_ONLY}
-    section = speculators_section("peagle", drafter.num_depths, verifier or fp.name, fp.architecture)
     cfg, tensors = eagle3_to_speculators(engine_cfg, sd, section)
     tensors["embed_tokens.weight"] = drafter.input_embedding().to(drafter.fc.weight.dtype).contiguous()
     cfg.update(
@@ -79,6 +79,16 @@ def to_speculators(
         embed_requires_grad=True,
     )
     return cfg, tensors
+
+
+def to_speculators(
+    drafter: PEagleDrafter, verifier: str | None = None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json, tensors) of ``PEagleDraftModel`` for ``drafter``, whose greedy proposal drafts
+    its ``num_depths``; ``verifier`` is the model name the engine loads (default: the target's)."""
+    fp = drafter.target_fingerprint
+    section = speculators_section("peagle", drafter.num_depths, verifier or fp.name, fp.architecture)
+    return speculators_model(drafter, section)
 
 
 def write_speculators(drafter: PEagleDrafter, out: str | Path, verifier: str | None = None) -> Path:
@@ -180,6 +190,15 @@ def from_speculators(
         **eagle3_norm_flags(engine),
     }
     return spec, tensors
+
+
+def build_peagle(
+    ckpt: OfficialCheckpoint, target: nn.Module, fp: TargetFingerprint
+) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """A speculators ``peagle`` directory (found by :mod:`~draftheads.heads.layouts`) -> (``"peagle"``,
+    PEagleDrafter arguments, tensors under our names); the verifier was checked by the caller."""
+    spec, tensors = from_speculators(ckpt.source_config, read_tensors(ckpt.files), target, fp, ckpt.where())
+    return "peagle", spec, tensors
 
 
 def load_speculators(folder: str | Path, target: nn.Module, tokenizer: Any = None) -> PEagleDrafter:

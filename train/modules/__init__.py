@@ -2,7 +2,7 @@
 
 One class per objective family, one file each: :class:`MedusaObjective` and
 :class:`Medusa2Objective` (``medusa``), :class:`EagleObjective` (``eagle``, EAGLE-1 and
-EAGLE-3), :class:`DFlashObjective` (``dflash``), all on :class:`Objective` (``base``). The frozen
+EAGLE-3), :class:`DFlashObjective` (``dflash``), :class:`PEagleObjective` (``peagle``), all on :class:`Objective` (``base``). The frozen
 target is held in a plain dict, outside the module tree, so it never reaches the optimizer, a
 ZeRO partition or a checkpoint. Medusa-2 is the exception: its LoRA-adapted target *is* a
 submodule (the adapters train), and only the adapter parameters require gradients.
@@ -19,6 +19,7 @@ from draftheads.train.modules.base import Objective, chunked_argmax, objective_c
 from draftheads.train.modules.dflash import DFlashObjective
 from draftheads.train.modules.eagle import EagleObjective
 from draftheads.train.modules.medusa import Medusa2Objective, MedusaObjective
+from draftheads.train.modules.peagle import PEagleObjective
 
 __all__ = [
     "DFlashObjective",
@@ -26,6 +27,7 @@ __all__ = [
     "Medusa2Objective",
     "MedusaObjective",
     "Objective",
+    "PEagleObjective",
     "chunked_argmax",
     "objective_class",
     "register_objective",

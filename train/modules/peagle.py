@@ -17,11 +17,17 @@ alignment: speculators counts the entry by the mask of x_{t+d+1} (its shifted ba
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
+from draftheads.conf.errors import UserError
 from draftheads.heads.masks import document_ids
 from draftheads.heads.peagle.sampling import DropSampling, conditional_drop, every_depth, group_entries
-from draftheads.train.modules.base import chunked_argmax
+from draftheads.train.engine import gathered
+from draftheads.train.guards import dflash_topk
+from draftheads.train.modules.base import chunked_argmax, register_objective
 from draftheads.train.modules.eagle import EagleObjective
 from draftheads.train.objectives import (
     Stats,
@@ -32,6 +38,7 @@ from draftheads.train.objectives import (
     sparse_soft_cross_entropy,
     uniform_noise,
 )
+from draftheads.train.rows import check_mask_choice, check_mask_token
 
 Entries = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # anchor, depth, keep: each [B, N]
 
@@ -49,8 +56,54 @@ def sparse_kl(logits: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor) -> t
     return sparse_soft_cross_entropy(logits, ids, probs) + torch.special.xlogy(probs, probs).sum(-1)
 
 
+def check_depths(depths: int, rows: Sequence[dict]) -> None:
+    """Refuse a group deeper than every row's answer: depth d trains where x_{t+d+2} is an answer
+    token, so depths past the longest answer never train (and cost a pass each)."""
+    most = max((int(sum(r["loss_mask"])) for r in rows), default=0)
+    if depths > most:
+        raise UserError(
+            f"draft.num_depths={depths} is more than the longest answer in the training rows ({most} tokens); "
+            f"use at most {most} (speculators trains groups of 8)"
+        )
+
+
+@register_objective("peagle")
 class PEagleObjective(EagleObjective):
-    """P-EAGLE's loss (module docstring), with EAGLE-3's feature split and teacher."""
+    """P-EAGLE's loss (module docstring), with EAGLE-3's feature split, teacher, draft vocabulary
+    and lm_head start; the mask token's embedding (or the whole table) starts as the target's."""
+
+    eval_label = ("depth", 0)
+
+    @classmethod
+    def build(cls, drafter, target, d, topk: int) -> PEagleObjective:
+        sampling = DropSampling(d.down_sample_ratio, d.down_sample_ratio_min, d.max_anchors)
+        return cls(drafter, target, d, topk, sampling)
+
+    @classmethod
+    def eval_depth(cls, d) -> int:
+        """Every depth of the group."""
+        return d.num_depths
+
+    @classmethod
+    def check_setup(cls, d, tokenizer: Any) -> None:
+        if d.mask_token_id is not None:
+            check_mask_choice(d.mask_token_id, tokenizer)
+
+    @classmethod
+    def check_rows(cls, drafter, d, tokens: Sequence[dict]) -> None:
+        check_mask_token(drafter.mask_token_id, tokens)
+        check_depths(drafter.num_depths, tokens)
+
+    @classmethod
+    def reads_topk(cls, cache: Any, t, d) -> bool:
+        """The cache's top-k logits unless ``train.soft_labels=full`` (then projected, as EAGLE-3)."""
+        return t.soft_labels != "full" and dflash_topk(cache, t)
+
+    @classmethod
+    def init_rest(cls, drafter, d, stage: int) -> None:
+        """The mask token's embedding (with ``own_embedding``, the whole table) as the target's."""
+        with gathered([drafter.shared("embed").weight], stage):
+            drafter.init_embedding_from_target()
 
     def __init__(self, drafter, target, cfg, topk: int, sampling: DropSampling | None = None) -> None:
         super().__init__(drafter, target, cfg, topk)

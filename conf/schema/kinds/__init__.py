@@ -13,6 +13,7 @@ from draftheads.conf.schema.kinds.registry import (
 from draftheads.conf.schema.kinds.medusa import MedusaDraft
 from draftheads.conf.schema.kinds.eagle import EagleDraft
 from draftheads.conf.schema.kinds.dflash import DFlashDraft
+from draftheads.conf.schema.kinds.peagle import PEagleDraft
 
 __all__ = [
     "DRAFT_KINDS",
@@ -21,6 +22,7 @@ __all__ = [
     "depth_problem",
     "EagleDraft",
     "MedusaDraft",
+    "PEagleDraft",
     "draft_kind",
     "register_draft_kind",
     "unknown_kind_problem",

@@ -1,0 +1,51 @@
+"""P-EAGLE's draft-config facts: EAGLE-3's drafter and inputs, a mask token, a group of
+``num_depths`` tokens drafted in one pass, and conditional-drop sampling of the training groups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftheads.conf.schema.kinds.registry import DraftKind, register_draft_kind
+from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
+
+# The deepest group a P-EAGLE drafter trains: every group entry attends to the depths before it,
+# and the paper and speculators train groups of 5 to 10; deeper groups pay for depths the
+# target almost never accepts.
+MAX_DEPTHS = 32
+
+
+@register_draft_kind
+class PEagleDraft(DraftKind):
+    name = "peagle"
+    keys = (
+        "num_depths", "down_sample_ratio", "down_sample_ratio_min", "max_anchors", "own_embedding",
+        "mask_token_id", "feature_noise", "num_decoder_layers", "feature_layers", "draft_vocab_size",
+        "init_from_target", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+    )  # fmt: skip
+    options = "draft=peagle"
+    same_meaning = {"num_layers": "num_decoder_layers", "block_size": "num_depths", "ttt_steps": "num_depths"}
+
+    def problem(self, d: Any) -> str | None:
+        if not 1 <= d.num_depths <= MAX_DEPTHS:
+            return (
+                f"draft.num_depths={d.num_depths}: a P-EAGLE group drafts 1 to {MAX_DEPTHS} tokens in one pass; "
+                "use e.g. 8 (speculators' default)"
+            )
+        if not 0 < d.down_sample_ratio <= 1:
+            return f"draft.down_sample_ratio={d.down_sample_ratio} must be in (0, 1] (depth d keeps ratio**d of the anchors)"
+        if not 0 <= d.down_sample_ratio_min <= 1:
+            return f"draft.down_sample_ratio_min={d.down_sample_ratio_min} must be in [0, 1] (the least share a depth keeps)"
+        if d.max_anchors is not None and d.max_anchors < 1:
+            return f"draft.max_anchors={d.max_anchors} must be at least 1; use null for every answer anchor"
+        if d.mask_token_id is not None and d.mask_token_id < 0:
+            return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
+        if d.feature_layers is not None:
+            return feature_layers_problem(list(d.feature_layers), 3)
+        return None
+
+    def training_layers(self, d: Any, num_layers: int) -> list[int]:
+        """EAGLE-3's three input layers plus the final state, the distillation target."""
+        return eagle_input_layers(3, d.feature_layers, num_layers) + [num_layers]
+
+    def depth_note(self, version: int) -> str:
+        return "; vLLM serves P-EAGLE drafters of one layer (draft.num_decoder_layers=1)"

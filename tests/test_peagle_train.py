@@ -1,0 +1,80 @@
+"""P-EAGLE through the real recipe: ``draft=peagle`` trains a few steps on the tiny target, saves a
+drafter that loads back as the same P-EAGLE drafter, evaluates every depth of its group, and
+refuses settings it cannot train in one line before anything is written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftheads.conf.cli import compose
+from draftheads.conf.errors import UserError
+from draftheads.heads import Drafter, PEagleDrafter
+from draftheads.train.metrics import read_metrics
+from draftheads.train.recipe import train
+from tests.conftest import get_target
+from tests.test_train_recipe import config, losses, make_rows
+
+PEAGLE = ("draft=peagle", "draft.num_depths=3", "train.lr=1e-2")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return make_rows()
+
+
+def test_peagle_trains_saves_and_loads_through_the_recipe(tmp_path, rows):
+    out = train(config(tmp_path, *PEAGLE, "train.max_steps=4", "train.eval_every=4"), rows)
+    ls = losses(out)
+    assert len(ls) == 4 and all(torch.isfinite(torch.tensor(ls)))
+    model, tok = get_target("llama")
+    d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    assert isinstance(d, PEagleDrafter) and d.num_depths == 3 and d.draft_vocab_size == 512
+    assert d.mask_token_id == 16 and not d.own_embedding  # the tokenizer's unused special token
+    # the mask row starts as the target's and trains; every other row is the target's own
+    emb = model.get_input_embeddings().weight
+    assert not torch.equal(d.mask_embed, emb[16]) and torch.equal(d.input_embedding()[:16], emb[:16])
+    evals = [r for r in read_metrics(out) if "eval/tau" in r][-1]
+    assert {f"eval/depth{k}/acc_top1" for k in range(3)} <= set(evals)
+    assert "P-EAGLE" in (out / "README.md").read_text()
+
+
+def test_own_embedding_trains_a_copy_of_the_whole_table(tmp_path, rows):
+    out = train(config(tmp_path, *PEAGLE, "draft.own_embedding=true", "train.max_steps=2"), rows)
+    model, tok = get_target("llama")
+    d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    assert d.own_embedding and not torch.equal(d.embed_tokens.weight, model.get_input_embeddings().weight)
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("draft.num_depths=99", "draft.num_depths=99: a P-EAGLE group drafts 1 to 32"),
+        ("draft.num_depths=0", "draft.num_depths=0: a P-EAGLE group drafts 1 to 32"),
+        ("draft.down_sample_ratio=0", r"draft.down_sample_ratio=0.0 must be in \(0, 1\]"),
+        ("draft.max_anchors=0", "draft.max_anchors=0 must be at least 1"),
+        ("draft.feature_layers=[1,2]", "EAGLE-3 reads 3 target layer"),
+        ("draft.ttt_steps=3", "draft.ttt_steps=3 is a key of eagle drafters.*use draft.num_depths=3"),
+        ("draft.block_size=4", "use draft.num_depths=4"),
+    ],
+)
+def test_bad_settings_are_refused_when_the_config_is_read(override, match):
+    with pytest.raises(UserError, match=match) as err:
+        compose(["draft=peagle", "target=tiny-llama", override])
+    assert "\n" not in str(err.value)
+
+
+def test_a_group_deeper_than_every_answer_or_a_text_token_as_mask_is_refused_before_training(tmp_path, rows):
+    with pytest.raises(UserError, match="draft.num_depths=30 is more than the longest answer") as err:
+        train(config(tmp_path, "draft=peagle", "draft.num_depths=30", name="deep"), rows)
+    assert "\n" not in str(err.value) and not (tmp_path / "deep" / "model.safetensors").exists()
+    with pytest.raises(UserError, match="draft.mask_token_id=100 is the ordinary text token") as err:
+        train(config(tmp_path, *PEAGLE, "draft.mask_token_id=100", name="mask"), rows)
+    assert "\n" not in str(err.value) and not (tmp_path / "mask" / "model.safetensors").exists()
+
+
+def test_a_target_whose_features_it_cannot_read_is_refused_in_one_line(tmp_path, rows):
+    """The tiny target has 4 layers: a feature layer past its final state cannot be read."""
+    with pytest.raises(UserError, match=r"draft.feature_layers=\[1, 2, 7\]") as err:
+        train(config(tmp_path, *PEAGLE, "draft.feature_layers=[1,2,7]", name="far"), rows)
+    assert "\n" not in str(err.value) and not (tmp_path / "far" / "model.safetensors").exists()
