@@ -14,6 +14,7 @@ from draftheads.decode.proposers import Tree
 from draftheads.decode.tree import ancestor_mask
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint
 from draftheads.heads.dflash import DFlashDrafter
+from draftheads.heads.peagle import PEagleDrafter
 from tests.conftest import get_target
 
 PROMPTS = [
@@ -42,6 +43,11 @@ def drafter(kind: str, model, fp, **kw):
         return d
     if kind == "dflash":
         return DFlashDrafter(fp, model.config.to_dict(), **kw).attach(model)
+    if kind == "peagle":
+        d = PEagleDrafter(fp, model.config.to_dict(), **kw).attach(model)
+        d.init_lm_head_from_target()
+        d.init_embedding_from_target()
+        return d
     d = EagleDrafter(fp, target_config=model.config.to_dict(), **kw).attach(model)
     if kw.get("version") == 3:
         d.init_lm_head_from_target()
@@ -258,7 +264,7 @@ def test_stream_yields_tokens_as_accepted():
 
 
 # ---- sampling: the output distribution is the target's -------------------------------------------
-def small_vocab_target(vocab: int = 6):
+def small_vocab_target(vocab: int = 6, layers: int = 2):
     """A tiny Llama over a 6-token vocabulary with peaked distributions (so drafts get accepted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -266,7 +272,7 @@ def small_vocab_target(vocab: int = 6):
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
@@ -306,19 +312,22 @@ class TopTokensGenerator(SpeculativeGenerator):
         return TopTokens(super().make_proposer(), self.target, self.prompt)
 
 
-# drafters of the 2-layer 6-token target (a DFlash block of 3 holds the static tree's two levels)
+# drafters of the 2-layer 6-token target (a DFlash block of 3 holds the static tree's two levels;
+# P-EAGLE reads three target layers, so its target has three, and its group of 3 holds the tree)
 SMALL = {
     "medusa": dict(num_heads=2),
     "eagle": dict(version=1),
     "dflash": dict(mask_token_id=5, block_size=3, feature_layers=[1]),
+    "peagle": dict(mask_token_id=5, num_depths=3, feature_layers=[1, 2, 3]),
 }
+SMALL_LAYERS = {"peagle": 3}
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "dflash"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "dflash", "peagle"])
 def test_sampling_matches_the_targets_exact_distribution(kind):
     """Joint distribution of the first three new tokens (1 from the prefill, 2 from the first
     tree step) over 4000 rows vs the exact product of the target's warped conditionals."""
-    model = small_vocab_target()
+    model = small_vocab_target(layers=SMALL_LAYERS.get(kind, 2))
     V, N = 6, 4000
     fp = fingerprint(model, None)
     d = (
@@ -375,13 +384,13 @@ def coarse_curves(monkeypatch) -> None:
     monkeypatch.setattr(SpeculativeGenerator, "cost_curve", coarse)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "dflash"])
+@pytest.mark.parametrize("kind", ["eagle", "dflash", "peagle"])
 def test_sampling_distribution_with_dynamic_trees_lookup_and_cost_aware_pruning(kind, monkeypatch):
     """The same exact-distribution check through the default machinery: an EAGLE-2 dynamic
     tree (DDTree for DFlash) from a real drafter, a lookup branch merged into it, and cost-aware
     pruning (on a coarsely measured curve)."""
     coarse_curves(monkeypatch)
-    model = small_vocab_target()
+    model = small_vocab_target(layers=SMALL_LAYERS.get(kind, 2))
     V, N = 6, 4000
     d = drafter(kind, model, fingerprint(model, None), **SMALL[kind])
     warp_kw = dict(temperature=0.9, top_k=4, top_p=0.95)
