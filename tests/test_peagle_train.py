@@ -4,15 +4,19 @@ refuses settings it cannot train in one line before anything is written."""
 
 from __future__ import annotations
 
+import io
+from contextlib import redirect_stdout
+
 import pytest
 import torch
 
-from draftheads.conf.cli import compose
+from draftheads.conf.cli import compose, main
 from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter, PEagleDrafter
 from draftheads.train.metrics import read_metrics
 from draftheads.train.recipe import train
 from tests.conftest import get_target
+from tests.test_recipes import figure
 from tests.test_train_recipe import config, losses, make_rows
 
 PEAGLE = ("draft=peagle", "draft.num_depths=3", "train.lr=1e-2")
@@ -78,3 +82,19 @@ def test_a_target_whose_features_it_cannot_read_is_refused_in_one_line(tmp_path,
     with pytest.raises(UserError, match=r"draft.feature_layers=\[1, 2, 7\]") as err:
         train(config(tmp_path, *PEAGLE, "draft.feature_layers=[1,2,7]", name="far"), rows)
     assert "\n" not in str(err.value) and not (tmp_path / "far" / "model.safetensors").exists()
+
+
+@pytest.mark.xdist_group("recipes")  # the worker that runs the recipes' dry runs (one DeepSpeed op build)
+def test_the_dry_run_sizes_a_peagle_recipe_from_the_kind_registry():
+    """Llama-3.1-8B's EAGLE-3 recipe with draft=peagle: the drafter is EAGLE-3's plus the mask
+    feature (3H) and the mask token's row (H), and its queries are the kept group entries."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["train", "recipe=llama3.1-8b-eagle3", "draft=peagle", "train.dry_run=true"])
+    text = out.getvalue()
+    assert code == 0, text
+    assert "dry run of recipe llama3.1-8b-eagle3: P-EAGLE (8 per pass)" in text
+    H, A, KV, M, Vd = 4096, 32 * 128, 8 * 128, 14336, 32000
+    eagle3 = 3 * H * H + 2 * H * A + 2 * (2 * H * KV) + A * H + 3 * H * M + 2 * H + 2 * H + H * Vd
+    assert figure(text, "drafter parameters") == figure(text, "trainable parameters") == eagle3 + 4 * H
+    assert figure(text, "FLOPs per token") > 0 and figure(text, "activations per rank") > 0

@@ -9,6 +9,7 @@ figure a line.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,13 +17,14 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
-from draftheads.conf.schema.kinds import depth_problem
+from draftheads.conf.schema.kinds import depth_problem, draft_kind
+from draftheads.heads import drafter_kind
+from draftheads.train import modules  # noqa: F401  (registers every kind's training cost)
 from draftheads.train.engine import zero_stage
-from draftheads.train.sizing import Needs, real_needs
+from draftheads.train.sizing import Needs, real_needs, sized_kinds
 from draftheads.train.tiny_run import TINY, tiny_config, tiny_layers, tiny_losses
 
 GIB = 2**30
-KIND_NAMES = {"eagle": "EAGLE-{version}", "dflash": "DFlash (block {block_size})"}
 
 
 def gib(n: float) -> str:
@@ -33,7 +35,7 @@ def report(cfg: Config, needs: Needs, losses: list[float], tiny: Config) -> str:
     """The printed summary: the tiny run, then the real run's needs, one figure a line."""
     shape, t, d = cfg.recipe.shape, cfg.train, cfg.draft
     stage = zero_stage(cfg.deepspeed)
-    kind = KIND_NAMES[d.kind].format(version=d.version, block_size=d.block_size)
+    kind = drafter_kind(d.kind).title.format(**dataclasses.asdict(d))
     sharded = cfg.target.device_map is not None
     placement = (
         f"one process, the target over {cfg.recipe.devices} GPUs (target.device_map={cfg.target.device_map})"
@@ -101,10 +103,11 @@ def run(cfg: Config, train: Callable[[Config], Any]) -> None:
             "train.dry_run=true sizes a real run from recipe.shape, and none is set; pick a recipe "
             "(recipe=llama3.1-8b-eagle3, see conf/recipe/) or give recipe.shape.* from the target's config.json"
         )
-    if cfg.draft.kind not in KIND_NAMES:
+    sized = sized_kinds()  # the kinds whose training cost is registered
+    if cfg.draft.kind not in sized:
         raise UserError(
-            f"train.dry_run=true sizes EAGLE and DFlash drafters, not draft.kind={cfg.draft.kind}; "
-            "use draft=eagle3 or draft=dflash"
+            f"train.dry_run=true sizes {', '.join(sized)} drafters, not draft.kind={cfg.draft.kind}; "
+            f"use {' or '.join(draft_kind(k).options for k in sized)}"
         )
     problem = depth_problem(
         cfg.draft.kind, cfg.draft.version, cfg.draft.num_decoder_layers, cfg.recipe.shape.num_hidden_layers

@@ -12,7 +12,7 @@ parameters; ``S`` = ``data.max_length``, ``m`` = ``train.micro_batch_size``; row
 * drafter weights and gradients per rank: ``e P`` each, gradients / N from ZeRO-2, weights / N at ZeRO-3;
 * activations per rank: ``m S`` times the bytes one row token keeps for the backward pass:
   for each of the drafter's query tokens per row token (EAGLE: ``ttt_steps``; DFlash:
-  ``anchors_per_row x block_size / S``), ``e (4H + 2A + 2KV + 4I)`` per drafter layer (two norm
+  ``anchors_per_row x block_size / S``; P-EAGLE: its group's entries kept by conditional drop), ``e (4H + 2A + 2KV + 4I)`` per drafter layer (two norm
   inputs, the normed input, q, k, v, attention output, the MLP input and its four I-wide
   tensors) plus ``8 Vd`` for the fp32 logits and their softmax; plus the fused features
   (``e K H``) and, online, the target's fp32 logits (``4 V``) when EAGLE learns their softmax;
@@ -21,10 +21,15 @@ parameters; ``S`` = ``data.max_length``, ``m`` = ``train.micro_batch_size``; row
 * FLOPs per row token: a matmul of ``W`` weights costs ``2 W`` forward and ``4 W`` backward
   (``2 W`` when its weight is frozen, as the target's lm_head a DFlash drafter reads), causal
   attention ``2 S A`` per layer forward; the target's forward is counted when features are online.
+
+Each kind's cost registers with :func:`register_cost` (EAGLE's and DFlash's here, others in their
+objective's module); the kinds the dry run sizes are those registered, and the drafter is built
+as the kind registry builds it (:meth:`~draftheads.heads.kinds.DrafterKind.build`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,12 +40,13 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.recipe import TargetShape
+from draftheads.conf.schema.train import TrainConfig
 from draftheads.train.engine import zero_stage
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from draftheads.heads import DFlashDrafter, EagleDrafter
+    from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter
 
 
 @dataclass(frozen=True)
@@ -91,9 +97,10 @@ def meta_target(shape: TargetShape) -> nn.Module:
         return AutoModelForCausalLM.from_config(target_config(shape))
 
 
-def meta_drafter(d: DraftConfig, shape: TargetShape, name: str) -> DFlashDrafter | EagleDrafter:
-    """The recipe's drafter for the real target, on the meta device."""
-    from draftheads.heads import DFlashDrafter, EagleDrafter
+def meta_drafter(d: DraftConfig, shape: TargetShape, name: str) -> Drafter:
+    """The recipe's drafter for the real target, on the meta device, as its kind builds it
+    (no tokenizer: a mask token, where one is needed, is the last id)."""
+    from draftheads.heads import drafter_kind
     from draftheads.heads.target_fingerprint import TargetFingerprint
 
     config = target_config(shape)
@@ -107,26 +114,7 @@ def meta_drafter(d: DraftConfig, shape: TargetShape, name: str) -> DFlashDrafter
         model_type=shape.model_type,
     )
     with torch.device("meta"):
-        if d.kind == "dflash":
-            return DFlashDrafter(
-                fp,
-                target_config=config.to_dict(),
-                mask_token_id=shape.vocab_size - 1 if d.mask_token_id is None else d.mask_token_id,
-                block_size=d.block_size,
-                num_decoder_layers=d.num_decoder_layers,
-                feature_layers=d.training_layers(shape.num_hidden_layers),
-                draft_vocab_size=d.draft_vocab_size,
-            )
-        return EagleDrafter(
-            fp,
-            target_config=config.to_dict(),
-            version=d.version,
-            num_decoder_layers=d.num_decoder_layers,
-            feature_layers=d.feature_layers,
-            draft_vocab_size=d.draft_vocab_size if d.version == 3 else None,
-            fc_bias=d.fc_bias,
-            **d.norm_flags(),
-        )
+        return drafter_kind(d.kind).build(d, fp, config.to_dict(), None)
 
 
 def count(module: nn.Module | None, trainable: bool = False) -> int:
@@ -152,18 +140,44 @@ def layer_activation(config: PretrainedConfig, element: int) -> int:
 
 @dataclass(frozen=True)
 class DraftCost:
-    """A drafter's cost per row token: FLOPs (forward and backward) and activation bytes."""
+    """A drafter's cost per row token: FLOPs (forward and backward), activation bytes, and
+    whether online training projects the target's logits (its lm_head runs as the teacher)."""
 
     flops: float
     activation: float
+    target_logits: bool = False
 
 
-def eagle_cost(drafter: EagleDrafter, d: DraftConfig, S: int, element: int, online: bool) -> DraftCost:
-    """EAGLE: fc once per token, then ``ttt_steps`` passes of the layers and the head per token.
+# (drafter, draft config, train config, row length S, bytes per element e, online) -> its cost
+Cost = Callable[["Drafter", DraftConfig, TrainConfig, int, int, bool], DraftCost]
+COSTS: dict[str, Cost] = {}
+
+
+def register_cost(kind: str) -> Callable[[Cost], Cost]:
+    """Decorator: ``fn`` sizes the training of drafters of ``kind`` (the dry run sizes those)."""
+
+    def register(fn: Cost) -> Cost:
+        COSTS[kind] = fn
+        return fn
+
+    return register
+
+
+def sized_kinds() -> list[str]:
+    """The drafter kinds a dry run sizes: those whose cost is registered (EAGLE's and DFlash's
+    here; importing :mod:`draftheads.train.modules` registers the others')."""
+    return list(COSTS)
+
+
+def eagle_cost(
+    drafter: EagleDrafter, d: DraftConfig, S: int, element: int, online: bool, steps: float | None = None
+) -> DraftCost:
+    """EAGLE: fc once per token, then ``steps`` (default ``ttt_steps``) passes of the layers and
+    the head per token.
 
     flops = 6 fc + T (6 layers + 6 S A n + (6 if the head trains else 4) H Vh)
     """
-    T, H = d.ttt_steps, drafter.target_fingerprint.hidden_size
+    T, H = d.ttt_steps if steps is None else steps, drafter.target_fingerprint.hidden_size
     A, _ = attention_widths(drafter.layer_config)
     n = len(drafter.layers)
     own_head = getattr(drafter, "lm_head", None)  # EAGLE-3 trains its own; EAGLE-1 reads the target's
@@ -174,7 +188,13 @@ def eagle_cost(drafter: EagleDrafter, d: DraftConfig, S: int, element: int, onli
     widened = element * 2 * H if d.version == 3 else 0  # q/k/v read concat(embedding, feature)
     teacher = 4 * drafter.target_fingerprint.vocab_size if online else 0
     activation = T * (per_query + widened) + element * drafter.fc.in_features + teacher
-    return DraftCost(flops, activation)
+    return DraftCost(flops, activation, online)
+
+
+@register_cost("eagle")
+def eagle_training(drafter, d: DraftConfig, t: TrainConfig, S: int, element: int, online: bool) -> DraftCost:
+    """EAGLE's token loss reads the target's logits, projected online unless they are cached (top-k)."""
+    return eagle_cost(drafter, d, S, element, online and t.soft_labels != "topk")
 
 
 def dflash_cost(drafter: DFlashDrafter, d: DraftConfig, S: int, element: int) -> DraftCost:
@@ -193,6 +213,12 @@ def dflash_cost(drafter: DFlashDrafter, d: DraftConfig, S: int, element: int) ->
     per_query = n * layer_activation(drafter.layer_config, element) + 8 * drafter.draft_vocab_size
     activation = q * per_query + element * (drafter.fc.in_features + H + 2 * KV * n)
     return DraftCost(flops, activation)
+
+
+@register_cost("dflash")
+def dflash_training(drafter, d: DraftConfig, t: TrainConfig, S: int, element: int, online: bool) -> DraftCost:
+    """DFlash learns from the data's tokens (or cached top-k): no target logits."""
+    return dflash_cost(drafter, d, S, element)
 
 
 def target_flops(shape: TargetShape, params: int, S: int, logits: bool) -> float:
@@ -228,11 +254,11 @@ def real_needs(cfg: Config) -> Needs:
     target_params = count(target)
     drafter = meta_drafter(d, shape, cfg.target.name_or_path)
     trainable = count(drafter, trainable=True)
-    eagle_logits = d.kind == "eagle" and t.soft_labels != "topk"
-    if d.kind == "dflash":
-        cost = dflash_cost(drafter, d, S, element)
-    else:
-        cost = eagle_cost(drafter, d, S, element, online and eagle_logits)
+    if d.kind not in COSTS:
+        raise UserError(
+            f"draft.kind={d.kind} has no training cost to size; the dry run sizes {', '.join(COSTS)}"
+        )
+    cost = COSTS[d.kind](drafter, d, t, S, element, online)
     target_element = 4 if cfg.target.dtype in ("float32", "fp32") else 2
     return Needs(
         target_params=target_params,
@@ -244,7 +270,7 @@ def real_needs(cfg: Config) -> Needs:
         activation_bytes=t.micro_batch_size * S * cost.activation,
         target_bytes=target_element * target_params / (cfg.recipe.devices if sharded else 1),
         drafter_flops=cost.flops,
-        target_flops=target_flops(shape, target_params, S, eagle_logits) if online else 0.0,
+        target_flops=target_flops(shape, target_params, S, cost.target_logits) if online else 0.0,
         cache_bytes_per_token=0.0 if online else cache_bytes(cfg),
     )
 

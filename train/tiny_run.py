@@ -30,12 +30,11 @@ TINY_ROWS, TINY_LENGTH, TINY_ANCHORS = 8, 128, 8
 
 def tiny_layers(d: DraftConfig) -> tuple[int, list[int] | None]:
     """(layers of the tiny target, the drafter's feature layers on it): the recipe's number of
-    feature layers, as the first ones, and at least 4 layers (EAGLE-3's three distinct ones; the
-    spread rule needs depth + 3)."""
+    feature layers, as the first ones, and at least 4 layers (EAGLE-3's three distinct ones) and
+    the drafter's depth + 3 (DFlash's spread rule needs them, and no drafter may be deeper than
+    its target), whatever the kind."""
     if not d.feature_layers:
-        return (
-            max(4, d.num_decoder_layers + 3) if d.kind == "dflash" and d.feature_rule == "spread" else 4
-        ), None
+        return max(4, d.num_decoder_layers + 3), None
     k = len(d.feature_layers)
     return max(4, k + 1), list(range(1, k + 1))
 

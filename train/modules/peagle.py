@@ -39,6 +39,7 @@ from draftheads.train.objectives import (
     uniform_noise,
 )
 from draftheads.train.rows import check_mask_choice, check_mask_token
+from draftheads.train.sizing import DraftCost, eagle_cost, register_cost
 
 Entries = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # anchor, depth, keep: each [B, N]
 
@@ -65,6 +66,21 @@ def check_depths(depths: int, rows: Sequence[dict]) -> None:
             f"draft.num_depths={depths} is more than the longest answer in the training rows ({most} tokens); "
             f"use at most {most} (speculators trains groups of 8)"
         )
+
+
+def group_queries(d, S: int) -> float:
+    """Group entries per row token that conditional drop keeps (rows taken full, every token an
+    answer): depth 0 at every row, depth d >= 1 at ``max(ratio**d, ratio_min)`` of the seeds
+    (``max_anchors`` of the S rows at most)."""
+    seeds = 1.0 if d.max_anchors is None else min(1.0, d.max_anchors / S)
+    deeper = sum(max(d.down_sample_ratio**k, d.down_sample_ratio_min) for k in range(1, d.num_depths))
+    return 1.0 + seeds * deeper
+
+
+@register_cost("peagle")
+def peagle_cost(drafter, d, t, S: int, element: int, online: bool) -> DraftCost:
+    """EAGLE-3's cost with one pass of the layers and the head per kept group entry (the dry run's sizing)."""
+    return eagle_cost(drafter, d, S, element, online and t.soft_labels != "topk", group_queries(d, S))
 
 
 @register_objective("peagle")
