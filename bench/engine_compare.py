@@ -140,6 +140,26 @@ def load_prompt_ids(tok, source: str, count: int) -> list[list[int]]:
     return [encode_prompt(tok, row.turns[0])[0].tolist() for row in rows]
 
 
+def preflight(drafter, opts) -> tuple[list[str], str | None, int]:
+    """The formats to serve (and a note on one left out) and the chain, for ``drafter``; a drafter
+    vLLM cannot serve, or cannot serve so, is refused in one line."""
+    check_servable(drafter)
+    formats, note = formats_for(drafter, opts.format)
+    return formats, note, chain_for(drafter, opts.chain)
+
+
+def light_preflight(heads: str, revision: str | None, opts) -> None:
+    """:func:`preflight` on the drafter alone, before vLLM is looked for and the target loads,
+    where the drafter loads without its target (see ``draftheads export``)."""
+    from draftheads.heads import Drafter
+    from draftheads.heads.checkpoint import resolve_checkpoint_dir
+    from draftheads.heads.export import needs_target
+
+    directory = resolve_checkpoint_dir(heads, revision)
+    if not needs_target(directory):
+        preflight(Drafter.from_pretrained(directory), opts)
+
+
 def engine(args: EngineArgs) -> dict:
     """Export, serve with vLLM, decode with draftheads, print the table; returns the record."""
     from draftheads.conf.commands.decode import load
@@ -150,12 +170,11 @@ def engine(args: EngineArgs) -> dict:
             "draftheads engine needs heads=DIR (a drafter checkpoint directory or a hub id ORG/NAME)"
         )
     out = check_out_file(opts.out)
+    light_preflight(args.heads, args.revision, opts)
+    check_engine()
     served = served_target(args.target)
     model, tok, drafter, directory = load(args.heads, args.revision, args.target, "engine")
-    check_servable(drafter)
-    formats, note = formats_for(drafter, opts.format)
-    chain = chain_for(drafter, opts.chain)
-    check_engine()
+    formats, note, chain = preflight(drafter, opts)
     prompts = load_prompt_ids(tok, opts.prompts, opts.max_prompts)
     new = args.decode.max_new_tokens
     greedy = greedy_outputs(model, prompts, new)

@@ -134,7 +134,7 @@ COMMANDS: dict[str, Command] = {
         "vLLM's acceptance beside draftheads' on the same prompts and chain (make engine first)",
         "draftheads engine heads=outputs/demo/eagle3 engine.prompts=heldout engine.max_prompts=5",
         {
-            "decode.tree": "engine runs one chain in both engines; set its length with engine.chain={value}",
+            "decode.tree": "engine runs one chain in both engines; set its length with engine.chain=K (e.g. engine.chain=3)",
             "decode.do_sample": "engine compares greedy decoding in both engines; drop decode.do_sample",
             "decode.temperature": "engine compares greedy decoding in both engines; drop decode.temperature",
             "format": "engine exports in engine.format (vllm or speculators; none: both); use engine.format={value}",
