@@ -136,9 +136,7 @@ def our_counters(
     from draftheads.conf.schema.decode import DecodeConfig
     from draftheads.decode import SpeculativeGenerator
 
-    cfg = DecodeConfig(
-        tree=f"chain{chain}", cost_aware=False, lookup=False, backend=backend, do_sample=False, chat=False
-    )
+    cfg = DecodeConfig(tree=f"chain{chain}", cost_aware=False, lookup=False, backend=backend, do_sample=False)
     outputs, depths = [], []
     for p in prompts:
         gen = SpeculativeGenerator(model, drafter, tok, cfg)
@@ -167,14 +165,6 @@ def greedy_outputs(model, prompts: list[list[int]], new_tokens: int) -> list[lis
             )
         outs.append(out[0, len(p) :].tolist())
     return outs
-
-
-def trim_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """``tokens`` up to and including the first end-of-sequence token (pads after it dropped)."""
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens
 
 
 def mean_acceptance_length(report: dict) -> float:
