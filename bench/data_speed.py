@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from draftheads.conf.commands.args import DataSpeedArgs
-from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.bench_drafters import row_base
 
 
 def data_speed(args: DataSpeedArgs) -> None:
@@ -50,9 +50,9 @@ def data_speed(args: DataSpeedArgs) -> None:
     while n < len(ds) and total < o.feature_tokens:
         total += len(ds[n]["input_ids"])
         n += 1
-    # with top-k labels: EAGLE-3's layers, as the bench's teacher-forced cache stores them
+    # with top-k labels: the bench's row base's layers (EAGLE-3's), as its teacher-forced cache stores them
     L = model.config.num_hidden_layers
-    layers = DraftConfig(kind="eagle", version=3).training_layers(L) if o.topk else [L]
+    layers = row_base().draft_config().training_layers(L) if o.topk else [L]
     with tempfile.TemporaryDirectory() as out:
         t = time.perf_counter()
         build_feature_cache(

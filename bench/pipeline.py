@@ -45,23 +45,19 @@ from draftheads.bench.eval_stage import stage_eval
 from draftheads.bench.extension import NO_ROWS, MainRun, Rows
 from draftheads.bench.report import check_docs, scaling_plot, summary_lines, write_docs
 from draftheads.bench.stage_times import stage_minutes
-from draftheads.bench.stages import load_rows, log
+from draftheads.bench.stages import drafter_rows, log
 from draftheads.bench.teacher_stages import cache_layers, stage_teacher, train_on
 from draftheads.bench.train_stages import stage_train, stage_tree
 from draftheads.bench.workload_stage import stage_workloads
 from draftheads.conf.commands.args import BenchArgs, DemoArgs
 from draftheads.conf.schema import BenchConfig
-from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.bench_drafters import bench_drafter, eagle_drafter, row_base
 from draftheads.data.outdir import guard_out_dir
 
-EAGLE_KINDS = {"eagle": "eagle", "eagle3": "eagle3"}
-# drafters trained from the teacher-forced cache on disk (same data and passes), and the
-# overrides that pick them on the bench's EAGLE-3 recipe
-STREAMED: dict[str, list[str]] = {"eagle3": [], "dflash": ["draft=dflash"]}
 # EAGLE-2's published tree (top-10 expansions, depth 6, 60 nodes, every one verified): the tree
 # EAGLE's τ figures are measured with; ``bench.published_tree`` adds the EAGLE drafter under it
 PUBLISHED_TREE = {"dynamic": True, "top_k_draft": 10, "depth": 6, "total_tokens": 60, "cost_aware": False}
-TREE_ROW = "{kind} (EAGLE-2 tree)"
+TREE_ROW = "{name} (EAGLE-2 tree)"
 
 
 def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, study: Rows = NO_ROWS) -> dict[str, Any]:
@@ -88,33 +84,33 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, study: Rows = NO_ROWS) -
     results: dict[str, Any] = {"drafters": {}, "scaling": [], "train": {}, "ablations": {}}
     if b.teacher_tokens:
         results["data"] = json.loads((cache / ".done").read_text())
-    streamed = bool(b.teacher_tokens) and (bool(b.variants) or any(k in STREAMED for k in b.drafters))
+    drafters = [bench_drafter(name) for name in b.drafters]
+    streamed = bool(b.teacher_tokens) and (bool(b.variants) or any(d.streamed for d in drafters))
     data = main_data(b, cache, distilled) if streamed else None  # equal compute to the scaling points
     if data and data.note:
         results["mixture"] = {**json.loads((distilled / ".done").read_text()), **data.note}
-    for kind in b.drafters:
-        heads = Path(b.out_dir) / kind
-        if data and kind in STREAMED:  # streamed from the cache (or the view with the distilled answers)
+    for d in drafters:
+        heads = Path(b.out_dir) / d.name
+        if data and d.streamed:  # streamed from the cache (or the view with the distilled answers)
             source, tokens, epochs, note = data
-            train_on(cfg, b, target, source, heads, tokens, epochs, STREAMED[kind], note=note)
+            train_on(cfg, b, target, source, heads, tokens, epochs, d.row(), note=note)
         else:
-            limit = b.medusa_tokens if b.teacher_tokens and kind == "medusa" else None
-            layers = DraftConfig(kind="dflash").training_layers(L) if kind == "dflash" else None
-            rows = load_rows(cache, H, "last" if kind == "medusa" else "all", limit, layers)
-            stage_train(cfg, b, kind, rows, b.medusa_steps if kind == "medusa" else b.eagle_steps, heads)
+            limit = getattr(b, d.tokens) if b.teacher_tokens and d.tokens else None
+            rows = drafter_rows(d, cache, H, L, limit)
+            stage_train(cfg, b, d.name, rows, getattr(b, d.steps), heads)
             del rows
-        results["train"][kind] = json.loads((heads / ".done").read_text())
-        if kind == "medusa":
+        results["train"][d.name] = json.loads((heads / ".done").read_text())
+        if d.tree:
             stage_tree(cfg, target, tok, heads)
     # every drafter in one loop per prompt set: the greedy baselines are decoded once for all
-    trained = {kind: Path(b.out_dir) / kind for kind in b.drafters}
-    results["drafters"] = {kind: {} for kind in b.drafters}
+    trained = {name: Path(b.out_dir) / name for name in b.drafters}
+    results["drafters"] = {name: {} for name in b.drafters}
     for name in b.eval_sets:
-        for kind, rep in stage_eval(cfg, b, target, tok, trained, name).items():
-            results["drafters"][kind][name] = rep
-    eagle = next((k for k in b.drafters if k in EAGLE_KINDS), None)
+        for drafter, rep in stage_eval(cfg, b, target, tok, trained, name).items():
+            results["drafters"][drafter][name] = rep
+    eagle = eagle_drafter(list(b.drafters))
     if b.published_tree and eagle:
-        row = results["drafters"][TREE_ROW.format(kind=eagle)] = {}
+        row = results["drafters"][TREE_ROW.format(name=eagle)] = {}
         for name in b.eval_sets:
             reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, PUBLISHED_TREE)
             if eagle in reports:  # absent when the prompt set is
@@ -123,7 +119,7 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, study: Rows = NO_ROWS) -
         results["workloads"] = stage_workloads(cfg, b, target, tok, trained[eagle])
     if b.drafter_only and "heldout" in b.eval_sets:
         results["drafter_only"] = {
-            kind: stage_alone(cfg, b, target, tok, trained[kind]) for kind in b.drafters
+            name: stage_alone(cfg, b, target, tok, trained[name]) for name in b.drafters
         }
     results.update(study.run(MainRun(cfg, b, target, tok, cache, distilled, data, eagle, results)))
     results["stage_minutes"] = stage_minutes(b)
@@ -161,7 +157,7 @@ def demo(cfg: DemoArgs) -> None:
         self_prompts=0,
         teacher_tokens=0,
         distill_new_tokens=128,
-        drafters=["eagle3"],
+        drafters=[row_base().name],  # EAGLE-3
         eagle_steps=90,
         scaling_tokens=[],
         eval_sets=["heldout"],
@@ -178,4 +174,4 @@ def demo(cfg: DemoArgs) -> None:
     prompt = cfg.prompt or "Write a Python function that checks whether a number is prime."
     log(f"streaming one answer with speculative decoding: {prompt!r}")
     decode = replace(cfg.decode, max_new_tokens=160)
-    generate(GenerateArgs(cfg.target, decode, heads=str(Path(b.out_dir) / "eagle3"), prompt=prompt))
+    generate(GenerateArgs(cfg.target, decode, heads=str(Path(b.out_dir) / b.drafters[0]), prompt=prompt))

@@ -182,24 +182,24 @@ def speed_lines(results: dict[str, Any], b: BenchConfig, figures_name: str) -> l
             f"Held-out τ with each drafter's own tree alone (`bench.drafter_only`: no lookup branch, "
             f"no planner, as the ablation rows' *drafter only*): {taus}.",
         ]
-    spec = {kind: reports["spec_bench"] for kind, reports in reps.items() if "spec_bench" in reports}
-    kinds = [kind for kind, r in spec.items() if r.get("per_category")]
-    if not kinds:
+    spec = {name: reports["spec_bench"] for name, reports in reps.items() if "spec_bench" in reports}
+    names = [name for name, r in spec.items() if r.get("per_category")]
+    if not names:
         return lines
     pcats = next((r.get("per_category", {}) for r in spec.values() if r.get("pld")), {})
     with_pld = any(c.get("pld") for c in pcats.values())
-    cats = list(dict.fromkeys(c for kind in kinds for c in spec[kind]["per_category"]))
+    cats = list(dict.fromkeys(c for name in names for c in spec[name]["per_category"]))
     rows = []
     for cat in cats:
         cells = [cat]
-        for kind in kinds:
-            r = spec[kind]["per_category"].get(cat)
+        for name in names:
+            r = spec[name]["per_category"].get(cat)
             cells.append(f"{r['tau']:.2f} / {r['speedup']:.2f}×" if r else "")
         if with_pld:
             ps = pcats.get(cat, {}).get("pld", {}).get("speedup")
             cells.append(f"{ps:.2f}×" if ps is not None else "")
         rows.append(cells)
-    header = ["category", *(f"{kind}: τ / vs greedy" for kind in kinds)]
+    header = ["category", *(f"{name}: τ / vs greedy" for name in names)]
     header += ["prompt lookup vs stock"] if with_pld else []
     return lines + ["", "#### Spec-Bench per category", "", *table(header, rows)]
 

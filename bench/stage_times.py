@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from draftheads.conf.schema import BenchConfig
+from draftheads.conf.schema.bench_drafters import bench_drafter
 
 
 def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
@@ -30,22 +31,22 @@ def stage_minutes(b: BenchConfig) -> dict[str, float | None]:
         ("teacher-forced features", out / "teacher" / ".done"),
         ("distilled answers' features" if b.teacher_tokens else "features", out / "features" / ".done"),
     ]
-    for kind in b.drafters:
-        records.append((f"train {kind}", out / kind / ".done"))
-        if kind == "medusa":
-            records.append(("medusa tree", out / kind / "tree.json"))
+    for name in b.drafters:
+        records.append((f"train {name}", out / name / ".done"))
+        if bench_drafter(name).tree:
+            records.append((f"{name} tree", out / name / "tree.json"))
     times = {name: minutes(path) for name, path in records if path.is_file()}
     for name in b.eval_sets:
         runs = set()
-        for kind in b.drafters:
-            marker = out / kind / f"eval-{name}" / ".done"
+        for drafter in b.drafters:
+            marker = out / drafter / f"eval-{name}" / ".done"
             if marker.is_file():
                 record = json.loads(marker.read_text())
-                runs.add((tuple(record.get("decoded_with", [kind])), record.get("seconds")))
+                runs.add((tuple(record.get("decoded_with", [drafter])), record.get("seconds")))
         if runs:
             seconds = [s for _, s in runs]
             times[f"eval {name}"] = None if None in seconds else sum(seconds) / 60
-    alone = [minutes(p) for kind in b.drafters if (p := out / kind / "drafter-only" / ".done").is_file()]
+    alone = [minutes(p) for name in b.drafters if (p := out / name / "drafter-only" / ".done").is_file()]
     if b.drafter_only and alone:
         times["held-out τ, drafter only"] = None if None in alone else sum(alone)
     return times

@@ -15,7 +15,8 @@ from typing import Any
 
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema import BENCH_DRAFTERS, BenchConfig, Config
+from draftheads.conf.schema import BenchConfig, Config
+from draftheads.conf.schema.bench_drafters import BenchDrafter, bench_drafter
 
 
 def log(msg: str) -> None:
@@ -127,7 +128,9 @@ def answer_tokens(rows: list[dict]) -> int:
 EVAL_AT_END = 10**9
 
 
-def train_overrides(kind: str, out: Path, steps: int) -> list[str]:
+def train_overrides(name: str, out: Path, steps: int) -> list[str]:
+    """The bench recipe of the bench drafter ``name``: its selection, learning rate and recipe, then
+    what every bench training run shares."""
     common = [
         f"train.output_dir={out}",
         f"train.max_steps={steps}",
@@ -136,17 +139,16 @@ def train_overrides(kind: str, out: Path, steps: int) -> list[str]:
         "train.save_every=0",
         "train.warmup_steps=20",
     ]
-    if kind == "medusa":
-        return ["draft=medusa", "train.lr=1e-3", *common]
-    if kind == "eagle3":
-        return ["draft=eagle3", "train.lr=1e-3", *common]
-    if kind == "eagle":
-        return ["draft=eagle", "train.lr=5e-4", *common]
-    if kind == "dflash":
-        # EAGLE-3's data, passes and learning rate; 32 blocks per row make a step's matmuls per
-        # row token about EAGLE-3's (0.145 against 0.144 GFLOP on the bench's packed rows)
-        return ["draft=dflash", "train.lr=1e-3", "draft.anchors_per_row=32", *common]
-    raise UserError(f"bench.drafters: unknown drafter {kind!r}; use some of {', '.join(BENCH_DRAFTERS)}")
+    d = bench_drafter(name)
+    return [*d.draft, f"train.lr={d.lr}", *d.recipe, *common]
+
+
+def drafter_rows(
+    d: BenchDrafter, cache_dir: Path, hidden: int, num_layers: int, max_tokens: int | None = None
+) -> list[dict]:
+    """The rows ``d`` trains on in memory: the cached features it reads (:attr:`BenchDrafter.reads`)."""
+    layers = d.draft_config().training_layers(num_layers) if d.reads == "own" else None
+    return load_rows(cache_dir, hidden, "last" if d.reads == "last" else "all", max_tokens, layers)
 
 
 def target_group(cfg: BenchArgs) -> str:

@@ -18,26 +18,33 @@ from pathlib import Path
 
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.schema import BenchConfig
-from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.bench_drafters import BenchDrafter, bench_drafter, bench_drafter_for, row_base
 
 ANSWER_TOKENS = "answer_tokens.json"  # per shard of the teacher cache: trained (answer) tokens
 
 
 def cache_layers(drafters: list[str], num_layers: int, rows: Sequence[list[str]] = ()) -> list[int]:
     """Every target layer that the bench's drafters read, and the training overrides of ``rows``
-    (a study's extra rows, on the EAGLE-3 recipe unless they name a ``draft``): the one feature
+    (a study's extra rows, on the row base's recipe unless they name a ``draft``): the one feature
     cache each data source gets holds their union, so every drafter and row trains from it."""
     from draftheads.bench.stages import compose
 
-    layers: set[int] = set(DraftConfig(kind="eagle", version=3).training_layers(num_layers))
-    overrides = [["draft=dflash"] if k == "dflash" else [] for k in drafters]
-    for extra in [*overrides, *rows]:
+    base = row_base()
+    layers: set[int] = set(base.draft_config().training_layers(num_layers))
+    for extra in [*(bench_drafter(name).row() for name in drafters), *rows]:
         draft = [o for o in extra if o.startswith("draft")]
-        if any(o.startswith("draft=medusa") for o in draft):
-            continue
-        kind = [] if any(o.startswith("draft=") for o in draft) else ["draft=eagle3"]  # a row's base recipe
-        layers.update(compose([*kind, *draft]).draft.training_layers(num_layers))
+        named = any(o.startswith("draft=") for o in draft)
+        layers.update(compose([*([] if named else base.draft), *draft]).draft.training_layers(num_layers))
     return sorted(layers)
+
+
+def row_drafter(extra: Sequence[str]) -> BenchDrafter:
+    """The bench drafter whose recipe a row's overrides build on: the one that trains the kind of
+    the draft group the row names (a row naming none, or a kind without one: the row base)."""
+    from draftheads.bench.stages import compose
+
+    group = [o for o in extra if o.startswith("draft=")][-1:]
+    return (bench_drafter_for(compose(group).draft) if group else None) or row_base()
 
 
 def decode_with(decode, overrides: list[str]):
@@ -137,12 +144,12 @@ def mixture(b: BenchConfig, teacher: Path, distilled: Path) -> tuple[Path, dict]
 
 
 # ---- training and τ ------------------------------------------------------------------------
-def recipe(kind: str, out: Path, extra: list[str], save_every: int) -> list[str]:
-    """The bench's training overrides for ``kind`` plus a row's ``extra`` (which win)."""
+def recipe(name: str, out: Path, extra: list[str], save_every: int) -> list[str]:
+    """The bench's training overrides for the bench drafter ``name`` plus a row's ``extra`` (which win)."""
     from draftheads.bench.stages import train_overrides
 
     base = [
-        o for o in train_overrides(kind, out, 1) if not o.startswith(("train.max_steps", "train.save_every"))
+        o for o in train_overrides(name, out, 1) if not o.startswith(("train.max_steps", "train.save_every"))
     ]
     keys = {o.split("=", 1)[0] for o in extra}
     return [*(o for o in base if o.split("=", 1)[0] not in keys), *extra, f"train.save_every={save_every}"]
@@ -150,32 +157,33 @@ def recipe(kind: str, out: Path, extra: list[str], save_every: int) -> list[str]
 
 def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tokens: int, epochs: float,
              extra: list[str] = (), note: dict | None = None) -> dict:  # fmt: skip
-    """One cached training run on the answer tokens of ``cache`` (EAGLE: streamed from disk;
-    Medusa: its final states in memory), ``epochs`` passes; returns its ``.done`` record
-    (with ``note`` added to it)."""
+    """One cached training run on the answer tokens of ``cache`` (streamed from disk by a drafter
+    that can, see :func:`row_drafter`; else what it reads in memory: Medusa's final states),
+    ``epochs`` passes; returns its ``.done`` record (with ``note`` added to it)."""
     from draftheads.bench.stages import (
         compose,
         done,
+        drafter_rows,
         drafter_settings,
-        load_rows,
         log,
         mark_done,
         target_group,
     )
+    from draftheads.heads.target_fingerprint import fingerprint
     from draftheads.train.recipe import train
 
-    medusa = any(o.startswith("draft=medusa") for o in extra)
-    kind = "medusa" if medusa else "dflash" if "draft=dflash" in extra else "eagle3"
-    over = recipe(kind, out, list(extra), b.save_every)
+    d = row_drafter(extra)
+    over = recipe(d.name, out, list(extra), b.save_every)
     over += [f"train.epochs={epochs:g}", "train.progress=false"]
-    if not medusa:
+    if d.offline:
         over += ["train.features=offline", f"train.feature_cache={cache}"]
     tcfg = compose([f"target={target_group(cfg)}", *over])
     made = {"answer_tokens": tokens, "epochs": round(epochs, 6), "overrides": list(extra), **(note or {})}
     made["draft"] = drafter_settings(tcfg)
     if done(out, made):
         return json.loads((out / ".done").read_text())
-    rows = load_rows(cache, target.config.hidden_size, "last") if medusa else None
+    H = target.config.hidden_size
+    rows = None if d.offline else drafter_rows(d, cache, H, fingerprint(target).num_layers)
     log(f"train {out.name}: {tokens} answer tokens x {epochs:.2f} epochs {' '.join(extra)}")
     t0 = time.perf_counter()
     tcfg.target = cfg.target

@@ -8,7 +8,7 @@
 Trains ``speed.steps`` steps of the ``make bench`` recipe for one drafter on the first
 ``speed.tokens`` answer tokens of an offline feature cache (as ``draftheads bench`` does), then
 prints the per-step losses and the mean training tokens/s after the first step (which pays
-one-off costs). For DFlash it also prints the matmul FLOPs per row token of those steps, as
+one-off costs). For a drafter whose objective counts its FLOPs (DFlash) it also prints the matmul FLOPs per row token of those steps, as
 its objective counts them (``train.objectives.dflash_train_flops``): they depend on the anchors
 drawn and on how the micro-batches are laid out, so they are measured, not assumed.
 """
@@ -18,16 +18,21 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from draftheads.bench.stages import compose, load_rows, target_group, train_overrides
+from draftheads.bench.stages import compose, drafter_rows, target_group, train_overrides
 from draftheads.conf.commands.args import TrainSpeedArgs
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.bench_drafters import BENCH_DRAFTERS, bench_drafter, bench_drafter_for
 
 
 def drafter_name(args: TrainSpeedArgs) -> str:
-    """``medusa``, ``eagle``, ``eagle3`` or ``dflash``: the bench recipe that trains ``args.draft``."""
-    if args.draft.kind in ("medusa", "dflash"):
-        return args.draft.kind
-    return "eagle3" if args.draft.version == 3 else "eagle"
+    """The bench drafter whose recipe trains ``args.draft`` (``medusa``, ``eagle``, ``eagle3``, ``dflash``)."""
+    d = bench_drafter_for(args.draft)
+    if d is None:
+        raise UserError(
+            f"draft.kind={args.draft.kind} has no bench recipe; use one of "
+            f"{', '.join(o for b in BENCH_DRAFTERS.values() for o in b.draft)}"
+        )
+    return d.name
 
 
 def train_speed(args: TrainSpeedArgs) -> None:
@@ -41,12 +46,12 @@ def train_speed(args: TrainSpeedArgs) -> None:
         raise UserError(
             f"speed.cache={cache} is not a feature cache; build one with `draftheads features` or `make bench`"
         )
-    kind = drafter_name(args)
+    name = drafter_name(args)
     with tempfile.TemporaryDirectory() as out:
         cfg = compose(
             [
                 f"target={target_group(args)}",
-                *train_overrides(kind, Path(out), args.speed.steps),
+                *train_overrides(name, Path(out), args.speed.steps),
                 "train.progress=false",
                 "train.log_every=1",
                 f"train.pack_micro_batches={str(args.speed.pack).lower()}",
@@ -54,18 +59,12 @@ def train_speed(args: TrainSpeedArgs) -> None:
         )
         cfg.target = args.target
         fp = FeatureCache(cache).fingerprint
-        layers = cfg.draft.training_layers(fp.num_layers) if kind == "dflash" else None
-        rows = load_rows(
-            cache, fp.hidden_size, "last" if kind == "medusa" else "all", args.speed.tokens, layers
-        )
+        rows = drafter_rows(bench_drafter(name), cache, fp.hidden_size, fp.num_layers, args.speed.tokens)
         train(cfg, rows=rows)
         logged = [r for r in read_metrics(Path(out)) if "tokens_per_s" in r]
     rates = [r["tokens_per_s"] for r in logged[1:]] or [logged[0]["tokens_per_s"]]
     print("losses:", " ".join(f"{r['loss']:.3f}" for r in logged))
-    print(f"{kind}: {sum(rates) / len(rates):.0f} training tokens/s over {len(logged)} steps")
-    if kind == "dflash":
+    print(f"{name}: {sum(rates) / len(rates):.0f} training tokens/s over {len(logged)} steps")
+    if flops := bench_drafter(name).flops:
         gflop = sum(r["train/cost/gflop"] * r["tokens"] for r in logged) / sum(r["tokens"] for r in logged)
-        print(
-            f"dflash: {gflop:.4f} GFLOP of matmuls per row token (forward and backward: fc, context keys and "
-            "values, the block layers and their attention, the draft head on the counted positions)"
-        )
+        print(f"{name}: {gflop:.4f} GFLOP of matmuls per row token ({flops})")

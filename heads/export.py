@@ -108,12 +108,14 @@ def export_drafter(
     out: str | os.PathLike,
     source: Path | None = None,
     verifier: str | None = None,
+    tokens: int | None = None,
 ) -> Path:
     """Write ``drafter`` for ``engine`` into ``out`` (config.json + model.safetensors) and validate it.
 
     Shared-lm_head Medusa heads must be attached to their target (its lm_head is written).
     ``source`` (the drafter's directory) is never written to. ``verifier`` (speculators only) is
-    the local folder of the target the export is served with, recorded instead of its Hub name.
+    the local folder of the target the export is served with, recorded instead of its Hub name;
+    ``tokens`` (speculators only) the chain it proposes, instead of the model card's.
     """
     engine = engine.lower()
     if engine not in FORMAT_NAMES:
@@ -121,7 +123,7 @@ def export_drafter(
     out = Path(out)
     check_out_dir(out, source if source is not None else drafter.source_dir)
     if engine == SPECULATORS:
-        cfg, sd = export_speculators(drafter, verifier)
+        cfg, sd = export_speculators(drafter, verifier, tokens)
     else:
         cfg, sd = drafter_kind(drafter.kind).export(drafter, engine)
     try:
@@ -141,20 +143,21 @@ def export_drafter(
 
 
 def export_speculators(
-    drafter: Drafter, verifier: str | None = None
+    drafter: Drafter, verifier: str | None = None, tokens: int | None = None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """EAGLE-3 and DFlash in speculators' layout, from their vLLM layout (same checks, same weights).
 
-    The verifier is the drafter's target; the default proposal is the greedy chain the model
-    card names (``block_size - 1`` tokens for DFlash). Speculators has no EAGLE-1 or Medusa type.
-    ``verifier`` (a local copy of the target, checked to be it) replaces the target's name.
+    The verifier is the drafter's target; the default proposal is the greedy chain of ``tokens``
+    drafts, else the one the model card names (``block_size - 1`` tokens for DFlash).
+    Speculators has no EAGLE-1 or Medusa type. ``verifier`` (a local copy of the target, checked
+    to be it) replaces the target's name.
     """
     kind, conf = drafter_kind(drafter.kind), {"kind": drafter.kind, "spec": drafter.spec()}
     refusal = kind.speculators_refusal(conf)
     if refusal:
         raise UserError(refusal)
     fp = drafter.target_fingerprint
-    k = num_speculative_tokens(conf)
+    k = tokens or num_speculative_tokens(conf)
     name = check_verifier_folder(verifier, fp) if verifier else fp.name
     section = speculators_section(kind.speculators_type or "", k, name, fp.architecture)
     return kind.to_speculators(drafter, section)
@@ -216,19 +219,32 @@ def export(cfg) -> Path:
             print(note)
         return out
     fmt = validate_export(out, engine, drafter.target_fingerprint.num_layers)
-    target_name = verifier or drafter.target_fingerprint.name
     if drafter.requires_adapters:
-        target_name = "MERGED_TARGET"
         print(
             "note: these Medusa-2 heads were trained with LoRA adapters on the target; serve them with the "
             "target with those adapters merged (peft merge_and_unload), never with the plain target"
         )
-    k = num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
     print(f"exported {drafter.kind} drafter to {out} ({engine} {fmt.method}); serve it with:")
-    print("  " + serve_command(engine, fmt.method, target_name, str(out), k))
+    print("  " + serve_line(drafter, engine, out, verifier))
     if note:
         print(note)
     return out
+
+
+def serve_line(
+    drafter: Drafter, engine: str, out: Path, verifier: str | None = None, tokens: int | None = None
+) -> str:
+    """The command that serves ``drafter``'s export in ``out`` with ``engine``: a speculators
+    export alone (it names its verifier and chain), else the target (``verifier``, a local folder,
+    or the target's name) with ``tokens`` drafted per step (default: the model card's)."""
+    if engine == SPECULATORS:
+        return f"vllm serve {out}"
+    fmt = validate_export(out, engine, drafter.target_fingerprint.num_layers)
+    target_name = verifier or drafter.target_fingerprint.name
+    if drafter.requires_adapters:
+        target_name = "MERGED_TARGET"
+    k = tokens or num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
+    return serve_command(engine, fmt.method, target_name, str(out), k)
 
 
 VLLM_CPU_MIN_HEAD = 32  # vLLM's CPU attention kernels take no smaller head size

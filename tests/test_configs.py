@@ -65,3 +65,14 @@ def test_the_root_config_composes_with_its_defaults():
     for group, option in chosen:
         assert option in group_options(group) or (group in GLOBAL and option is None)
     assert cfg.target.name_or_path and cfg.draft.kind and cfg.data.path
+
+
+def test_every_draft_key_is_read_by_a_registered_kind():
+    """Each ``draft.*`` field belongs to some kind's keys: a field no kind declares would be refused
+    on every kind as another kind's key."""
+    from draftheads.conf.schema.heads import DraftConfig
+    from draftheads.conf.schema.kinds import DRAFT_KINDS
+
+    declared = {key for kind in DRAFT_KINDS.values() for key in kind.keys}
+    fields = {f.name for f in dataclasses.fields(DraftConfig)} - {"kind"}
+    assert fields - declared == set()

@@ -2,14 +2,16 @@
 
 Run by ``make test-engine`` (marked ``engine``, so ``make test`` leaves them out). vLLM's CPU
 build lives in its own environment (``make engine``: ``.venv-engine``); each test exports with
-draftheads here, then runs the serve command the export printed through
-``tests/vllm_engine.py`` in that environment, one engine start per command, and compares:
+draftheads here, then runs the serve command the export printed through the package's job
+runner (``draftheads/bench/engine_job.py``) in that environment, one engine start per command,
+and compares:
 
 - plain vLLM greedy with the target's greedy here;
 - for EAGLE-3 and DFlash, in ``format=vllm`` and ``format=speculators``: vLLM's output with the
   target's greedy, and vLLM's acceptance counters (drafting steps, accepted tokens, accepted per
   chain position) with draftheads' decoder running the same chain on the same token ids;
-- a deliberately broken export (a shifted ``d2t``, a dropped norm): the counters no longer agree.
+- a deliberately broken export (a shifted ``d2t``, a dropped norm): the counters no longer agree;
+- ``draftheads engine`` itself: its record holds vLLM's counters equal to draftheads'.
 
 The target is a tiny random Llama with head size 32 (vLLM's CPU attention needs at least 32)
 steered to a wide-margin greedy text, token t -> t + 1, so that float rounding in either engine
@@ -19,9 +21,6 @@ agree with the target often but not always, so the counters say something.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -30,17 +29,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from draftheads.bench import engine_acceptance
+from draftheads.bench.engine_acceptance import counted, engine_missing, engine_python, our_counters
 from draftheads.conf.schema import Config
-from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.heads import Drafter
 from draftheads.heads.export import export
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "vllm_engine.py"
-INSTALL = "make engine"
 # this machine's limits for the engine, added to every serve command (none is about the drafter):
 # float32 as draftheads computes, a small KV cache and no compilation (a CPU start takes minutes)
 ENGINE = {
@@ -55,26 +52,9 @@ BLOCK = 4
 VOCAB_RANGE = 800  # prompts and training text use ids below this; the continuation stays < 1024
 
 
-def engine_python() -> Path:
-    return Path(os.environ.get("DRAFTHEADS_ENGINE_PYTHON") or ROOT / ".venv-engine" / "bin" / "python")
-
-
-@cache
-def engine_missing() -> str | None:
-    """Why vLLM cannot run here (with the install command), or None."""
-    python = engine_python()
-    if not python.is_file():
-        return f"vLLM is not installed: no {python}; run `{INSTALL}`"
-    probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
-        return f"vLLM does not import in {python} ({last}); run `{INSTALL}`"
-    return None
-
-
 @pytest.fixture(scope="module", autouse=True)
 def needs_engine():
-    reason = engine_missing()
+    reason = engine_missing(engine_python())
     if reason:
         print(f"skipped: {reason}", file=sys.stderr)
         pytest.skip(reason)
@@ -82,31 +62,7 @@ def needs_engine():
 
 def run_engine(command: str, prompts: list[list[int]], workdir: Path) -> dict:
     """``command`` (a ``vllm serve`` line) run offline by vLLM on ``prompts``: its outputs and counters."""
-    job = workdir / "job.json"
-    result = workdir / "result.json"
-    job.write_text(
-        json.dumps(
-            {
-                "command": command,
-                "prompts": prompts,
-                "max_tokens": NEW,
-                "engine": ENGINE,
-                "result": str(result),
-            }
-        )
-    )
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false"}
-    run = subprocess.run(
-        [str(engine_python()), str(SCRIPT), str(job)],
-        capture_output=True,
-        text=True,
-        cwd=workdir,
-        env=env,
-        timeout=900,
-    )
-    (workdir / "engine.log").write_text(run.stdout + run.stderr)
-    assert run.returncode == 0 and result.is_file(), f"vLLM failed on `{command}`:\n{run.stderr[-3000:]}"
-    return json.loads(result.read_text())
+    return engine_acceptance.run_engine(command, prompts, NEW, ENGINE, workdir)
 
 
 # ---- the target and its drafters -------------------------------------------------------------------
@@ -208,39 +164,6 @@ def greedy(model) -> list[list[int]]:
     return outs
 
 
-def our_counters(drafter: Drafter, model, tok, chain: int) -> dict:
-    """draftheads' decoder with a chain of ``chain`` drafts, every drafted token verified, on the
-    prompts' token ids: its output, and its counters as vLLM counts them.
-
-    vLLM drafts the whole chain up to the last step and counts what it accepts there before it
-    cuts the output at ``max_tokens``; draftheads drafts no token past ``max_new_tokens``. So the
-    decoder runs ``chain`` tokens further, and its steps are counted as vLLM's: each step until
-    the prompt has its ``NEW`` tokens (the first comes from the prefill), with all it accepted.
-    """
-    from draftheads.decode import SpeculativeGenerator
-
-    cfg = DecodeConfig(tree=f"chain{chain}", cost_aware=False, lookup=False, backend="eager")
-    outputs, depths = [], []
-    for p in PROMPTS:
-        gen = SpeculativeGenerator(model, drafter, tok, cfg)
-        ids = torch.tensor([p])
-        out = gen.generate(ids, torch.ones_like(ids), max_new_tokens=NEW + chain)
-        outputs.append(out[0, len(p) : len(p) + NEW].tolist())
-        made = 1
-        for accepted in gen.last_stats.accepted_depths:
-            if made >= NEW:
-                break
-            depths.append(accepted)
-            made += accepted + 1
-    return {
-        "outputs": outputs,
-        "num_drafts": len(depths),
-        "num_draft_tokens": chain * len(depths),
-        "num_accepted_tokens": sum(depths),
-        "accepted_per_position": [sum(a >= d for a in depths) for d in range(1, chain + 1)],
-    }
-
-
 def exported(heads: Path, fmt: str, out: Path, folder: Path, capsys, verifier: Path | None = None) -> str:
     """Export ``heads`` as the command line does; returns the serve command it printed."""
     cfg = Config(heads=str(heads), format=fmt, out=str(out), target=TargetConfig(name_or_path=str(folder)))
@@ -250,10 +173,6 @@ def exported(heads: Path, fmt: str, out: Path, folder: Path, capsys, verifier: P
     printed = capsys.readouterr().out.splitlines()
     command = printed[printed.index(next(line for line in printed if line.endswith("serve it with:"))) + 1]
     return command.strip()
-
-
-def counters(report: dict) -> dict:
-    return {k: v for k, v in report.items() if k != "outputs"}
 
 
 # ---- the tests --------------------------------------------------------------------------------------
@@ -292,7 +211,7 @@ def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, requ
     folder, model, tok = target
     drafter, heads = request.getfixturevalue(kind)
     chain = CHAIN if kind == "eagle3" else BLOCK - 1
-    ours = our_counters(drafter, model, tok, chain)
+    ours = our_counters(drafter, model, tok, PROMPTS, chain, NEW)
     assert ours["outputs"] == greedy(model)
     assert 0 < ours["num_accepted_tokens"] < ours["num_draft_tokens"]  # agrees sometimes, not always
     verifier = folder if fmt == "speculators" else None
@@ -300,7 +219,7 @@ def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, requ
     assert command.startswith("vllm serve ")
     report = run_engine(command, PROMPTS, tmp_path)
     assert report["outputs"] == greedy(model)
-    assert counters(report) == counters(ours)
+    assert counted(report) == counted(ours)
 
 
 def shift_d2t(export: Path) -> None:
@@ -337,4 +256,34 @@ def test_a_broken_export_is_caught_by_the_counters(target, eagle3, breakage, tmp
     breakage(tmp_path / "export")
     report = run_engine(command, PROMPTS, tmp_path)
     assert report["outputs"] == greedy(model)
-    assert counters(report) != counters(our_counters(drafter, model, tok, CHAIN))
+    assert counted(report) != counted(our_counters(drafter, model, tok, PROMPTS, CHAIN, NEW))
+
+
+def test_the_engine_command_records_vllms_counters_equal_to_draftheads(target, eagle3, capsys):
+    """``draftheads engine`` on the tiny target and the trained EAGLE-3 drafter, in speculators'
+    format with a chain shorter than the model card's: the record it returns and prints holds
+    vLLM's counters equal to draftheads', and both engines' outputs are the target's greedy."""
+    from draftheads.bench.engine_compare import engine
+    from draftheads.conf.commands.args import EngineArgs, EngineOptions
+    from draftheads.conf.schema.decode import DecodeConfig
+
+    folder, model, tok = target
+    _, heads = eagle3
+    opts = EngineOptions(prompts="heldout", max_prompts=3, format="speculators", chain=CHAIN - 1)
+    args = EngineArgs(
+        target=TargetConfig(name_or_path=str(folder)),
+        decode=DecodeConfig(max_new_tokens=NEW, backend="eager"),
+        heads=str(heads),
+        engine=opts,
+    )
+    record = engine(args)
+    printed = capsys.readouterr().out
+    theirs, ours = record["vllm"]["speculators"], record["draftheads"]
+    assert record["chain"] == CHAIN - 1 and len(ours["accepted_per_position"]) == CHAIN - 1
+    assert counted(theirs) == counted(ours)
+    assert theirs["counters_equal"] is True
+    assert 0 < ours["num_accepted_tokens"] < ours["num_draft_tokens"]
+    assert theirs["greedy_outputs"] == ours["greedy_outputs"] == 3
+    assert theirs["outputs"] == ours["outputs"] == record["greedy"]
+    row = next(line for line in printed.splitlines() if line.startswith("vLLM, format=speculators"))
+    assert f"{theirs['mean_acceptance_length']:.2f}" in row and row.split()[-1] == "yes"

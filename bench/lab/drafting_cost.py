@@ -44,15 +44,20 @@ def drafting_steps(target, tok, drafter, prompts: list[str], new_tokens: int) ->
     return seconds / max(drafted, 1) / gen.cost_curve()(1)
 
 
-def build(target_name: str, kind: str, layers: int, target, tok) -> object:
-    """An untrained drafter of the recipe's shape (``draft=<kind>`` with its defaults): DFlash at
-    ``layers`` layers over z-lab's spread feature layers (EAGLE-3's three at one layer)."""
-    torch.manual_seed(0)
-    extra = [
+def depth_row(layers: int) -> list[str]:
+    """``draft=dflash`` at ``layers`` layers over z-lab's spread feature layers (EAGLE-3's three at
+    one layer)."""
+    return [
+        "draft=dflash",
         f"draft.num_decoder_layers={layers}",
         f"draft.feature_rule={'spread' if layers > 1 else 'eagle3'}",
     ]
-    cfg, _ = compose([f"target={target_name}", f"draft={kind}", *(extra if kind == "dflash" else [])])
+
+
+def build(target_name: str, overrides: list[str], target, tok) -> object:
+    """An untrained drafter of the recipe's shape (the draft ``overrides`` on their group's defaults)."""
+    torch.manual_seed(0)
+    cfg, _ = compose([f"target={target_name}", *overrides])
     return build_drafter(cfg, target, tok)
 
 
@@ -65,12 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     target, tok = load_target(compose([f"target={args.target}"])[0].target)
     prompts = BUILTIN_PROMPTS[: max(args.prompts, 2)]
-    rows = [("eagle3", 1)] + [("dflash", n) for n in args.depths]
+    rows = [(["draft=eagle3"], 1)] + [(depth_row(n), n) for n in args.depths]
     print("| drafter | layers | drafting, greedy steps |\n|---|---|---|")
-    for kind, layers in rows:
-        drafter = build(args.target, kind, layers, target, tok)
+    for overrides, layers in rows:
+        drafter = build(args.target, overrides, target, tok)
         steps = drafting_steps(target, tok, drafter, prompts, args.tokens)
-        print(f"| {kind} | {layers} | {steps:.3f} |", flush=True)
+        print(f"| {overrides[0].removeprefix('draft=')} | {layers} | {steps:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftheads.bench.stages import answer_tokens, eval_prompts, load_rows, log
+from draftheads.bench.stages import answer_tokens, drafter_rows, eval_prompts, log
 from draftheads.bench.train_stages import stage_train
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.schema import BenchConfig
+from draftheads.conf.schema.bench_drafters import bench_drafter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -28,27 +29,29 @@ def stage_scaling(
     target: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
     cache: Path,
-    kind: str,
+    name: str,
 ) -> list[dict]:
-    """One point per ``bench.scaling_tokens`` entry: answer tokens, steps and held-out tau."""
+    """One point per ``bench.scaling_tokens`` entry for the bench drafter ``name``: answer tokens,
+    steps and held-out tau."""
     from draftheads.decode import SpeculativeGenerator
     from draftheads.decode.prompting import encode_prompt
     from draftheads.heads import Drafter
+    from draftheads.heads.target_fingerprint import fingerprint
 
-    H = target.config.hidden_size
+    H, L = target.config.hidden_size, fingerprint(target).num_layers
     prompts = eval_prompts("heldout", b, tok)
     points = []
     for n in b.scaling_tokens:
-        out = Path(b.out_dir) / "scaling" / f"{kind}-{n}"
+        out = Path(b.out_dir) / "scaling" / f"{name}-{n}"
         result = out / "tau.json"
         if not result.is_file():
-            rows = load_rows(cache, H, "all" if kind != "medusa" else "last", max_tokens=n)
+            rows = drafter_rows(bench_drafter(name), cache, H, L, max_tokens=n)
             have = answer_tokens(rows)
             if have < 0.9 * n:
                 log(f"scaling: only {have} answer tokens cached, fewer than {n}; skipping this point")
                 continue
             steps = max(50, math.ceil(have / 10_000 * b.scaling_steps_per_10k_tokens))
-            stage_train(cfg, b, kind, rows, steps, out / "drafter")
+            stage_train(cfg, b, name, rows, steps, out / "drafter")
             del rows
             drafter = Drafter.from_pretrained(out / "drafter", target=target, tokenizer=tok)
             gen = SpeculativeGenerator(target, drafter, tokenizer=tok, config=cfg.decode)
@@ -70,17 +73,17 @@ def stage_scaling(
                 + "\n"
             )
         points.append(json.loads(result.read_text()))
-        log(f"scaling {kind}: {points[-1]['answer_tokens']} tokens -> tau {points[-1]['tau']:.2f}")
+        log(f"scaling {name}: {points[-1]['answer_tokens']} tokens -> tau {points[-1]['tau']:.2f}")
     return points
 
 
-def main_point(results: dict[str, Any], kind: str) -> list[dict]:
+def main_point(results: dict[str, Any], name: str) -> list[dict]:
     """The main drafter as the curve's last point: it was trained on every cached token and
     evaluated on the same held-out prompts and length as the scaling points."""
-    report = results["drafters"].get(kind, {}).get("heldout")
+    report = results["drafters"].get(name, {}).get("heldout")
     if report is None:
         return []
-    train = results["train"][kind]
+    train = results["train"][name]
     return [
         {
             "answer_tokens": train["answer_tokens"],

@@ -27,6 +27,7 @@ from draftheads.bench.pipeline import bench, pipeline
 from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
+from draftheads.conf.schema.bench_drafters import row_base
 
 from . import scaling, variants
 from .rows import (
@@ -78,7 +79,14 @@ def stage_scaling(cfg: BenchArgs, b: BenchConfig, target, tok, cache: Path) -> l
     points = []
     for n in b.scaling_tokens:
         p = point(
-            cfg, b, target, tok, cache, Path(b.out_dir) / "scaling" / f"eagle3-{n}", n, b.scaling_compute
+            cfg,
+            b,
+            target,
+            tok,
+            cache,
+            Path(b.out_dir) / "scaling" / f"{row_base().name}-{n}",
+            n,
+            b.scaling_compute,
         )
         log(f"scaling: {p['answer_tokens']} tokens x {p['epochs']:.2f} epochs -> tau {p['tau']:.2f}")
         points.append(p)
@@ -127,8 +135,9 @@ class Study(Rows):
         found: dict[str, Any] = {}
         if b.teacher_tokens:
             points = stage_scaling(cfg, b, target, tok, cache)
-            # the main drafter is a point of the equal-compute curve unless distilled data was added
-            main_point = eagle == "eagle3" and distilled is None
+            # the main drafter is a point of the equal-compute curve (trained on the points' recipe,
+            # the row base's) unless distilled data was added
+            main_point = eagle == row_base().name and distilled is None
             found["scaling"] = points + (scaling.main_point(results, eagle) if main_point else [])
             found["ablations"] = stage_ablations(cfg, b, target, tok, cache, distilled)
         elif eagle and b.scaling_tokens:

@@ -32,8 +32,8 @@ def stage_defaults(cfg: BenchArgs, b: BenchConfig, target, tok, heads: Path) -> 
 
 def check_variants(b: BenchConfig) -> None:
     """Refuse, before the first stage, variant rows that cannot train on the main data: unknown
-    names, Medusa rows (Medusa trains on ``bench.medusa_tokens``), rows on other data, rows that
-    only decode differently, and any row without teacher-forced data to stream."""
+    names, rows of a drafter that trains in memory (Medusa, on ``bench.medusa_tokens``), rows on
+    other data, rows that only decode differently, and any row without teacher-forced data to stream."""
     if not b.variants:
         return
     rows = ablation_rows(list(b.variants), "bench.variants")  # unknown names: refused there
@@ -45,9 +45,10 @@ def check_variants(b: BenchConfig) -> None:
     for name, extra in rows.items():
         trained, decode = split_overrides(extra)
         _, data, _ = row_settings(trained)
+        d = teacher_stages.row_drafter(trained)
         why = (
-            "is a Medusa row (Medusa trains on bench.medusa_tokens)"
-            if any(o.startswith("draft=medusa") for o in trained)
+            f"is a {d.name} row ({d.name} trains in memory" + (f", on bench.{d.tokens})" if d.tokens else ")")
+            if not d.offline
             else f"trains on the {data} answers alone"
             if data != "teacher"
             else "decodes differently (variants are measured drafter only)"

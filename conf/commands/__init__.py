@@ -128,6 +128,18 @@ COMMANDS: dict[str, Command] = {
         "speculative vs plain greedy tokens/s per batch size",
         "draftheads speed heads=outputs/bench/eagle3 speed.batch_sizes=[1,4]",
     ),
+    "engine": Command(
+        "draftheads.conf.commands.bench:engine",
+        a.EngineArgs,
+        "vLLM's acceptance beside draftheads' on the same prompts and chain (make engine first)",
+        "draftheads engine heads=outputs/demo/eagle3 engine.prompts=heldout engine.max_prompts=5",
+        {
+            "decode.tree": "engine runs one chain in both engines; set its length with engine.chain=K (e.g. engine.chain=3)",
+            "decode.do_sample": "engine compares greedy decoding in both engines; drop decode.do_sample",
+            "decode.temperature": "engine compares greedy decoding in both engines; drop decode.temperature",
+            "format": "engine exports in engine.format (vllm or speculators; none: both); use engine.format={value}",
+        },
+    ),
     "train-speed": Command(
         "draftheads.conf.commands.bench:train_speed",
         a.TrainSpeedArgs,

@@ -326,6 +326,43 @@ class DataSpeedArgs:
         distill_backend_fits(self.target, self.data)
 
 
+ENGINE_FORMATS = ("vllm", "speculators")
+
+
+@dataclass
+class EngineOptions:
+    """``engine.*`` of ``draftheads engine``: the prompt set and count, the export ``format``
+    (none: both, speculators where the drafter has that form), the ``chain`` drafted per step
+    (none: the model card's) and the JSON file ``out`` that receives the record."""
+
+    prompts: str = "heldout"
+    max_prompts: int = 8
+    format: str | None = None
+    chain: int | None = None
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a prompt set, count, format or chain no run can use, before anything loads."""
+        one_of("engine.prompts", self.prompts, PROMPT_SETS)
+        at_least("engine.max_prompts", self.max_prompts, 1, 8)
+        if self.format is not None:
+            one_of("engine.format", self.format, ENGINE_FORMATS)
+        at_least("engine.chain", self.chain, 1, 3)
+        if self.out is not None and not self.out.strip():
+            raise UserError("engine.out is empty; give a JSON file (e.g. engine.out=engine.json), or drop it")
+
+
+@dataclass
+class EngineArgs:
+    """``draftheads engine``: vLLM's acceptance beside draftheads' decoder, same chain, same ids."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    decode: DecodeConfig = field(default_factory=lambda: DecodeConfig(max_new_tokens=64))
+    heads: str | None = None
+    revision: str | None = None
+    engine: EngineOptions = field(default_factory=EngineOptions)
+
+
 def decode_fits(command: str, decode: DecodeConfig) -> None:
     """The decoding settings of a command that decodes prompt by prompt: no ``decode.batch_size``
     (:func:`unbatched`), and a verify-cost cache it can write (:func:`cost_cache_writable`)."""

@@ -1,8 +1,16 @@
-"""``draftheads bench``, ``demo``, ``speed``, ``train-speed``, ``data-speed``: the benchmark room's doors."""
+"""``draftheads bench``, ``demo``, ``speed``, ``train-speed``, ``data-speed``, ``engine``: the
+benchmark room's doors."""
 
 from __future__ import annotations
 
-from draftheads.conf.commands.args import BenchArgs, DataSpeedArgs, DemoArgs, SpeedArgs, TrainSpeedArgs
+from draftheads.conf.commands.args import (
+    BenchArgs,
+    DataSpeedArgs,
+    DemoArgs,
+    EngineArgs,
+    SpeedArgs,
+    TrainSpeedArgs,
+)
 
 
 def bench(args: BenchArgs) -> None:
@@ -42,3 +50,11 @@ def data_speed(args: DataSpeedArgs) -> None:
     from draftheads.bench.data_speed import data_speed as run
 
     run(args)
+
+
+def engine(args: EngineArgs) -> dict:
+    """vLLM's speculative-decoding counters beside draftheads' decoder running the same chain on
+    the same chat-templated prompts, per export format; one table, and the record as JSON."""
+    from draftheads.bench.engine_compare import engine as run
+
+    return run(args)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.bench_drafters import BENCH_DRAFTERS
 from draftheads.conf.schema.checks import at_least, positive
 from draftheads.conf.schema.data import DataConfig
 from draftheads.conf.schema.decode import DecodeConfig, EvalConfig, check_prompt_source
@@ -18,8 +19,7 @@ from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.conf.schema.recipe import RecipeConfig
 from draftheads.conf.schema.train import LoggerConfig, TrainConfig
 
-# The drafters the bench knows how to train (bench/stages.py), and the baselines it can run.
-BENCH_DRAFTERS = ("medusa", "eagle", "eagle3", "dflash")
+# The drafters the bench trains are registered in bench_drafters.py; the baselines it can run:
 BENCH_BASELINES = ("pld",)
 
 

@@ -324,11 +324,11 @@ def foreign_key_problem(d: DraftConfig) -> str | None:
             f"use draft.{same}={value}"
             if same
             else f"drop it ({' / '.join(DRAFT_KINDS[k].options for k in owners)} reads it)"
+            if owners
+            else "drop it"
         )
-        return (
-            f"draft.{key}={value} is a key of {' and '.join(owners)} drafters, and "
-            f"draft.kind={d.kind} does not read it; {fix}"
-        )
+        whose = f"a key of {' and '.join(owners)} drafters" if owners else "read by no drafter kind"
+        return f"draft.{key}={value} is {whose}, and draft.kind={d.kind} does not read it; {fix}"
     return None
 
 

@@ -37,6 +37,7 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.layers import dflash_feature_layers, dflash_layers_problem
+from draftheads.heads.attention import foldable, grouped_attention
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size, frozen_rows
@@ -133,7 +134,12 @@ class DFlashAttention(nn.Module):
         q = self.queries(x, cos, sin)
         k, v = self.keys_values(x, cos, sin)
         k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        if foldable(q, k, mask):  # grouped heads: no copy of the context's keys per query head
+            out = grouped_attention(q, k, v, mask)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads
+            )
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
 
 

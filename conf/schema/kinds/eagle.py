@@ -14,6 +14,7 @@ class EagleDraft(DraftKind):
     keys = (
         "version", "ttt_steps", "ttt_decay", "feature_loss_weight", "token_loss_weight", "feature_noise",
         "save_shared", "fc_bias", "num_decoder_layers", "feature_layers", "draft_vocab_size", "init_from_target",
+        "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
     )  # fmt: skip
     options = "draft=eagle or draft=eagle3"
     same_meaning = {"num_layers": "num_decoder_layers"}
