@@ -12,8 +12,8 @@ group's ``k - 1`` mask entries in the same forward
 
 q_d is the draft distribution of the token d after the root; it does not read the tokens
 drafted before it (the group is parallel), so a step's tree is built as DFlash's block is
-(:mod:`draftheads.decode.block_tree`): a static choices tree (``decode.tree=chain``: every
-position's argmax) or DDTree, the ``total_tokens - 1`` best paths over each position's
+(:mod:`draftheads.decode.block_tree`): a static choices tree at most ``num_depths`` deep
+(``decode.tree=chainK`` with K = ``num_depths``: every depth's argmax) or DDTree, the ``total_tokens - 1`` best paths over each position's
 ``top_k_draft`` candidates scored by the product of marginals. Node scores are that product,
 so the cost-aware planner keeps the nodes that pay; drafting is one pass whatever the tree
 (``passes = 1``). The mask entries never stay in the cache. Fixed-shape drafting
