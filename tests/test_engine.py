@@ -7,7 +7,8 @@ runner (``draftheads/bench/engine_job.py``) in that environment, one engine star
 and compares:
 
 - plain vLLM greedy with the target's greedy here;
-- for EAGLE-3 and DFlash, in ``format=vllm`` and ``format=speculators``: vLLM's output with the
+- for EAGLE-3 and DFlash in ``format=vllm`` and ``format=speculators``, and P-EAGLE in
+  ``format=speculators`` (vLLM drafts its group in one pass): vLLM's output with the
   target's greedy, and vLLM's acceptance counters (drafting steps, accepted tokens, accepted per
   chain position) with draftheads' decoder running the same chain on the same token ids;
 - a deliberately broken export (a shifted ``d2t``, a dropped norm): the counters no longer agree;
@@ -143,6 +144,12 @@ def eagle3(target, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def peagle(target, tmp_path_factory):
+    draft = DraftConfig(kind="peagle", draft_vocab_size=1024, num_depths=CHAIN)
+    return trained(target, draft, steps=60, lr=3e-3, out=tmp_path_factory.mktemp("peagle") / "drafter")
+
+
+@pytest.fixture(scope="module")
 def dflash(target, tmp_path_factory):
     draft = DraftConfig(
         kind="dflash", block_size=BLOCK, num_decoder_layers=1, draft_vocab_size=1024, anchors_per_row=16
@@ -205,12 +212,20 @@ def test_vllm_serves_the_embedded_target_folder_with_draftheads_greedy(smollm2, 
     assert report["outputs"] == want
 
 
-@pytest.mark.parametrize("fmt", ["vllm", "speculators"])
-@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+@pytest.mark.parametrize(
+    ("kind", "fmt"),
+    [
+        ("eagle3", "vllm"),
+        ("eagle3", "speculators"),
+        ("dflash", "vllm"),
+        ("dflash", "speculators"),
+        ("peagle", "speculators"),  # vLLM drafts its group in one pass (parallel_drafting)
+    ],
+)
 def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, request, tmp_path, capsys):
     folder, model, tok = target
     drafter, heads = request.getfixturevalue(kind)
-    chain = CHAIN if kind == "eagle3" else BLOCK - 1
+    chain = BLOCK - 1 if kind == "dflash" else CHAIN
     ours = our_counters(drafter, model, tok, PROMPTS, chain, NEW)
     assert ours["outputs"] == greedy(model)
     assert 0 < ours["num_accepted_tokens"] < ours["num_draft_tokens"]  # agrees sometimes, not always
