@@ -50,6 +50,20 @@ def test_speculators_export_loads_in_peagle_draft_model_and_imports_back(tmp_pat
     assert back.provenance["imported_from"]["layout"] == "speculators-peagle"
 
 
+@pytest.mark.parametrize("own", [False, True])
+def test_the_export_command_writes_a_saved_drafter_with_the_targets_embedding(tmp_path, tiny_llama, own):
+    """``draftheads export format=speculators`` on a saved P-EAGLE checkpoint: the layout holds an
+    input embedding, the target's with the drafter's mask row, so the command loads the target
+    for it (or the drafter's own copy with ``own_embedding``)."""
+    model, tok, fp = tiny_llama
+    d = peagle(model, fp, seed=3, own_embedding=own)
+    d.save_pretrained(tmp_path / "src")
+    export(cli(tmp_path / "src", tmp_path / "out", "speculators"))
+    back = Drafter.from_pretrained(tmp_path / "out", target=model, tokenizer=tok)
+    assert torch.equal(back.input_embedding(), d.input_embedding())
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in d.state_dict().items())
+
+
 @pytest.mark.parametrize("fmt", ["vllm", "sglang"])
 def test_engine_layouts_are_refused_naming_the_speculators_format(tmp_path, tiny_llama, fmt):
     model, _, fp = tiny_llama

@@ -125,3 +125,8 @@ register_bench_drafter(
         "the draft head on the counted positions",
     )
 )
+# P-EAGLE: EAGLE-3's recipe, data and passes, streamed from the teacher-forced cache, reading
+# EAGLE-3's layers of it
+register_bench_drafter(
+    BenchDrafter("peagle", "peagle", ("draft=peagle",), "1e-3", reads="own", streamed=True)
+)

@@ -80,6 +80,11 @@ class PEagleKind(DrafterKind):
             return f"format={engine}: {ONLY_SPECULATORS}"
         return super().export_refusal(conf, engine)
 
+    def export_needs_target(self, conf: dict[str, Any]) -> bool:
+        """The speculators layout holds a whole input embedding: the target's with the drafter's
+        mask row, unless the drafter keeps its own copy (``own_embedding``)."""
+        return not conf["spec"].get("own_embedding")
+
     def export(self, drafter, engine: str) -> Export:
         """Refused: the engines read P-EAGLE from speculators' layout only."""
         raise UserError(f"format={engine}: {ONLY_SPECULATORS}")
