@@ -89,13 +89,14 @@ def formats_for(drafter, asked: str | None) -> tuple[list[str], str | None]:
 
 def chain_for(drafter, asked: int | None) -> int:
     """Drafted tokens per step: ``engine.chain``, else the model card's. EAGLE drafts any chain;
-    Medusa and DFlash are served with exactly their own count, so another is refused."""
+    other kinds are served with exactly their own count, so another is refused."""
     from draftheads.heads.card import num_speculative_tokens
+    from draftheads.heads.kinds import drafter_kind
 
     own = num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
     if asked is None or asked == own:
         return own
-    if drafter.kind != "eagle":
+    if not drafter_kind(drafter.kind).any_chain:
         raise UserError(
             f"engine.chain={asked}: a {drafter.kind} drafter is served with exactly {own} drafted tokens "
             f"per step; drop engine.chain (or use engine.chain={own})"

@@ -63,6 +63,8 @@ class DrafterKind:
     # (engine, method) -> what that engine's loader reads; the loaders' further rules
     formats: ClassVar[dict[tuple[str, str], EngineFormat]] = {}
     rules: ClassVar[tuple[Rule, ...]] = ()
+    # the engines serve it with any number of drafted tokens a step (EAGLE's chain), not only its own
+    any_chain: ClassVar[bool] = False
     # the speculators_model_type this kind is written as (None: speculators has none)
     speculators_type: ClassVar[str | None] = None
     # "EAGLE-{version}", "DFlash (block {block_size})": the kind as one phrase, from DraftConfig fields

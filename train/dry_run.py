@@ -72,15 +72,9 @@ def report(cfg: Config, needs: Needs, losses: list[float], tiny: Config) -> str:
         f"  FLOPs per token            {needs.flops_per_token / 1e9:.2f} GFLOP  (drafter forward+backward "
         f"{needs.drafter_flops / 1e9:.2f} + target forward {needs.target_flops / 1e9:.2f})",
     ]
-    if d.kind == "eagle" and d.version == 3:
-        lines.append(
-            "  serving                    vLLM and SGLang serve EAGLE-3 drafters of one decoder layer; "
-            + (
-                "this one has 1"
-                if d.num_decoder_layers == 1
-                else f"this one has {d.num_decoder_layers}, so it decodes in draftheads only (export refuses it)"
-            )
-        )
+    serving = draft_kind(d.kind).serving_note(d)
+    if serving:
+        lines.append(f"  serving                    {serving}")
     if needs.cache_bytes_per_token:
         lines.append(
             f"  feature cache on disk      {needs.cache_bytes_per_token / 1024:.1f} KiB per token "

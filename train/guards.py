@@ -16,6 +16,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.kinds import draft_kind
 from draftheads.conf.schema.train import TrainConfig
 from draftheads.data.outdir import claim_out_dir, guard_out_dir, writable_dir
 from draftheads.train.checkpoint import config_mismatch
@@ -96,23 +97,23 @@ def use_topk(cache: FeatureCache, train: TrainConfig, d: DraftConfig) -> bool:
     refuses a combination that cannot work, before any training."""
     mode = train.soft_labels
     stored = int(cache.manifest.get("topk", 0))
-    eagle3 = d.kind == "eagle" and d.version == 3
+    labels = draft_kind(d.kind).topk_labels(d)
     if mode == "topk" and not stored:
         raise UserError(
             f"train.soft_labels=topk but feature cache {cache.dir} stores no top-k logits; rebuild "
             "it with data.features.topk=64, or use train.soft_labels=full"
         )
-    if stored and mode != "full" and d.kind == "eagle" and not eagle3:
+    if stored and mode != "full" and labels == "full":
         raise UserError(
             f"feature cache {cache.dir} holds top-k logits, but draft=eagle (EAGLE-1) learns the "
             "full-vocabulary distribution; pass train.soft_labels=full (projected from the cached "
             "states) or use draft=eagle3"
         )
-    if mode == "topk" and not eagle3:
+    if mode == "topk" and labels != "learns":
         raise UserError(
             f"train.soft_labels=topk is for EAGLE-3 only (draft.kind={d.kind}); use train.soft_labels=full"
         )
-    return bool(stored) and eagle3 and mode != "full"
+    return bool(stored) and labels == "learns" and mode != "full"
 
 
 def dflash_topk(cache: FeatureCache, t: TrainConfig) -> bool:

@@ -26,6 +26,7 @@ class EagleKind(DrafterKind):
     rules = EAGLE_RULES
     speculators_type = "eagle3"
     title = "EAGLE-{version}"
+    any_chain = True
 
     def build(self, d, fp, target_config, tokenizer) -> EagleDrafter:
         return EagleDrafter(

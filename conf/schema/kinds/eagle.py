@@ -39,3 +39,17 @@ class EagleDraft(DraftKind):
             if version == 3
             else ""
         )
+
+    def topk_labels(self, d: Any) -> str:
+        """EAGLE-3 learns the cached top-k; EAGLE-1's token loss needs the full distribution."""
+        return "learns" if d.version == 3 else "full"
+
+    def serving_note(self, d: Any) -> str | None:
+        if d.version != 3:
+            return None
+        layers = d.num_decoder_layers
+        return "vLLM and SGLang serve EAGLE-3 drafters of one decoder layer; " + (
+            "this one has 1"
+            if layers == 1
+            else f"this one has {layers}, so it decodes in draftheads only (export refuses it)"
+        )

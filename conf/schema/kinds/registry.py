@@ -40,6 +40,15 @@ class DraftKind:
         """Said after a refused ``draft.num_decoder_layers`` (what the engines serve), or ""."""
         return ""
 
+    def topk_labels(self, d: Any) -> str:
+        """What cached top-k logits are to this drafter's loss: ``"learns"`` (it trains on them),
+        ``"full"`` (it needs the full distribution, which top-k would cut) or ``"ignores"``."""
+        return "ignores"
+
+    def serving_note(self, d: Any) -> str | None:
+        """The dry run's line on how the engines serve a drafter of this shape, or None."""
+        return None
+
 
 def register_draft_kind(cls: Callable[[], DraftKind]) -> Any:
     """Class decorator: register one instance of ``cls`` under ``cls.name``."""
