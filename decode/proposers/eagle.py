@@ -25,6 +25,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 import torch
+from torch import nn
 
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import dynamic, kv
@@ -35,8 +36,43 @@ from draftheads.decode.tree import StaticTree, ancestor_mask, levels
 from draftheads.heads.masks import additive_mask, padded_causal
 
 
+class PendingPairs:
+    """The (feature, next token) pairs a drafter has not read yet: the prompt's at prefill, each
+    step's accepted path after it. EAGLE's and P-EAGLE's proposers feed them to their drafter at
+    the next proposal (``self.pending``), so a step verified without drafting loses none."""
+
+    drafter: nn.Module
+    pending: tuple | None
+
+    def prefill(self, batch: Prefill) -> None:
+        """The prompt's pairs (its tokens shifted by one, then the root), read at the first proposal."""
+        feats = self.drafter.select_features(batch.hidden_states)
+        tokens = torch.cat([batch.input_ids[:, 1:], batch.root[:, None]], 1)
+        B, P = tokens.shape
+        self.valid = torch.zeros(B, 0, dtype=torch.bool, device=tokens.device)
+        self.lengths = torch.zeros(B, dtype=torch.long, device=tokens.device)
+        self.lengths_cpu = [0] * B
+        self.pending = (
+            feats,
+            tokens,
+            batch.valid,
+            batch.positions,
+            torch.full_like(self.lengths, P),
+            [P] * B,
+        )
+
+    def update(self, step: Accepted) -> None:
+        """This step's accepted path as pairs, read at the next proposal."""
+        rows = torch.arange(step.path.shape[0], device=step.path.device)[:, None]
+        feats = self.drafter.select_features(step.hidden_states)[rows, step.path]
+        j = torch.arange(step.path.shape[1], device=step.path.device)[None]
+        new = (feats, step.tokens, j < step.n_keep[:, None], step.pos[:, None] + j, step.n_keep, step.n_cpu)
+        # a step verified without drafting left its pairs unread: the next pass reads both
+        self.pending = new if self.pending is None else merge_pending(self.pending, new)
+
+
 @register_proposer("eagle")
-class EagleProposer:
+class EagleProposer(PendingPairs):
     @classmethod
     def for_drafter(cls, drafter, static: StaticTree | None, cfg: DecodeConfig) -> EagleProposer:
         """The proposer for ``drafter`` (what :func:`~draftheads.decode.proposers.build_proposer` calls)."""
@@ -62,31 +98,6 @@ class EagleProposer:
             self.anc = ancestor_mask(static.parents, static.depth)
             self.topk = static.topk_per_depth()
             self.parents, self.levels = static.parents.tolist(), levels(static, self.anc)
-
-    # -- feeding the accepted pairs ---------------------------------------------------------
-    def prefill(self, batch: Prefill) -> None:
-        feats = self.drafter.select_features(batch.hidden_states)
-        tokens = torch.cat([batch.input_ids[:, 1:], batch.root[:, None]], 1)
-        B, P = tokens.shape
-        self.valid = torch.zeros(B, 0, dtype=torch.bool, device=tokens.device)
-        self.lengths = torch.zeros(B, dtype=torch.long, device=tokens.device)
-        self.lengths_cpu = [0] * B
-        self.pending = (
-            feats,
-            tokens,
-            batch.valid,
-            batch.positions,
-            torch.full_like(self.lengths, P),
-            [P] * B,
-        )
-
-    def update(self, step: Accepted) -> None:
-        rows = torch.arange(step.path.shape[0], device=step.path.device)[:, None]
-        feats = self.drafter.select_features(step.hidden_states)[rows, step.path]
-        j = torch.arange(step.path.shape[1], device=step.path.device)[None]
-        new = (feats, step.tokens, j < step.n_keep[:, None], step.pos[:, None] + j, step.n_keep, step.n_cpu)
-        # a step verified without drafting left its pairs unread: the next pass reads both
-        self.pending = new if self.pending is None else merge_pending(self.pending, new)
 
     def _feed_pending(self) -> torch.Tensor:
         """Run the drafter on the pending pairs; keep them in its cache; return the root's output."""

@@ -28,14 +28,14 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import block_tree, kv
 from draftheads.decode.kv import append_valid
-from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree, register_proposer
-from draftheads.decode.proposers.eagle import merge_pending
+from draftheads.decode.proposers.base import Plan, Tree, register_proposer
+from draftheads.decode.proposers.eagle import PendingPairs
 from draftheads.decode.tree import StaticTree, ancestor_mask
 from draftheads.heads.peagle.draft import parallel_draft
 
 
 @register_proposer("peagle")
-class PEagleProposer:
+class PEagleProposer(PendingPairs):
     passes = 1  # drafter forwards per propose (the decoder's cost model reads it)
 
     @classmethod
@@ -70,31 +70,6 @@ class PEagleProposer:
             if static is None
             else (static.parents, static.depths, static.ranks, ancestor_mask(static.parents, static.depth))
         )
-
-    # -- feeding the accepted pairs ---------------------------------------------------------
-    def prefill(self, batch: Prefill) -> None:
-        feats = self.drafter.select_features(batch.hidden_states)
-        tokens = torch.cat([batch.input_ids[:, 1:], batch.root[:, None]], 1)
-        B, P = tokens.shape
-        self.valid = torch.zeros(B, 0, dtype=torch.bool, device=tokens.device)
-        self.lengths = torch.zeros(B, dtype=torch.long, device=tokens.device)
-        self.lengths_cpu = [0] * B
-        self.pending = (
-            feats,
-            tokens,
-            batch.valid,
-            batch.positions,
-            torch.full_like(self.lengths, P),
-            [P] * B,
-        )
-
-    def update(self, step: Accepted) -> None:
-        rows = torch.arange(step.path.shape[0], device=step.path.device)[:, None]
-        feats = self.drafter.select_features(step.hidden_states)[rows, step.path]
-        j = torch.arange(step.path.shape[1], device=step.path.device)[None]
-        new = (feats, step.tokens, j < step.n_keep[:, None], step.pos[:, None] + j, step.n_keep, step.n_cpu)
-        # a step verified without drafting left its pairs unread: the next pass reads both
-        self.pending = new if self.pending is None else merge_pending(self.pending, new)
 
     def group_log_q(self) -> torch.Tensor:
         """Read the pending pairs and draft the group in one pass; keep the pairs in the cache.
