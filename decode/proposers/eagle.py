@@ -70,6 +70,24 @@ class PendingPairs:
         # a step verified without drafting left its pairs unread: the next pass reads both
         self.pending = new if self.pending is None else merge_pending(self.pending, new)
 
+    def select_pending(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` of the batch in the cache bookkeeping and the unread pairs."""
+        self.valid = self.valid.index_select(0, rows)
+        self.lengths = self.lengths.index_select(0, rows)
+        keep = rows.tolist()
+        self.lengths_cpu = [self.lengths_cpu[i] for i in keep]
+        if self.pending is None:
+            return
+        feats, tokens, valid, positions, n_keep, n_cpu = self.pending
+        self.pending = (
+            feats.index_select(0, rows),
+            tokens.index_select(0, rows),
+            valid.index_select(0, rows),
+            positions.index_select(0, rows),
+            n_keep.index_select(0, rows),
+            [n_cpu[i] for i in keep],
+        )
+
 
 @register_proposer("eagle")
 class EagleProposer(PendingPairs):
@@ -223,21 +241,7 @@ class EagleProposer(PendingPairs):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
-        self.valid = self.valid.index_select(0, rows)
-        self.lengths = self.lengths.index_select(0, rows)
-        keep = rows.tolist()
-        self.lengths_cpu = [self.lengths_cpu[i] for i in keep]
-        if self.pending is None:
-            return
-        feats, tokens, valid, positions, n_keep, n_cpu = self.pending
-        self.pending = (
-            feats.index_select(0, rows),
-            tokens.index_select(0, rows),
-            valid.index_select(0, rows),
-            positions.index_select(0, rows),
-            n_keep.index_select(0, rows),
-            [n_cpu[i] for i in keep],
-        )
+        self.select_pending(rows)
 
 
 def merge_pending(a: tuple, b: tuple) -> tuple:

@@ -106,18 +106,4 @@ class PEagleProposer(PendingPairs):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         kv.select_rows(self.cache, rows)
-        self.valid = self.valid.index_select(0, rows)
-        self.lengths = self.lengths.index_select(0, rows)
-        keep = rows.tolist()
-        self.lengths_cpu = [self.lengths_cpu[i] for i in keep]
-        if self.pending is None:
-            return
-        feats, tokens, valid, positions, n_keep, n_cpu = self.pending
-        self.pending = (
-            feats.index_select(0, rows),
-            tokens.index_select(0, rows),
-            valid.index_select(0, rows),
-            positions.index_select(0, rows),
-            n_keep.index_select(0, rows),
-            [n_cpu[i] for i in keep],
-        )
+        self.select_pending(rows)
