@@ -57,7 +57,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
         tmp_path,
         "decode.tree_prompts=4",  # the Medusa tree from 4 prompts' heads, 16 tokens each
         "decode.tree_new_tokens=16",
-        "decode.max_new_tokens=8",  # the workload rows' answers
+        "decode.max_new_tokens=4",  # the workload rows' answers
         drafters=["medusa", "eagle3", "dflash"],
         distill_prompts=8,
         self_prompts=0,
