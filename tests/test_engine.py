@@ -7,8 +7,9 @@ runner (``draftheads/bench/engine_job.py``) in that environment, one engine star
 and compares:
 
 - plain vLLM greedy with the target's greedy here;
-- for EAGLE-3 and DFlash in ``format=vllm`` and ``format=speculators``, and P-EAGLE in
-  ``format=speculators`` (vLLM drafts its group in one pass): vLLM's output with the
+- for EAGLE-3 and DFlash in ``format=vllm`` and ``format=speculators``, P-EAGLE in
+  ``format=speculators`` (vLLM drafts its group in one pass) and Medusa in ``format=vllm``
+  (each head's top token): vLLM's output with the
   target's greedy, and vLLM's acceptance counters (drafting steps, accepted tokens, accepted per
   chain position) with draftheads' decoder running the same chain on the same token ids;
 - a deliberately broken export (a shifted ``d2t``, a dropped norm): the counters no longer agree;
@@ -144,6 +145,12 @@ def eagle3(target, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def medusa(target, tmp_path_factory):
+    draft = DraftConfig(kind="medusa", num_heads=CHAIN, num_layers=1, lm_head="copy")
+    return trained(target, draft, steps=300, lr=1e-2, out=tmp_path_factory.mktemp("medusa") / "drafter")
+
+
+@pytest.fixture(scope="module")
 def peagle(target, tmp_path_factory):
     draft = DraftConfig(kind="peagle", draft_vocab_size=1024, num_depths=CHAIN)
     return trained(target, draft, steps=60, lr=3e-3, out=tmp_path_factory.mktemp("peagle") / "drafter")
@@ -220,6 +227,7 @@ def test_vllm_serves_the_embedded_target_folder_with_draftheads_greedy(smollm2, 
         ("dflash", "vllm"),
         ("dflash", "speculators"),
         ("peagle", "speculators"),  # vLLM drafts its group in one pass (parallel_drafting)
+        ("medusa", "vllm"),  # each head's top token: a chain of num_heads
     ],
 )
 def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, request, tmp_path, capsys):
