@@ -8,8 +8,8 @@ and compares:
 
 - plain vLLM greedy with the target's greedy here;
 - for EAGLE-3 and DFlash in ``format=vllm`` and ``format=speculators``, P-EAGLE in
-  ``format=speculators`` (vLLM drafts its group in one pass) and Medusa in ``format=vllm``
-  (each head's top token): vLLM's output with the
+  ``format=speculators`` (vLLM drafts its group in one pass), Medusa and EAGLE-1 in
+  ``format=vllm``: vLLM's output with the
   target's greedy, and vLLM's acceptance counters (drafting steps, accepted tokens, accepted per
   chain position) with draftheads' decoder running the same chain on the same token ids;
 - a deliberately broken export (a shifted ``d2t``, a dropped norm): the counters no longer agree;
@@ -145,6 +145,12 @@ def eagle3(target, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def eagle1(target, tmp_path_factory):
+    draft = DraftConfig(kind="eagle", version=1, ttt_steps=CHAIN, feature_loss_weight=1.0, fc_bias=False)
+    return trained(target, draft, steps=12, lr=3e-3, out=tmp_path_factory.mktemp("eagle1") / "drafter")
+
+
+@pytest.fixture(scope="module")
 def medusa(target, tmp_path_factory):
     draft = DraftConfig(kind="medusa", num_heads=CHAIN, num_layers=1, lm_head="copy")
     return trained(target, draft, steps=300, lr=1e-2, out=tmp_path_factory.mktemp("medusa") / "drafter")
@@ -228,6 +234,7 @@ def test_vllm_serves_the_embedded_target_folder_with_draftheads_greedy(smollm2, 
         ("dflash", "speculators"),
         ("peagle", "speculators"),  # vLLM drafts its group in one pass (parallel_drafting)
         ("medusa", "vllm"),  # each head's top token: a chain of num_heads
+        ("eagle1", "vllm"),  # fc without a bias: vLLM's EAGLE-1 layer has none
     ],
 )
 def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, request, tmp_path, capsys):
