@@ -23,6 +23,20 @@ from draftheads.decode.dynamic import rerank
 from draftheads.decode.tree import StaticTree, ancestor_mask
 
 
+def tree_setup(static: StaticTree | None, cfg, vocab: int) -> tuple[int, int, tuple | None]:
+    """What a one-pass proposer (DFlash, P-EAGLE) builds its trees from: candidates per
+    position (the static tree's widest level, else ``decode.top_k_draft``, at most the draft
+    vocabulary), DDTree's nodes after the root, and the static tree as tensors (parents, depths,
+    ranks, ancestors; None without one), so that filling it reads nothing on the host."""
+    topk = min(max(static.topk_per_depth()) if static is not None else cfg.top_k_draft, vocab)
+    tree = (
+        None
+        if static is None
+        else (static.parents, static.depths, static.ranks, ancestor_mask(static.parents, static.depth))
+    )
+    return topk, cfg.total_tokens - 1, tree
+
+
 def static_tree(
     root: torch.Tensor, values: torch.Tensor, ids: torch.Tensor, tree: StaticTree
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,7 @@ from draftheads.decode import block_tree, kv
 from draftheads.decode.kv import append_valid
 from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree, register_proposer
 from draftheads.decode.static import Graphs, StaticKV, drafter_graphs
-from draftheads.decode.tree import StaticTree, ancestor_mask
+from draftheads.decode.tree import StaticTree
 
 Context = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -68,17 +68,7 @@ class DFlashProposer:
         self.lengths_cpu: list[int] = []
         self.pending: tuple | None = None  # features not yet in the cache
         self.drafts = drafter.block_size - 1 if static is None else static.depth
-        self.topk = min(
-            max(static.topk_per_depth()) if static is not None else cfg.top_k_draft,
-            drafter.draft_vocab_size,
-        )
-        self.n = cfg.total_tokens - 1  # DDTree's nodes after the root
-        # the static tree as tensors (parents, depths, ranks, ancestors): no host read to fill it
-        self.tree = (
-            None
-            if static is None
-            else (static.parents, static.depths, static.ranks, ancestor_mask(static.parents, static.depth))
-        )
+        self.topk, self.n, self.tree = block_tree.tree_setup(static, cfg, drafter.draft_vocab_size)
 
     # -- the context cache ------------------------------------------------------------------
     def prefill(self, batch: Prefill) -> None:

@@ -30,7 +30,7 @@ from draftheads.decode import block_tree, kv
 from draftheads.decode.kv import append_valid
 from draftheads.decode.proposers.base import Plan, Tree, register_proposer
 from draftheads.decode.proposers.eagle import PendingPairs
-from draftheads.decode.tree import StaticTree, ancestor_mask
+from draftheads.decode.tree import StaticTree
 from draftheads.heads.peagle.draft import parallel_draft
 
 
@@ -60,16 +60,7 @@ class PEagleProposer(PendingPairs):
                 f"of {drafter.num_depths}; use a tree of at most {drafter.num_depths} levels "
                 f"(decode.tree=chain{drafter.num_depths} drafts the whole group)"
             )
-        self.topk = min(
-            max(static.topk_per_depth()) if static is not None else cfg.top_k_draft,
-            drafter.draft_vocab_size,
-        )
-        self.n = cfg.total_tokens - 1  # DDTree's nodes after the root
-        self.tree = (
-            None
-            if static is None
-            else (static.parents, static.depths, static.ranks, ancestor_mask(static.parents, static.depth))
-        )
+        self.topk, self.n, self.tree = block_tree.tree_setup(static, cfg, drafter.draft_vocab_size)
 
     def group_log_q(self) -> torch.Tensor:
         """Read the pending pairs and draft the group in one pass; keep the pairs in the cache.

@@ -8,7 +8,7 @@ from typing import Any
 from draftheads.heads.dflash.convert import build_dflash
 from draftheads.heads.dflash.engine import DFLASH_FORMATS, DFLASH_RULES
 from draftheads.heads.dflash.export import export_dflash, sglang_refusal
-from draftheads.heads.dflash.model import DFlashDrafter, choose_mask_token
+from draftheads.heads.dflash.model import DFlashDrafter, mask_token
 from draftheads.heads.kinds import DrafterKind, Export, register_kind
 from draftheads.heads.speculators import dflash_to_speculators
 
@@ -27,9 +27,7 @@ class DFlashKind(DrafterKind):
 
     def build(self, d, fp, target_config, tokenizer) -> DFlashDrafter:
         """``draft.mask_token_id``, else the tokenizer's choice (no tokenizer: the last id)."""
-        mask = d.mask_token_id
-        if mask is None:
-            mask = choose_mask_token(tokenizer) if tokenizer is not None else fp.vocab_size - 1
+        mask = mask_token(d.mask_token_id, tokenizer, fp.vocab_size)
         return DFlashDrafter(
             fp,
             target_config=target_config,

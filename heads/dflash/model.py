@@ -362,6 +362,14 @@ class DFlashDrafter(ReducedVocab, Drafter):
         return block
 
 
+def mask_token(asked: int | None, tokenizer, vocab_size: int) -> int:
+    """``draft.mask_token_id`` when set, else the tokenizer's choice (:func:`choose_mask_token`),
+    else (no tokenizer) the last id of the vocabulary."""
+    if asked is not None:
+        return asked
+    return choose_mask_token(tokenizer) if tokenizer is not None else vocab_size - 1
+
+
 def choose_mask_token(tokenizer) -> int:
     """A token id the tokenizer has and never produces in text: its mask token when it has one,
     else the highest-id added special token that is not bos/eos/pad/unk and that the chat template

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.dflash.model import choose_mask_token
+from draftheads.heads.dflash.model import mask_token
 from draftheads.heads.kinds import DrafterKind, Export, register_kind
 from draftheads.heads.peagle.convert import build_peagle, speculators_model
 from draftheads.heads.peagle.model import PEagleDrafter
@@ -35,9 +35,7 @@ class PEagleKind(DrafterKind):
 
     def build(self, d, fp, target_config, tokenizer) -> PEagleDrafter:
         """``draft.mask_token_id``, else the tokenizer's choice (no tokenizer: the last id), as DFlash."""
-        mask = d.mask_token_id
-        if mask is None:
-            mask = choose_mask_token(tokenizer) if tokenizer is not None else fp.vocab_size - 1
+        mask = mask_token(d.mask_token_id, tokenizer, fp.vocab_size)
         return PEagleDrafter(
             fp,
             target_config=target_config,
