@@ -30,9 +30,9 @@ from draftheads.conf.schema.bench_drafters import row_base
 
 def data_speed(args: DataSpeedArgs) -> None:
     """``draftheads data-speed``: one line for tokenising + masking, one for feature extraction."""
-    from draftheads.data.cache_build import build_feature_cache
+    from draftheads.data.cache.build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target.load import load_target
 
     o = args.speed
     model, tok = load_target(args.target)
@@ -76,9 +76,9 @@ def data_speed(args: DataSpeedArgs) -> None:
 
 def distill_speed(model, tok, args: DataSpeedArgs) -> None:
     """Greedy distillation of the first ``speed.distill_prompts`` training prompts, once per loop."""
-    from draftheads.data.distill import distill
-    from draftheads.data.distill_generate import decoder_generate, hf_generate
-    from draftheads.data.distill_shards import shard_rows
+    from draftheads.data.distill.generate import decoder_generate, hf_generate
+    from draftheads.data.distill.run import distill
+    from draftheads.data.distill.shards import shard_rows
     from draftheads.data.prompts import prompts_from_config
     from draftheads.decode import backend
     from draftheads.decode.batched import batched_generate

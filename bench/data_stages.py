@@ -46,7 +46,7 @@ def stage_distill(
     cfg: BenchArgs, b: BenchConfig, target: PreTrainedModel, tok: PreTrainedTokenizerBase
 ) -> list[Path]:
     """The distilled chats' folders: the sampled prompts' answers, then the target-written ones'."""
-    from draftheads.data.distill import distill
+    from draftheads.data.distill.run import distill
     from draftheads.data.self_prompts import self_prompts
     from draftheads.decode import backend
     from draftheads.decode.batched import batched_generate
@@ -95,7 +95,7 @@ def stage_features(
     reads (:func:`~draftheads.bench.teacher_stages.cache_layers`)."""
     import datasets
 
-    from draftheads.data.cache_build import build_feature_cache
+    from draftheads.data.cache.build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
 
     out = Path(b.out_dir) / "features"

@@ -41,7 +41,7 @@ LENGTH_SLACK = 64  # positions beyond the longest request, so vLLM never drafts 
 def served_target(target: TargetConfig) -> str:
     """What vLLM serves as the target: the embedded SmolLM2's converted folder, a local folder,
     or a Hub id; a tiny target exists only in memory and is refused."""
-    from draftheads.heads.embedded_target import convert_smollm2
+    from draftheads.heads.target.embedded import convert_smollm2
 
     if target.tiny:
         raise UserError(

@@ -64,8 +64,8 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, study: Rows = NO_ROWS) -
     """Run (or resume) every stage, then the rows of a maintainer's ``study`` (none when
     installed); returns what the docs page is written from. A row the study refuses or an output
     folder the guard refuses stops it before the first stage."""
-    from draftheads.heads.target import load_target
-    from draftheads.heads.target_fingerprint import fingerprint
+    from draftheads.heads.target.fingerprint import fingerprint
+    from draftheads.heads.target.load import load_target
 
     study.check(b)
     guard_out_dir(b.out_dir, "bench", "bench.out_dir")

@@ -102,7 +102,7 @@ def load_rows(
     ``layers`` picks some of the cache's layers first (DFlash: EAGLE-3's three, not the final).
     ``max_tokens`` keeps a fixed random subset of rows up to that many answer tokens.
     """
-    from draftheads.data.cache import FeatureCache
+    from draftheads.data.cache.read import FeatureCache
 
     cache = FeatureCache(cache_dir, layers=layers, subset=layers is not None)
     order = list(range(len(cache)))

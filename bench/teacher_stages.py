@@ -104,7 +104,7 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok, layers: list[int]
     """The feature cache of the teacher-forced rows: the target ``layers`` every drafter reads
     (:func:`cache_layers`) and the target's top-k."""
     from draftheads.bench.stages import done, log, mark_done
-    from draftheads.data.cache_build import build_feature_cache
+    from draftheads.data.cache.build import build_feature_cache
 
     out = Path(b.out_dir) / "teacher"
     made = {"teacher_tokens": b.teacher_tokens, "topk": b.topk, "max_rows": cfg.data.max_rows}
@@ -124,7 +124,7 @@ def stage_teacher(cfg: BenchArgs, b: BenchConfig, target, tok, layers: list[int]
 
 def write_answer_tokens(cache: Path, loss: list[int]) -> None:
     """Each shard's answer tokens beside the cache (what a study's views are cut by)."""
-    from draftheads.data.cache_manifest import read_manifest
+    from draftheads.data.cache.manifest import read_manifest
 
     shards = read_manifest(cache)["shards"]
     (cache / ANSWER_TOKENS).write_text(json.dumps([sum(loss[a:z]) for a, z in (s["rows"] for s in shards)]))
@@ -134,8 +134,8 @@ def mixture(b: BenchConfig, teacher: Path, distilled: Path) -> tuple[Path, dict]
     """The main EAGLE-3 drafter's data when distillation is on: the teacher-forced cache, then the
     self-distilled cache ``bench.distill_repeats`` times, as one view (nothing is copied).
     Returns the view and what it holds."""
-    from draftheads.data.cache_manifest import read_manifest
-    from draftheads.data.cache_views import combine_caches
+    from draftheads.data.cache.manifest import read_manifest
+    from draftheads.data.cache.views import combine_caches
 
     out = Path(b.out_dir) / "mixture"
     combine_caches([(teacher, 1), (distilled, b.distill_repeats)], out)
@@ -169,7 +169,7 @@ def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tok
         mark_done,
         target_group,
     )
-    from draftheads.heads.target_fingerprint import fingerprint
+    from draftheads.heads.target.fingerprint import fingerprint
     from draftheads.train.recipe import train
 
     d = row_drafter(extra)

@@ -37,7 +37,7 @@ def drafter_name(args: TrainSpeedArgs) -> str:
 
 def train_speed(args: TrainSpeedArgs) -> None:
     """``draftheads train-speed``: losses and training tokens/s of a few bench-recipe steps."""
-    from draftheads.data.cache import FeatureCache
+    from draftheads.data.cache.read import FeatureCache
     from draftheads.train.metrics import read_metrics
     from draftheads.train.recipe import train
 

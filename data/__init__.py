@@ -1,1 +1,5 @@
 """draftheads.data"""
+
+from draftheads.conf.moved import install
+
+install()

@@ -2,7 +2,7 @@
 
 ``data.distill.endpoint=http://HOST:PORT/v1`` sends each conversation to the server's
 ``/chat/completions`` (vLLM, SGLang, TGI, ``transformers serve``) instead of generating
-in-process; :func:`draftheads.data.distill.distill` writes the answers into the same resumable
+in-process; :func:`draftheads.data.distill.run.distill` writes the answers into the same resumable
 shards. Only the standard library speaks HTTP here.
 
 **Same prompt tokens.** A request carries the conversation's messages, the very messages that
@@ -62,7 +62,7 @@ GreedyFn = Callable[[list[int], int], list[int]]
 
 
 class Sampling(Protocol):
-    """The generation settings a request carries (:class:`draftheads.data.distill_generate.GenParams`)."""
+    """The generation settings a request carries (:class:`draftheads.data.distill.generate.GenParams`)."""
 
     max_new_tokens: int
     temperature: float
@@ -370,7 +370,7 @@ class RowJob:
         return self.limit is not None and len(prompt) + self.params.max_new_tokens > self.limit
 
     def answer(self, row: PromptRow) -> tuple[dict, int]:
-        """``row``'s user turns answered in order, as :func:`~draftheads.data.distill_answers.answer_batch`
+        """``row``'s user turns answered in order, as :func:`~draftheads.data.distill.answers.answer_batch`
         answers them: a turn past ``limit`` positions ends the chat ("context"), a cut-off answer
         is ``unfinished``, and an answer the server cut short (``server-*``) ends the chat too."""
         chat: list[dict] = []

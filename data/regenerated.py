@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 MANIFEST = "distill.json"
 

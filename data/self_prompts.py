@@ -15,7 +15,7 @@ from pathlib import Path
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DistillConfig
 from draftheads.data.chat import user_turn_prefix
-from draftheads.data.distill_generate import (
+from draftheads.data.distill.generate import (
     DecodeFn,
     GenerateFn,
     GenParams,
@@ -23,9 +23,9 @@ from draftheads.data.distill_generate import (
     decoder_generate,
     stock,
 )
-from draftheads.data.distill_shards import PROMPTS
+from draftheads.data.distill.shards import PROMPTS
 from draftheads.data.prompts import PromptRow
-from draftheads.heads.checkpoint import atomic_write
+from draftheads.heads.files import atomic_write
 
 
 def normalise(text: str) -> str:

@@ -17,7 +17,7 @@ the weights themselves.
 Greedy decoding picks the target's argmax at every position, as ``generate`` does; sampling draws
 from the same distribution (temperature, then top-p: :func:`draftheads.decode.verify.warp`).
 :func:`batched_generate` returns a function with ``generate``'s calling convention, so it plugs
-into :func:`draftheads.data.distill_generate.decoder_generate`.
+into :func:`draftheads.data.distill.generate.decoder_generate`.
 """
 
 from __future__ import annotations

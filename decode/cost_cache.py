@@ -31,7 +31,7 @@ from draftheads.decode.cost import (
     model_forwards,
     model_key,
 )
-from draftheads.heads.checkpoint import atomic_write
+from draftheads.heads.files import atomic_write
 
 
 def default_cache_dir() -> Path:

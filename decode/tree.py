@@ -268,7 +268,7 @@ def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> St
     ``dynamic_trees``); its kind is never tested by name here."""
     drafter_kind(getattr(drafter, "kind", ""))  # a registered kind, or one clear error
     num_heads = drafter.tree_width()  # Medusa: the tree's nodes index its heads
-    block = drafter.draft_depth()  # DFlash: the tokens one block drafts
+    block = drafter.draft_depth()  # the most tokens one draft reaches (DFlash: a block's)
     choices = parse_tree(cfg.tree, num_heads or block)
     directory = tree_dir or getattr(drafter, "source_dir", None)
     if choices is None and directory is not None:
@@ -290,8 +290,7 @@ def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> St
         deepest = max(map(len, validate_choices(choices)))
         if deepest > block:
             raise UserError(
-                f"decode.tree drafts {deepest} tokens deep but the DFlash drafter's block of "
-                f"{drafter.block_size} drafts {block}; use a tree of at most {block} levels "
-                "(decode.tree=chain drafts the whole block)"
+                f"decode.tree drafts {deepest} tokens deep but {drafter.depth_limit()}; use a tree "
+                f"of at most {block} levels (decode.tree=chain drafts all {block})"
             )
     return tree_from_choices(choices, num_heads).to(device)

@@ -39,7 +39,6 @@ from draftheads.heads.checkpoint import (
     CONFIG_NAME,
     FORMAT_VERSION,
     WEIGHTS_NAME,
-    atomic_write,
     attach_adapters,
     check_finite,
     check_state,
@@ -49,9 +48,15 @@ from draftheads.heads.checkpoint import (
     read_weights,
     resolve_checkpoint_dir,
 )
-from draftheads.heads.convert import check_tensors, convert_official, detect_layout, import_provenance
+from draftheads.heads.convert.official import (
+    check_tensors,
+    convert_official,
+    detect_layout,
+    import_provenance,
+)
+from draftheads.heads.files import atomic_write
 from draftheads.heads.kinds import drafter_kind
-from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint, fingerprint
 
 __all__ = [
     "CONFIG_NAME",
@@ -136,6 +141,10 @@ class Drafter(
     def draft_depth(self) -> int | None:
         """The most tokens one draft reaches (DFlash: a block's ``block_size - 1``), or None: no limit."""
         return None
+
+    def depth_limit(self) -> str:
+        """Why the draft stops at :meth:`draft_depth`, as a clause for a refusal."""
+        return f"the drafter drafts at most {self.draft_depth()} tokens"
 
     def state_to_save(self) -> dict[str, torch.Tensor]:
         """Tensors written to model.safetensors: the drafter's own parameters and buffers."""

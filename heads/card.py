@@ -46,23 +46,28 @@ def num_speculative_tokens(conf: dict[str, Any]) -> int:
     return kind_of(conf).num_speculative_tokens(conf)
 
 
-def serve_command(engine: str, method: str, target: str, draft: str, k: int) -> str:
+def serve_command(engine: str, method: str, target: str, draft: str, k: int, flags: str = "") -> str:
     """The command that serves ``target`` with the exported ``draft`` (also in docs/hub.md).
 
-    ``k`` is :func:`num_speculative_tokens`. SGLang's three EAGLE tuning flags are left to its
-    auto choice (set all three or none); its DFLASH block is ``--speculative-num-draft-tokens``,
-    the root and the ``k`` drafted tokens. vLLM's DFlash runs on a non-causal attention backend.
+    ``k`` is :func:`num_speculative_tokens`; ``flags`` the format's ``serve_flags``, ``{block}``
+    there the ``k`` drafted tokens and the root (DFlash: its attention backend in vLLM, its
+    block in SGLang). SGLang's three EAGLE tuning flags are left to its auto choice (set all
+    three or none).
     """
+    extra = f" {flags.format(block=k + 1)}" if flags else ""
     if engine == "vllm":
         spec = json.dumps({"method": method, "model": draft, "num_speculative_tokens": k})
-        # DFlash's block attends both ways, which few of vLLM's attention backends support;
-        # FlashAttention is the one vLLM's DFlash drafter is built and tested on (z-lab pins it)
-        backend = " --attention-backend FLASH_ATTN" if method == "dflash" else ""
-        return f"vllm serve {target} --speculative-config '{spec}'{backend}"
-    block = f" --speculative-num-draft-tokens {k + 1}" if method == "DFLASH" else ""
+        return f"vllm serve {target} --speculative-config '{spec}'{extra}"
     return (
         f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {method} "
-        f"--speculative-draft-model-path {draft}{block}"
+        f"--speculative-draft-model-path {draft}{extra}"
+    )
+
+
+def format_flags(kind: DrafterKind, engine: str, method: str) -> str:
+    """The ``serve_flags`` of ``kind``'s format that ``engine`` serves as ``method``."""
+    return next(
+        (f.serve_flags for f in kind.formats.values() if (f.engine, f.method) == (engine, method)), ""
     )
 
 
@@ -156,7 +161,8 @@ out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
     for engine, method in engine_methods(conf):
         title = "vLLM" if engine == "vllm" else "SGLang"
         out = f"./{stem}-{engine}"
-        cmd = serve_command(engine, method, target, out, num_speculative_tokens(conf))
+        flags = format_flags(kind_of(conf), engine, method)
+        cmd = serve_command(engine, method, target, out, num_speculative_tokens(conf), flags)
         parts.append(
             f"### {title}\n\n```bash\ndraftheads export heads={repo_id} format={engine} out_dir={out}{needs}\n{cmd}\n```\n"
         )

@@ -20,9 +20,9 @@ from draftheads.heads.checkpoint import (
     read_weights,
     resolve_checkpoint_dir,
 )
-from draftheads.heads.convert import detect_layout
+from draftheads.heads.convert.official import detect_layout
 from draftheads.heads.layouts import OfficialCheckpoint
-from draftheads.heads.target import load_target
+from draftheads.heads.target.load import load_target
 
 
 def info(cfg: Config) -> None:

@@ -3,9 +3,9 @@
 ``format=speculators`` writes vLLM's ``speculators`` layout (:mod:`draftheads.heads.speculators`),
 built from the vLLM layout below and served with ``vllm serve DIR`` alone.
 
-What each engine's loader reads, and the rules it imposes, are in :mod:`draftheads.heads.engines`
-(the spec table :data:`~draftheads.heads.engines.FORMATS` and the rule list
-:data:`~draftheads.heads.engines.RULES`, each rule with the engine file it comes from). Every
+What each engine's loader reads, and the rules it imposes, are in :mod:`draftheads.heads.engine.loaders`
+(the spec table :data:`~draftheads.heads.engine.loaders.FORMATS` and the rule list
+:data:`~draftheads.heads.engine.loaders.RULES`, each rule with the engine file it comes from). Every
 export is validated against them before it is reported done.
 
 EAGLE-3 auxiliary layers: our ``feature_layers`` index HF ``hidden_states`` (the *input* of
@@ -42,17 +42,17 @@ from draftheads.heads.card import num_speculative_tokens, serve_command
 from draftheads.heads.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
-    atomic_write,
     holds_checkpoint,
     package_version,
     read_config,
     resolve_checkpoint_dir,
 )
-from draftheads.heads.convert import detect_layout
-from draftheads.heads.engines import ENGINES, FORMATS, RULES, validate_export
+from draftheads.heads.convert.official import detect_layout
+from draftheads.heads.engine.loaders import ENGINES, FORMATS, RULES, validate_export
+from draftheads.heads.files import atomic_write
 from draftheads.heads.kinds import drafter_kind
 from draftheads.heads.speculators import check_verifier_folder, speculators_section
-from draftheads.heads.target import load_target
+from draftheads.heads.target.load import load_target
 
 __all__ = ["ENGINES", "FORMATS", "RULES", "export", "export_drafter", "validate_export"]
 
@@ -244,7 +244,7 @@ def serve_line(
     if drafter.requires_adapters:
         target_name = "MERGED_TARGET"
     k = tokens or num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
-    return serve_command(engine, fmt.method, target_name, str(out), k)
+    return serve_command(engine, fmt.method, target_name, str(out), k, fmt.serve_flags)
 
 
 VLLM_CPU_MIN_HEAD = 32  # vLLM's CPU attention kernels take no smaller head size

@@ -5,7 +5,7 @@ A kind (``medusa``, ``eagle``, ``dflash``) lives in its own folder, ``heads/<kin
 * ``model.py``: the :class:`~draftheads.heads.base.Drafter` subclass (``kind = "<kind>"``);
 * ``convert.py``: converters from the published layouts (``layout -> (kind, spec, tensors)``);
 * ``engine.py``: what vLLM's and SGLang's loaders read (``FORMATS``, ``RULES``, see
-  :mod:`~draftheads.heads.engine_spec`);
+  :mod:`~draftheads.heads.engine.spec`);
 * ``export.py``: the engines' layout of the drafter (config and tensors);
 * ``kind.py``: a :class:`DrafterKind` subclass decorated with :func:`register_kind`, holding the
   facts generic code asks for: how to build the drafter from a ``DraftConfig``, its published
@@ -33,10 +33,10 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.engine_spec import EngineFormat, Rule
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # named in annotations only: the registry imports no other heads module
     from draftheads.conf.schema.heads import DraftConfig
+    from draftheads.heads.engine.spec import EngineFormat, Rule
 
 # The registry sits below every other heads module (they import it, it imports none of them), so
 # the drafter, a published checkpoint and a target fingerprint are typed loosely here.
@@ -67,6 +67,10 @@ class DrafterKind:
     any_chain: ClassVar[bool] = False
     # the speculators_model_type this kind is written as (None: speculators has none)
     speculators_type: ClassVar[str | None] = None
+    # the engine layout (as heads.layouts names it) whose tensors speculators' layout of this kind
+    # holds under other names, read through that layout's converter (None: the kind converts
+    # speculators' own layout, registered in ``layouts`` under ``speculators_type``)
+    speculators_engine_layout: ClassVar[str | None] = None
     # "EAGLE-{version}", "DFlash (block {block_size})": the kind as one phrase, from DraftConfig fields
     title: ClassVar[str] = ""
 
@@ -126,6 +130,15 @@ class DrafterKind:
     def to_speculators(self, drafter: Drafter, section: dict[str, Any]) -> Export:
         """The drafter in speculators' layout, ``section`` its ``speculators_config``."""
         raise UserError(self.speculators_refusal({"kind": self.name, "spec": drafter.spec()}) or "")
+
+    # ---- import ----------------------------------------------------------------------------
+    def engine_config_from_speculators(
+        self, config: dict[str, Any], layers: dict[str, Any], where: str
+    ) -> dict[str, Any]:
+        """A speculators ``config`` of this kind as its engine layout's config (``layers``: its
+        ``transformer_layer_config`` with the class defaults filled in); only asked of a kind with a
+        ``speculators_engine_layout``."""
+        raise NotImplementedError
 
 
 def register_kind(cls: type[DrafterKind]) -> type[DrafterKind]:

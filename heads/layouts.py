@@ -1,6 +1,6 @@
 """Official Medusa, EAGLE and DFlash checkpoints on disk: reading their files and recognising the layout.
 
-See :mod:`draftheads.heads.convert` for the layouts and their conversion. Pickles are read with
+See :mod:`draftheads.heads.convert.official` for the layouts and their conversion. Pickles are read with
 ``torch.load(weights_only=True)`` only; safetensors headers are read without loading tensors.
 """
 

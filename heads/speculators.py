@@ -25,10 +25,11 @@ The embedding (and a full-vocabulary DFlash lm_head) is the verifier's, never st
 
 This module translates between that layout and the engine layouts the rest of
 :mod:`draftheads.heads` already writes (:mod:`~draftheads.heads.export`) and reads
-(:mod:`~draftheads.heads.convert`), so an import checks every tensor exactly as those paths
+(:mod:`~draftheads.heads.convert.official`), so an import checks every tensor exactly as those paths
 do. Which types draftheads reads is the kind registry's to say (``DrafterKind.speculators_type``):
-``eagle3`` and ``dflash`` are read through their engine layouts (:data:`ENGINE_LAYOUTS`), a kind
-that reads speculators' own layout registers it under its type (``peagle``). Types that
+a kind whose speculators layout is an engine layout's tensors under other names says which
+(``DrafterKind.speculators_engine_layout``: EAGLE-3's and DFlash's), a kind that reads
+speculators' own layout converts it under its type (``peagle``). Types that
 draftheads cannot run (``dflash2``, ``dspark``, ``xpress``, ``mtp``) are refused naming the type
 and why.
 """
@@ -44,8 +45,7 @@ import torch
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TINY_KINDS
 from draftheads.heads.kinds import KINDS
-from draftheads.heads.reduced_vocab import t2d_from_d2t
-from draftheads.heads.target_fingerprint import SAMPLES_PER_TENSOR, TargetFingerprint, samples_match
+from draftheads.heads.target.fingerprint import SAMPLES_PER_TENSOR, TargetFingerprint, samples_match
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config and model classes this follows
 PROPOSAL = "greedy"  # the only proposal method speculators defines: one chain of drafted tokens
@@ -92,67 +92,6 @@ def layer_config(engine_cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in engine_cfg.items() if k not in NOT_LAYER_KEYS}
 
 
-def eagle3_to_speculators(
-    engine_cfg: dict[str, Any], sd: dict[str, torch.Tensor], section: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """vLLM's EAGLE-3 layout (``midlayer.*``) -> speculators' ``Eagle3DraftModel`` (``layers.0.*``).
-
-    A full draft vocabulary has no ``d2t``/``t2d`` there (the model class builds none).
-    """
-    vocab, draft_vocab = engine_cfg["vocab_size"], engine_cfg["draft_vocab_size"]
-    tensors = {
-        ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in sd.items()
-    }
-    if draft_vocab == vocab:
-        tensors = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
-    cfg = {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer_config(engine_cfg),
-        "draft_vocab_size": draft_vocab,
-        "target_hidden_size": engine_cfg["target_hidden_size"],
-        "eagle_aux_hidden_state_layer_ids": engine_cfg["eagle_aux_hidden_state_layer_ids"],
-        **{f: bool(engine_cfg.get(f)) for f in EAGLE3_FLAGS},
-        "embed_requires_grad": False,
-        "speculators_config": section,
-    }
-    return cfg, tensors
-
-
-def dflash_to_speculators(
-    engine_cfg: dict[str, Any], sd: dict[str, torch.Tensor], section: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """vLLM's DFlash layout (z-lab's names) -> speculators' ``DFlashDraftModel``.
-
-    The tensor names are the same; a reduced vocabulary adds ``t2d`` beside ``d2t`` and the
-    lm_head rows (the model class holds both maps as buffers).
-    """
-    vocab = engine_cfg["vocab_size"]
-    draft_vocab = engine_cfg.get("draft_vocab_size") or vocab
-    tensors = dict(sd)
-    if "d2t" in tensors:
-        tensors["t2d"] = t2d_from_d2t(tensors["d2t"], vocab)
-    nested = engine_cfg["dflash_config"]
-    cfg = {
-        "architectures": ["DFlashSpeculator"],
-        "speculators_model_type": "dflash",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer_config(engine_cfg),
-        "draft_vocab_size": draft_vocab,
-        "block_size": engine_cfg["block_size"],
-        "target_hidden_size": engine_cfg["hidden_size"],
-        "aux_hidden_state_layer_ids": [i + 1 for i in nested["target_layer_ids"]],
-        "mask_token_id": nested["mask_token_id"],
-        # every layer is full attention, which speculators always runs both ways; vLLM reads
-        # false here as dflash_config.causal for every layer, so true keeps it non-causal there too
-        "sliding_window_non_causal": True,
-        "sample_from_anchor": False,
-        "speculators_config": section,
-    }
-    return cfg, tensors
-
-
 # ---- import ------------------------------------------------------------------------------------
 def is_speculators_config(config: dict[str, Any]) -> bool:
     """True for a speculators ``config.json``: it names a ``speculators_model_type``."""
@@ -166,7 +105,8 @@ def readable_types() -> list[str]:
 
 def speculators_layout(config: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
     """(our layout, the config its converter reads) of a speculators config, checked first: an
-    engine layout and its config for the types read that way (:data:`ENGINE_LAYOUTS`), else the
+    engine layout and its config for the types read that way (the owning kind's
+    ``speculators_engine_layout``), else the
     type itself and the speculators config, which the kind registered for it converts.
 
     Refused in one line: a type no registered kind reads (named, with why where known), a
@@ -186,12 +126,11 @@ def speculators_layout(config: dict[str, Any], where: str) -> tuple[str, dict[st
             f"(and refuses {', '.join(UNMAPPED)})"
         )
     check_section(config.get("speculators_config"), where)
-    if kind not in ENGINE_LAYOUTS:
+    owner = next(k for k in KINDS.values() if k.speculators_type == kind)
+    if owner.speculators_engine_layout is None:
         return kind, config
-    layout, engine_config = ENGINE_LAYOUTS[kind]
-    return layout, engine_config(
-        config, full_layer_config(config.get("transformer_layer_config") or {}, where), where
-    )
+    layers = full_layer_config(config.get("transformer_layer_config") or {}, where)
+    return owner.speculators_engine_layout, owner.engine_config_from_speculators(config, layers, where)
 
 
 def check_section(section: Any, where: str) -> None:
@@ -223,53 +162,6 @@ def full_layer_config(given: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: transformer_layer_config is not a valid {model_type} config ({e}); it is damaged"
         ) from None
     return full.to_dict()
-
-
-def eagle3_engine_config(config: dict[str, Any], layers: dict[str, Any], where: str) -> dict[str, Any]:
-    """An eagle3 speculators config as vLLM's EAGLE-3 config (layer inputs as ids, as ours; the
-    norm variants as vLLM reads them, at the top level)."""
-    if layers.get("num_hidden_layers", 1) != 1:
-        raise UserError(
-            f"{where}: this eagle3 speculator has {layers['num_hidden_layers']} decoder layers; draftheads' "
-            "EAGLE-3 drafter (like the engines') has one"
-        )
-    return {
-        **layers,
-        "draft_vocab_size": config.get("draft_vocab_size"),
-        "target_hidden_size": config.get("target_hidden_size"),
-        "eagle_aux_hidden_state_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
-        **{f: bool(config.get(f)) for f in EAGLE3_FLAGS},
-    }
-
-
-def dflash_engine_config(config: dict[str, Any], layers: dict[str, Any], where: str) -> dict[str, Any]:
-    """A dflash speculators config as z-lab's config (``target_layer_ids`` = our ids minus one)."""
-    if config.get("sample_from_anchor"):
-        raise UserError(
-            f"{where}: sample_from_anchor=true (every block row predicts); draftheads' DFlash drafter, like "
-            "z-lab's, predicts from the mask rows only, so this speculator cannot be loaded"
-        )
-    ids = config.get("aux_hidden_state_layer_ids")
-    if not isinstance(ids, list) or not ids:
-        raise UserError(
-            f"{where}: aux_hidden_state_layer_ids={ids!r}; a dflash speculator must list the target layers "
-            "its fc reads"
-        )
-    return {
-        **layers,
-        "architectures": ["DFlashDraftModel"],
-        "block_size": config.get("block_size"),
-        "draft_vocab_size": config.get("draft_vocab_size"),
-        "dflash_config": {
-            "mask_token_id": config.get("mask_token_id"),
-            "target_layer_ids": [i - 1 if isinstance(i, int) else i for i in ids],
-        },
-    }
-
-
-# speculators_model_type -> (our engine layout, its config from the speculators config): the types
-# whose speculators layout is an engine layout's tensors under other names
-ENGINE_LAYOUTS = {"eagle3": ("eagle-3", eagle3_engine_config), "dflash": ("dflash", dflash_engine_config)}
 
 
 def same_model(name: str, other: str) -> bool:
@@ -332,8 +224,8 @@ def verifier_problem(folder: Path, fp: TargetFingerprint) -> str | None:
     tokenizer, the embedding's weight sample), or why an engine cannot load it; None when it is
     the target."""
     from draftheads.conf.schema.heads import TargetConfig
-    from draftheads.heads.target import load_tokenizer
-    from draftheads.heads.target_fingerprint import _spread, tokenizer_hash
+    from draftheads.heads.target.fingerprint import _spread, tokenizer_hash
+    from draftheads.heads.target.load import load_tokenizer
 
     try:
         config = json.loads((folder / "config.json").read_text())

@@ -19,8 +19,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from draftheads.conf.schema.heads import TargetConfig  # noqa: E402
-from draftheads.heads.target import load_target  # noqa: E402
-from draftheads.heads.target_fingerprint import fingerprint  # noqa: E402
+from draftheads.heads.target.fingerprint import fingerprint  # noqa: E402
+from draftheads.heads.target.load import load_target  # noqa: E402
 
 TINY_KINDS = ["llama", "mistral", "qwen2", "gpt2"]
 _cache: dict[str, tuple] = {}

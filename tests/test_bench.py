@@ -402,7 +402,7 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     def no_features(*a, **k):
         raise AssertionError("the feature cache was built again")
 
-    monkeypatch.setattr("draftheads.data.cache_build.build_feature_cache", no_features)
+    monkeypatch.setattr("draftheads.data.cache.build.build_feature_cache", no_features)
     again = study(cfg, b)
     assert [c.train.output_dir for c in calls] == [str(out / "scaling" / "eagle3-700" / "drafter")]
     assert again["ablations"]["eagle3 init from target"]["tau"] == row["tau"]

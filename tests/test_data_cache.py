@@ -10,11 +10,11 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DataConfig
-from draftheads.data.cache import FeatureCache
-from draftheads.data.cache_build import build_feature_cache
-from draftheads.data.cache_encode import length_batches
-from draftheads.data.cache_manifest import MANIFEST
-from draftheads.data.cache_views import combine_caches, write_view
+from draftheads.data.cache.build import build_feature_cache
+from draftheads.data.cache.encode import length_batches
+from draftheads.data.cache.manifest import MANIFEST
+from draftheads.data.cache.read import FeatureCache
+from draftheads.data.cache.views import combine_caches, write_view
 from draftheads.data.prepare import prepare_dataset
 from draftheads.heads.features import target_features
 

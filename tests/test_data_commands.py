@@ -9,7 +9,7 @@ import pytest
 from draftheads.conf.cli import parse
 from draftheads.conf.commands import data as commands
 from draftheads.conf.errors import UserError
-from draftheads.data.cache import FeatureCache
+from draftheads.data.cache.read import FeatureCache
 
 
 def args_of(command: str, *overrides: str):

@@ -10,10 +10,10 @@ import pytest
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DataConfig, DistillConfig
 from draftheads.data.chat import encode_chat
-from draftheads.data.distill import distill
-from draftheads.data.distill_generate import hf_generate
-from draftheads.data.distill_roundtrip import ROUNDTRIP, roundtrip_changes
-from draftheads.data.distill_shards import MANIFEST
+from draftheads.data.distill.generate import hf_generate
+from draftheads.data.distill.roundtrip import ROUNDTRIP, roundtrip_changes
+from draftheads.data.distill.run import distill
+from draftheads.data.distill.shards import MANIFEST
 from draftheads.data.prepare import prepare_dataset
 from draftheads.data.prompts import PromptRow
 from draftheads.data.self_prompts import diversity, self_prompts

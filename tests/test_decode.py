@@ -422,7 +422,7 @@ def test_sampling_distribution_with_dynamic_trees_lookup_and_cost_aware_pruning(
 # ---- devices, dtypes and user errors ---------------------------------------------------------------
 def test_bf16_target_runs_on_cpu_and_matches_its_own_greedy():
     from draftheads.conf.schema.heads import TargetConfig
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target.load import load_target
 
     model, tok = load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama", dtype="bfloat16"))
     d = drafter("eagle", model, fingerprint(model, tok), version=1)
@@ -463,7 +463,7 @@ def test_user_errors_are_one_line():
 
 def test_eager_attention_works_too():
     from draftheads.conf.schema.heads import TargetConfig
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target.load import load_target
 
     model, tok = load_target(
         TargetConfig(name_or_path="tiny-qwen2", tiny="qwen2", attn_implementation="eager")

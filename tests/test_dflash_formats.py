@@ -16,7 +16,7 @@ from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import TargetConfig
 from draftheads.heads import DFlashDrafter, Drafter
 from draftheads.heads.card import model_card
-from draftheads.heads.engines import rules_for, validate_export
+from draftheads.heads.engine.loaders import rules_for, validate_export
 from draftheads.heads.export import export, export_drafter
 from tests.test_hub_fake import serve_hub
 

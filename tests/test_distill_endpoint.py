@@ -21,9 +21,9 @@ import pytest
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DistillConfig
 from draftheads.conf.schema.heads import TargetConfig
-from draftheads.data.distill import distill
-from draftheads.data.distill_roundtrip import ROUNDTRIP
-from draftheads.data.distill_shards import MANIFEST, shard_rows
+from draftheads.data.distill.roundtrip import ROUNDTRIP
+from draftheads.data.distill.run import distill
+from draftheads.data.distill.shards import MANIFEST, shard_rows
 from draftheads.data.endpoint import (
     EndpointError,
     parse_reply,
@@ -33,8 +33,8 @@ from draftheads.data.endpoint import (
     until_stop,
 )
 from draftheads.data.prompts import PromptRow
-from draftheads.heads.embedded_target import convert_smollm2
-from draftheads.heads.target import build_tiny
+from draftheads.heads.target.embedded import convert_smollm2
+from draftheads.heads.target.load import build_tiny
 from tests.conftest import get_target
 
 PROMPTS = [

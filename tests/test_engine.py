@@ -74,7 +74,7 @@ def target(tmp_path_factory):
     saved as a user would serve it and loaded back from there as draftheads loads a target."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftheads.heads.target import load_target, load_tokenizer
+    from draftheads.heads.target.load import load_target, load_tokenizer
 
     tok = load_tokenizer(TargetConfig(name_or_path="tiny-llama", tiny="llama"))
     config = LlamaConfig(
@@ -207,7 +207,7 @@ def test_vllm_serves_the_embedded_target_folder_with_draftheads_greedy(smollm2, 
     """The embedded SmolLM2, as draftheads converts it into its cache, is what vLLM serves: the
     same greedy tokens as the target draftheads loads (an embedding vLLM could not find would
     leave it uninitialised, and the text would be garbage)."""
-    from draftheads.heads.embedded_target import convert_smollm2
+    from draftheads.heads.target.embedded import convert_smollm2
 
     model, tok = smollm2
     messages = ["What is 12 times 7?", "Name three colours."]

@@ -21,7 +21,7 @@ def saved_target(folder: Path, heads: int) -> Path:
     """A tiny random Llama of width 64 with ``heads`` attention heads, saved as vLLM loads one."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftheads.heads.target import load_tokenizer
+    from draftheads.heads.target.load import load_tokenizer
 
     tok = load_tokenizer(TargetConfig(name_or_path="tiny-llama", tiny="llama"))
     config = LlamaConfig(
@@ -44,7 +44,7 @@ def saved_target(folder: Path, heads: int) -> Path:
 
 def saved_eagle3(target: Path, out: Path) -> Path:
     """An untrained EAGLE-3 drafter for the target in ``target``, saved in ``out``."""
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target.load import load_target
     from draftheads.train.drafters import build_drafter
 
     cfg = Config(target=TargetConfig(name_or_path=str(target)), draft=DraftConfig(kind="eagle", version=3))

@@ -14,7 +14,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import TargetConfig
 from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
-from draftheads.heads.engines import RULES, rules_for
+from draftheads.heads.engine.loaders import RULES, rules_for
 from draftheads.heads.export import FORMATS, export, export_drafter, validate_export
 
 
@@ -195,7 +195,7 @@ def test_export_refusals_are_one_line(tmp_path, tiny_llama, case, match):
         elif case == "eagle3-two-layers":
             export_drafter(eagle(model, fp, 3, num_decoder_layers=2), "sglang", tmp_path)
         elif case == "qwen2-layers":
-            from draftheads.heads.target import TINY_CONFIGS
+            from draftheads.heads.target.load import TINY_CONFIGS
 
             qwen = {**TINY_CONFIGS["qwen2"], "vocab_size": fp.vocab_size}
             d = EagleDrafter(fp, target_config=qwen, version=1)

@@ -257,7 +257,7 @@ def test_feature_layers_beyond_the_target_are_refused_when_the_drafter_is_built(
 # ---- what loading refuses: another target, NaN weights, disagreeing files -----------------------
 def test_a_drafter_for_another_architecture_or_other_weights_is_refused(tmp_path, tiny_llama):
     from draftheads.conf.schema.heads import TargetConfig
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target.load import load_target
     from tests.conftest import get_target
 
     model, tok, fp = tiny_llama
@@ -319,8 +319,8 @@ def test_medusa2_checkpoint_loads_its_adapters_and_decodes_like_the_adapted_targ
     from draftheads.conf.schema.decode import DecodeConfig
     from draftheads.conf.schema.heads import DraftConfig, TargetConfig
     from draftheads.decode import SpeculativeGenerator
-    from draftheads.heads.target import load_target
-    from draftheads.heads.target_fingerprint import fingerprint
+    from draftheads.heads.target.fingerprint import fingerprint
+    from draftheads.heads.target.load import load_target
     from draftheads.train.adapters import add_lora, save_adapters
 
     tcfg = TargetConfig(name_or_path="tiny-llama", tiny="llama")

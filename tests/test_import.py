@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter, EagleDrafter, MedusaHeads
-from draftheads.heads.convert import detect_layout
+from draftheads.heads.convert.official import detect_layout
 
 H, V, MLP, KV = 64, 49152, 128, 32  # tiny Llama: hidden, vocab, MLP width, k/v projection rows
 

@@ -230,7 +230,7 @@ def test_a_second_training_run_into_a_busy_folder_is_refused_and_a_stale_lock_ta
 
 def test_a_second_distillation_into_a_busy_folder_is_refused(tmp_path, other_process, capsys):
     from draftheads.conf.schema.data import DistillConfig
-    from draftheads.data.distill import distill
+    from draftheads.data.distill.run import distill
     from draftheads.data.prompts import PromptRow
 
     model, tok = get_target("llama")

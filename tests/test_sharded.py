@@ -18,8 +18,8 @@ from draftheads.conf.commands import data as commands
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.conf.schema.heads import TargetConfig
-from draftheads.data.cache import FeatureCache
-from draftheads.data.distill_generate import GenParams, hf_generate
+from draftheads.data.cache.read import FeatureCache
+from draftheads.data.distill.generate import GenParams, hf_generate
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode import backend as backends
 from draftheads.heads import EagleDrafter, MedusaHeads, fingerprint, load_target

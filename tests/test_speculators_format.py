@@ -471,6 +471,6 @@ def get_target(kind: str):
 
 def reseeded():
     """The tiny Llama's shape with other weights."""
-    from draftheads.heads.target import build_tiny
+    from draftheads.heads.target.load import build_tiny
 
     return build_tiny("llama", get_target("llama")[1], seed=1234)

@@ -12,8 +12,8 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TargetConfig
-from draftheads.heads.target import load_target, resolve_dtype
-from draftheads.heads.target_fingerprint import fingerprint
+from draftheads.heads.target.fingerprint import fingerprint
+from draftheads.heads.target.load import load_target, resolve_dtype
 
 # Recorded once from SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32), greedy, 24 tokens:
 # '```python\ndef reverse_string(input_str):\n    return input_str[::-1]\n```\n\n'
@@ -81,7 +81,7 @@ def test_fingerprint_tracks_the_tokenizer(tiny_llama):
 
 
 def test_a_remembered_tokenizer_hash_follows_the_tokenizers_changes(tiny_llama):
-    from draftheads.heads.target_fingerprint import tokenizer_hash
+    from draftheads.heads.target.fingerprint import tokenizer_hash
 
     _, tok, fp = tiny_llama
     tok2 = type(tok).from_pretrained(tok.name_or_path)
@@ -121,7 +121,7 @@ def test_target_hf_without_a_name_is_refused_when_read():
 
 
 def test_fingerprint_records_the_architecture_and_a_weight_sample(tiny_llama):
-    from draftheads.heads.target_fingerprint import TargetFingerprint
+    from draftheads.heads.target.fingerprint import TargetFingerprint
 
     model, tok, fp = tiny_llama
     assert fp.model_type == "llama" and len(fp.weight_sample) > 0
@@ -168,7 +168,7 @@ def test_installed_package_has_one_import_name(tmp_path):
 
 def test_target_config_refuses_unknown_tiny_kinds_and_dtypes_when_read():
     from draftheads.conf.schema.heads import DTYPE_NAMES, TINY_KINDS
-    from draftheads.heads.target import DTYPES, TINY_CONFIGS
+    from draftheads.heads.target.load import DTYPES, TINY_CONFIGS
 
     assert set(TINY_KINDS) == set(TINY_CONFIGS) and set(DTYPE_NAMES) == set(DTYPES)
     for kwargs, match in [(dict(tiny="rnn"), "target.tiny=rnn"), (dict(dtype="int8"), "target.dtype=int8")]:
@@ -185,7 +185,7 @@ def test_the_embedded_conversion_is_whole_on_any_rank_and_replaces_an_incomplete
     loads back from it."""
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
-    from draftheads.heads.embedded_target import install, is_converted, save_converted
+    from draftheads.heads.target.embedded import install, is_converted, save_converted
 
     model, tok, _ = tiny_llama
     broken = tmp_path / "smollm2-135m-instruct"
@@ -205,8 +205,8 @@ def test_the_embedded_conversion_is_whole_on_any_rank_and_replaces_an_incomplete
 
 
 def test_a_tokenizer_loaded_again_is_a_fresh_copy_until_its_files_change(tmp_path):
-    from draftheads.heads.target import load_tokenizer
-    from draftheads.heads.target_fingerprint import tokenizer_hash
+    from draftheads.heads.target.fingerprint import tokenizer_hash
+    from draftheads.heads.target.load import load_tokenizer
     from tests.conftest import get_target
 
     _, tok = get_target("llama")
@@ -295,7 +295,7 @@ def test_a_converted_tied_target_is_written_as_save_pretrained_writes_it(tmp_pat
     as the model it was."""
     from transformers import AutoModelForCausalLM
 
-    from draftheads.heads.embedded_target import save_converted
+    from draftheads.heads.target.embedded import save_converted
     from tests.conftest import get_target
 
     model, tok = tied_llama(), get_target("llama")[1]
@@ -316,7 +316,7 @@ def test_an_old_layout_conversion_is_named_in_one_line_and_replaced(tmp_path, ca
     used: one line says why, and the new conversion replaces it."""
     from safetensors.torch import save_model
 
-    from draftheads.heads.embedded_target import install, save_converted, usable_conversion
+    from draftheads.heads.target.embedded import install, save_converted, usable_conversion
     from tests.conftest import get_target
 
     model, tok = tied_llama(), get_target("llama")[1]
@@ -339,7 +339,7 @@ def test_an_old_layout_conversion_is_named_in_one_line_and_replaced(tmp_path, ca
 def test_the_embedded_target_folder_is_read_alike_by_transformers_and_speculators(smollm2):
     """The cached SmolLM2 conversion holds its embedding under the name engines read, and
     speculators' verifier loading gets the same embedding, lm_head and norm as the target."""
-    from draftheads.heads.embedded_target import convert_smollm2
+    from draftheads.heads.target.embedded import convert_smollm2
 
     model, _ = smollm2
     folder = convert_smollm2(TargetConfig())

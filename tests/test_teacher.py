@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from draftheads.conf.commands.compose import compose
-from draftheads.data.cache import FeatureCache
-from draftheads.data.cache_build import build_feature_cache
-from draftheads.data.cache_encode import labelled
+from draftheads.data.cache.build import build_feature_cache
+from draftheads.data.cache.encode import labelled
+from draftheads.data.cache.read import FeatureCache
 from draftheads.data.prepare import prepare_dataset
 from draftheads.heads.features import target_features
 from draftheads.train.batching import collate, right_pad

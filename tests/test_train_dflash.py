@@ -16,7 +16,7 @@ from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.train import validate
-from draftheads.data.cache_build import build_feature_cache
+from draftheads.data.cache.build import build_feature_cache
 from draftheads.data.outdir import release_out_dir
 from draftheads.heads import DFlashDrafter, Drafter, fingerprint
 from draftheads.train.metrics import read_metrics
@@ -155,7 +155,7 @@ def test_dpace_weights_are_the_gradient_of_the_expected_accepted_length():
 
 def drafter_and_batch(soft: bool):
     model, tok = get_target("llama")
-    from draftheads.heads.target_fingerprint import fingerprint
+    from draftheads.heads.target.fingerprint import fingerprint
 
     fp = fingerprint(model, tok)
     torch.manual_seed(0)
@@ -357,7 +357,7 @@ def test_dpace_weights_train_from_the_command_line_and_bad_values_are_refused(tm
 
 
 def test_kv_heads_widen_the_drafter_layers_through_training_and_export(tmp_path, rows):
-    from draftheads.heads.engines import validate_export
+    from draftheads.heads.engine.loaders import validate_export
     from draftheads.heads.export import export_drafter
 
     model, tok = get_target("llama")  # 4 query heads over 2 key/value heads

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from draftheads.conf.schema.heads import DraftConfig
-from draftheads.data.cache import FeatureCache
-from draftheads.data.cache_build import build_feature_cache
+from draftheads.data.cache.build import build_feature_cache
+from draftheads.data.cache.read import FeatureCache
 from draftheads.decode.static import hidden_request
 from draftheads.heads import DFlashDrafter, fingerprint
 from draftheads.train.batching import collate, collate_packed, micro_batch

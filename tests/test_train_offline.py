@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from draftheads.conf.errors import UserError
-from draftheads.data.cache import CacheColumns
-from draftheads.data.cache_build import build_feature_cache
+from draftheads.data.cache.build import build_feature_cache
+from draftheads.data.cache.read import CacheColumns
 from draftheads.heads import Drafter
 from draftheads.heads.features import target_features
 from draftheads.train.batching import collate

@@ -151,7 +151,7 @@ def test_nan_loss_stops_and_names_the_last_good_checkpoint(tmp_path, rows):
 
 def test_medusa2_saves_adapters_and_loads_them_onto_the_target(tmp_path, rows):
     from draftheads.conf.schema.heads import TargetConfig
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target.load import load_target
     from draftheads.train.adapters import load_adapters
 
     cfg = config(

@@ -1,1 +1,5 @@
 """draftheads.train"""
+
+from draftheads.conf.moved import install
+
+install()

@@ -16,7 +16,8 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
-from draftheads.heads.checkpoint import ADAPTER_DIR, follow_umask
+from draftheads.heads.checkpoint import ADAPTER_DIR
+from draftheads.heads.files import follow_umask
 
 
 def add_lora(target: nn.Module, cfg: DraftConfig) -> nn.Module:

@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.checkpoint import follow_umask
+from draftheads.heads.files import follow_umask
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"

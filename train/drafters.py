@@ -19,8 +19,8 @@ from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.kinds import depth_problem
 from draftheads.heads import Drafter, drafter_kind
 from draftheads.heads.layer_init import last_layers
-from draftheads.heads.target import target_name
-from draftheads.heads.target_fingerprint import fingerprint
+from draftheads.heads.target.fingerprint import fingerprint
+from draftheads.heads.target.load import target_name
 from draftheads.train.engine import gathered
 from draftheads.train.modules import Objective, objective_class
 

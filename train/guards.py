@@ -22,7 +22,7 @@ from draftheads.data.outdir import claim_out_dir, guard_out_dir, writable_dir
 from draftheads.train.checkpoint import config_mismatch
 
 if TYPE_CHECKING:
-    from draftheads.data.cache import FeatureCache
+    from draftheads.data.cache.read import FeatureCache
 
 
 def is_rank_zero() -> bool:

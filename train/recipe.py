@@ -41,10 +41,11 @@ import torch.distributed as dist
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.train import validate
-from draftheads.heads.target import load_target
-from draftheads.train import checkpoint, dry_run, saving
+from draftheads.heads.target.load import load_target
+from draftheads.train import checkpoint, saving
 from draftheads.train.batching import Layout, RowView, StepSampler, micro_batch, split_heldout
 from draftheads.train.drafters import build_drafter, build_objective, init_drafter_weights
+from draftheads.train.dry_run import main as dry_run
 from draftheads.train.engine import build_engine, init_distributed, zero_stage
 from draftheads.train.evaluation import heldout_metrics
 from draftheads.train.guards import cast_shared_inputs, check_finished_run, check_output_dir
@@ -313,7 +314,7 @@ def train(cfg: Config, rows: Any = None, hooks: list[Callable] | None = None) ->
 
 def run(cfg: Config) -> Path | None:
     """The whole ``draftheads train`` job (setup -> train -> save) from a typed config; with
-    ``train.dry_run``, the recipe's dry run instead (:mod:`draftheads.train.dry_run`)."""
+    ``train.dry_run``, the recipe's dry run instead (:mod:`draftheads.train.dry_run.main`)."""
     if cfg.train.dry_run:
         return dry_run.run(cfg, train)
     out = train(cfg)

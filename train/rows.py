@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 from draftheads.train.batching import check_rows
 from draftheads.train.vocab import token_occurrences
 
@@ -33,7 +33,7 @@ def cached_rows(
     must hold ``layers`` of the target ``fp`` (a cache of more layers, one built for several
     drafters, serves the ones read here), with the top-k logits where they are soft labels
     (``reads_topk(cache, train, draft)``: the kind's objective says, see ``Objective.reads_topk``)."""
-    from draftheads.data.cache import FeatureCache
+    from draftheads.data.cache.read import FeatureCache
 
     t = cfg.train
     cache = FeatureCache(t.feature_cache, fp, layers, subset=True)

@@ -25,7 +25,7 @@ from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter
 from draftheads.heads.dflash import DFlashDrafter
 from draftheads.heads.features import target_features
-from draftheads.heads.target import load_target
+from draftheads.heads.target.load import load_target
 from draftheads.train.objectives import block_inputs, block_mask, block_positions
 
 

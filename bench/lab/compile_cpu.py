@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compiler", default="inductor", help="torch.compile backend")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target.load import load_target
 
     kind = args.target.removeprefix("tiny-")
     tcfg = TargetConfig() if args.target == "smollm2" else TargetConfig(name_or_path=args.target, tiny=kind)

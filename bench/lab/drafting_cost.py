@@ -25,7 +25,7 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode.prompting import encode_prompt
-from draftheads.heads.target import load_target
+from draftheads.heads.target.load import load_target
 from draftheads.train.drafters import build_drafter
 
 

@@ -36,7 +36,7 @@ def stage_scaling(
     from draftheads.decode import SpeculativeGenerator
     from draftheads.decode.prompting import encode_prompt
     from draftheads.heads import Drafter
-    from draftheads.heads.target_fingerprint import fingerprint
+    from draftheads.heads.target.fingerprint import fingerprint
 
     H, L = target.config.hidden_size, fingerprint(target).num_layers
     prompts = eval_prompts("heldout", b, tok)

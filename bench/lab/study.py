@@ -44,8 +44,8 @@ from .rows import (
 def cache_view(cache: Path, out: Path, max_tokens: int) -> int:
     """A cache folder reading the first shards of ``cache`` up to about ``max_tokens`` answer
     tokens (at least one shard); returns its answer tokens."""
-    from draftheads.data.cache_manifest import read_manifest
-    from draftheads.data.cache_views import write_view
+    from draftheads.data.cache.manifest import read_manifest
+    from draftheads.data.cache.views import write_view
 
     m = read_manifest(cache)
     per_shard = json.loads((cache / teacher_stages.ANSWER_TOKENS).read_text())

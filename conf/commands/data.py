@@ -35,7 +35,7 @@ def data(cfg: DataArgs) -> None:
     before any work.
     """
     from draftheads.data.prepare import prepare_dataset
-    from draftheads.heads.target import load_tokenizer
+    from draftheads.heads.target.load import load_tokenizer
 
     if cfg.out is not None:
         guard_out_dir(cfg.out, "data", "out_dir")
@@ -66,12 +66,12 @@ def drafter_layers(cfg: FeaturesArgs, num_layers: int) -> list[int]:
 
 def features(cfg: FeaturesArgs) -> None:
     """Build the offline feature cache of the configured data set for the configured drafter."""
-    from draftheads.data.cache_build import build_feature_cache
+    from draftheads.data.cache.build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
     from draftheads.data.regenerated import check_regenerated_by
-    from draftheads.heads.target import load_target
-    from draftheads.heads.target_fingerprint import fingerprint
-    from draftheads.heads.target_layers import decoder_layers
+    from draftheads.heads.target.fingerprint import fingerprint
+    from draftheads.heads.target.layers import decoder_layers
+    from draftheads.heads.target.load import load_target
 
     if cfg.data.packing:
         raise UserError(
@@ -105,18 +105,18 @@ def features(cfg: FeaturesArgs) -> None:
 
 def distill(cfg: DistillArgs) -> None:
     """Answer the configured prompts (or target-written ones) with the target; resumable."""
-    from draftheads.data.distill import distill as run_distill
+    from draftheads.data.distill.run import distill as run_distill
     from draftheads.data.prompts import prompts_from_config
     from draftheads.data.self_prompts import self_prompts
     from draftheads.decode import backend
-    from draftheads.heads.target import load_target
+    from draftheads.heads.target.load import load_target
 
     d = cfg.data.distill
     if d.source not in ("data", "self"):
         raise UserError(f"data.distill.source={d.source} is unknown; use data (answer data.path) or self")
     guard_out_dir(d.out_dir, "distill", "data.distill.out_dir")
     model, tok = load_target(cfg.target)
-    from draftheads.data.distill_generate import decoder_generate
+    from draftheads.data.distill.generate import decoder_generate
 
     if d.heads:
         from draftheads.decode import SpeculativeGenerator

@@ -42,7 +42,7 @@ def load(heads: str | None, revision: str | None, target_cfg, command: str):
 def load_decodable(target_cfg):
     """The target and its tokenizer, refused in one line when its own generation config asks for
     a decoding the speculative decoder cannot verify (beam search)."""
-    from draftheads.heads.target import (
+    from draftheads.heads.target.load import (
         check_generation_file,
         generation_file,
         load_target,

@@ -138,7 +138,7 @@ def valid_url(url: str) -> bool:
 
 @dataclass
 class FeaturesConfig:
-    """``draftheads features``: the offline feature cache (see ``data/cache_build.py``).
+    """``draftheads features``: the offline feature cache (see ``data/cache/build.py``).
 
     ``layers`` defaults to what ``draft`` reads (the last hidden state, or EAGLE-3's three).
     ``topk>0`` also stores the target's top-k logits; ``target_next`` its argmax next token.

@@ -11,7 +11,7 @@ from draftheads.conf.schema.kinds import DRAFT_KINDS, draft_kind, unknown_kind_p
 
 LM_HEAD_MODES = ("shared", "copy")
 EAGLE_VERSIONS = (1, 3)
-TINY_KINDS = ("llama", "mistral", "qwen2", "gpt2")  # the random-init tiny targets (heads/target.py)
+TINY_KINDS = ("llama", "mistral", "qwen2", "gpt2")  # the random-init tiny targets (heads/target/load.py)
 # Shape keys a DFlash drafter layer takes from the target's config unless given (the reference's names).
 DFLASH_LAYER_KEYS = (
     "num_attention_heads",
@@ -28,7 +28,7 @@ DFLASH_LAYER_KEYS = (
 # attention mask, which speculative decoding verifies with, takes sdpa or eager
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
-# target.device_map as a word: accelerate places the modules itself (see heads/placement.py)
+# target.device_map as a word: accelerate places the modules itself (see heads/target/placement.py)
 DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
 DEVICE = re.compile(r"(cpu|disk|mps|(cuda|xpu):\d+)")
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B)", re.IGNORECASE)

@@ -83,7 +83,7 @@ class TrainConfig:
     rows: str | None = None
     progress: bool = True
     # Build everything and run two steps on a tiny model of the recipe's family, then print what
-    # the real run needs (parameters, memory per rank, FLOPs per token; see train/sizing.py).
+    # the real run needs (parameters, memory per rank, FLOPs per token; see train/dry_run/sizing.py).
     dry_run: bool = False
 
 

@@ -21,10 +21,10 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.layers import dflash_layers_problem
-from draftheads.heads.convert_target_copies import check_embedding, check_shared_rows
+from draftheads.heads.convert.target_copies import check_embedding, check_shared_rows
 from draftheads.heads.layouts import OfficialCheckpoint, read_tensors
 from draftheads.heads.reduced_vocab import check_vocab_maps, t2d_from_d2t
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 # Keys of a DFlash checkpoint's Qwen3 config that shape the drafter's layers (DFlashDrafter's layer_config).
 DFLASH_LAYER_KEYS = tuple(k for k in LAYER_KEYS if k != "rope_parameters")  # rope is read apart

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from draftheads.conf.schema.layers import dflash_layers_problem
-from draftheads.heads.engine_spec import (
+from draftheads.heads.engine.spec import (
     LLAMA_FIELDS,
     EngineFormat,
     Rule,
@@ -76,6 +76,9 @@ DFLASH_FORMATS: dict[tuple[str, str], EngineFormat] = {
         DFLASH_FIELDS,
         dflash_rules(reduced_vocab=True),
         forbidden_config=("eagle_aux_hidden_state_layer_ids",),  # it would override target_layer_ids
+        # the block attends both ways, which few of vLLM's attention backends support;
+        # FlashAttention is the one vLLM's DFlash drafter is built and tested on (z-lab pins it)
+        serve_flags="--attention-backend FLASH_ATTN",
     ),
     ("sglang", "dflash"): EngineFormat(
         "sglang",
@@ -85,6 +88,7 @@ DFLASH_FORMATS: dict[tuple[str, str], EngineFormat] = {
         DFLASH_FIELDS,
         dflash_rules(reduced_vocab=False),
         forbidden_config=("eagle_aux_hidden_state_layer_ids", "draft_vocab_size"),
+        serve_flags="--speculative-num-draft-tokens {block}",  # SGLang's DFLASH block
     ),
 }
 

@@ -9,8 +9,8 @@ from draftheads.heads.dflash.convert import build_dflash
 from draftheads.heads.dflash.engine import DFLASH_FORMATS, DFLASH_RULES
 from draftheads.heads.dflash.export import export_dflash, sglang_refusal
 from draftheads.heads.dflash.model import DFlashDrafter, mask_token
+from draftheads.heads.dflash.speculators import dflash_engine_config, dflash_to_speculators
 from draftheads.heads.kinds import DrafterKind, Export, register_kind
-from draftheads.heads.speculators import dflash_to_speculators
 
 
 @register_kind
@@ -23,6 +23,7 @@ class DFlashKind(DrafterKind):
     formats = DFLASH_FORMATS
     rules = DFLASH_RULES
     speculators_type = "dflash"
+    speculators_engine_layout = "dflash"
     title = "DFlash (block {block_size})"
 
     def build(self, d, fp, target_config, tokenizer) -> DFlashDrafter:
@@ -79,3 +80,6 @@ class DFlashKind(DrafterKind):
 
     def to_speculators(self, drafter, section: dict[str, Any]) -> Export:
         return dflash_to_speculators(*export_dflash(drafter, "vllm"), section)
+
+    def engine_config_from_speculators(self, config, layers, where) -> dict[str, Any]:
+        return dflash_engine_config(config, layers, where)

@@ -41,7 +41,7 @@ from draftheads.heads.attention import foldable, grouped_attention
 from draftheads.heads.base import Drafter
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size, frozen_rows
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 # GPT-2-style names of the same shapes.
 ALIASES = {
@@ -176,6 +176,9 @@ class DFlashDrafter(ReducedVocab, Drafter):
     def draft_depth(self) -> int | None:
         """One block drafts ``block_size - 1`` tokens."""
         return self.block_size - 1
+
+    def depth_limit(self) -> str:
+        return f"the DFlash drafter's block of {self.block_size} drafts {self.block_size - 1}"
 
     def __init__(
         self,

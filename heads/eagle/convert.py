@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.convert_target_copies import check_embedding
+from draftheads.heads.convert.target_copies import check_embedding
 from draftheads.heads.layouts import OfficialCheckpoint, read_tensors
 from draftheads.heads.reduced_vocab import check_vocab_maps, t2d_from_d2t
 from draftheads.heads.speculators import EAGLE3_FLAGS
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 # Keys of an official EAGLE layer config that shape the drafter's own layers without touching
 # the rotary embedding it shares with the target.

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from draftheads.conf.schema.layers import feature_layers_problem
-from draftheads.heads.engine_spec import LLAMA_FIELDS, EngineFormat, Rule, TensorRule, llama_layer_rules
+from draftheads.heads.engine.spec import LLAMA_FIELDS, EngineFormat, Rule, TensorRule, llama_layer_rules
 
 
 def eagle1_rules(fc_bias: bool, optional_lm_head: bool) -> Callable[[dict[str, Any]], dict[str, TensorRule]]:

@@ -9,8 +9,8 @@ from draftheads.heads.eagle.convert import build_eagle
 from draftheads.heads.eagle.engine import EAGLE_FORMATS, EAGLE_RULES
 from draftheads.heads.eagle.export import export_eagle1, export_eagle3
 from draftheads.heads.eagle.model import EagleDrafter
+from draftheads.heads.eagle.speculators import eagle3_engine_config, eagle3_to_speculators
 from draftheads.heads.kinds import DrafterKind, Export, register_kind
-from draftheads.heads.speculators import eagle3_to_speculators
 
 EAGLE_SPECULATIVE_TOKENS = 3  # a chain length the engines serve well; any value works for EAGLE
 
@@ -25,6 +25,7 @@ class EagleKind(DrafterKind):
     formats = EAGLE_FORMATS
     rules = EAGLE_RULES
     speculators_type = "eagle3"
+    speculators_engine_layout = "eagle-3"
     title = "EAGLE-{version}"
     any_chain = True
 
@@ -83,3 +84,6 @@ class EagleKind(DrafterKind):
 
     def to_speculators(self, drafter, section: dict[str, Any]) -> Export:
         return eagle3_to_speculators(*export_eagle3(drafter, "vllm"), section)
+
+    def engine_config_from_speculators(self, config, layers, where) -> dict[str, Any]:
+        return eagle3_engine_config(config, layers, where)

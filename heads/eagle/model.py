@@ -46,7 +46,7 @@ from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size
 from draftheads.heads.speculators import EAGLE3_FLAGS
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 
 def layer_class(config) -> type[nn.Module]:

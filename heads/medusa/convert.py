@@ -23,7 +23,7 @@ from draftheads.heads.layouts import (
     iter_tensors,
     read_tensors,
 )
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftheads.heads.engine_spec import EngineFormat, Rule, TensorRule
+from draftheads.heads.engine.spec import EngineFormat, Rule, TensorRule
 
 
 def medusa_rules(c: dict[str, Any]) -> dict[str, TensorRule]:

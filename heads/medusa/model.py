@@ -20,7 +20,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.base import Drafter
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 
 class ResBlock(nn.Module):

@@ -36,7 +36,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.checkpoint import atomic_write
 from draftheads.heads.eagle.convert import (
     eagle3_feature_layers,
     eagle3_norm_flags,
@@ -44,18 +43,18 @@ from draftheads.heads.eagle.convert import (
     eagle_layer_config,
 )
 from draftheads.heads.eagle.export import export_eagle3
+from draftheads.heads.eagle.speculators import eagle3_engine_config, eagle3_to_speculators
+from draftheads.heads.files import atomic_write
 from draftheads.heads.layouts import OfficialCheckpoint, read_tensors
 from draftheads.heads.peagle.model import PEagleDrafter
 from draftheads.heads.reduced_vocab import check_vocab_maps
 from draftheads.heads.speculators import (
     check_section,
     check_verifier,
-    eagle3_engine_config,
-    eagle3_to_speculators,
     full_layer_config,
     speculators_section,
 )
-from draftheads.heads.target_fingerprint import TargetFingerprint, fingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint, fingerprint
 
 ARCHITECTURE = "PEagleSpeculator"
 OWN_ONLY = ("mask_embed", "embed_tokens.weight")  # our embedding parameters; written as embed_tokens

@@ -36,7 +36,7 @@ from draftheads.conf.errors import UserError
 from draftheads.heads.eagle import EagleDrafter
 from draftheads.heads.masks import additive_mask
 from draftheads.heads.peagle.group import gather_rows, group_mask, group_positions
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 EAGLE_ONLY = ("version", "save_shared", "fc_bias")  # EagleDrafter arguments P-EAGLE fixes
 

@@ -10,11 +10,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.train import TrainConfig
 from draftheads.heads.dflash.anchor_prior import set_anchor_prior
 from draftheads.heads.features import target_features
 from draftheads.train.engine import gathered
 from draftheads.train.guards import dflash_topk
 from draftheads.train.modules.base import Objective, chunked_argmax, register_objective
+from draftheads.train.modules.costs import DraftCost, dflash_cost, register_cost
 from draftheads.train.objectives import (
     Stats,
     anchor_candidates,
@@ -306,3 +309,9 @@ class DFlashObjective(Objective):
         greedy = shift_left(batch["input_ids"], 1)
         greedy[where] = logits.argmax(-1)
         return f.to(self.dtype), greedy
+
+
+@register_cost("dflash")
+def dflash_training(drafter, d: DraftConfig, t: TrainConfig, S: int, element: int, online: bool) -> DraftCost:
+    """DFlash learns from the data's tokens (or cached top-k): no target logits."""
+    return dflash_cost(drafter, d, S, element)

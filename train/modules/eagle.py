@@ -8,7 +8,10 @@ from collections.abc import Sequence
 
 import torch
 
+from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.train import TrainConfig
 from draftheads.train.modules.base import Objective, chunked_argmax, register_objective
+from draftheads.train.modules.costs import DraftCost, eagle_cost, register_cost
 from draftheads.train.objectives import (
     Stats,
     feature_regression,
@@ -154,3 +157,9 @@ class EagleObjective(Objective):
             correct.append(pred == shift_left(greedy, s + 1, -1)[:, :R])
             valid.append(label_mask(batch["loss_mask"], s + 2, pos)[:, :R])
         return torch.stack(correct), torch.stack(valid)
+
+
+@register_cost("eagle")
+def eagle_training(drafter, d: DraftConfig, t: TrainConfig, S: int, element: int, online: bool) -> DraftCost:
+    """EAGLE's token loss reads the target's logits, projected online unless they are cached (top-k)."""
+    return eagle_cost(drafter, d, S, element, online and t.soft_labels != "topk")

@@ -28,6 +28,7 @@ from draftheads.heads.peagle.sampling import DropSampling, conditional_drop, eve
 from draftheads.train.engine import gathered
 from draftheads.train.guards import dflash_topk
 from draftheads.train.modules.base import chunked_argmax, register_objective
+from draftheads.train.modules.costs import DraftCost, eagle_cost, register_cost
 from draftheads.train.modules.eagle import EagleObjective
 from draftheads.train.objectives import (
     Stats,
@@ -39,7 +40,6 @@ from draftheads.train.objectives import (
     uniform_noise,
 )
 from draftheads.train.rows import check_mask_choice, check_mask_token
-from draftheads.train.sizing import DraftCost, eagle_cost, register_cost
 
 Entries = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # anchor, depth, keep: each [B, N]
 

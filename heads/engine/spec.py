@@ -2,7 +2,7 @@
 
 The per-drafter modules (:mod:`~draftheads.heads.eagle.engine`, :mod:`~draftheads.heads.medusa.engine`,
 :mod:`~draftheads.heads.dflash.engine`) write what vLLM's and SGLang's loaders read in these
-terms, and :mod:`draftheads.heads.engines` checks an export against them. The Llama decoder
+terms, and :mod:`draftheads.heads.engine.loaders` checks an export against them. The Llama decoder
 layer's tensors live here because the EAGLE and DFlash drafters both build on it.
 """
 
@@ -35,6 +35,9 @@ class EngineFormat:
     config_fields: tuple[str, ...]
     tensors: Callable[[dict[str, Any]], dict[str, TensorRule]]
     forbidden_config: tuple[str, ...] = ()
+    # flags the engine's serve command needs beside the drafter, ``{block}`` the drafted tokens
+    # plus the root (e.g. DFlash's attention backend in vLLM, its block size in SGLang)
+    serve_flags: str = ""
 
 
 @dataclass(frozen=True)

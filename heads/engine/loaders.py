@@ -23,7 +23,7 @@ DFlash            vLLM ``dflash``,    Qwen3 config, ``DFlashDraftModel``, ``laye
 :data:`RULES` holds the loaders' further rules, each with the engine source file it comes from.
 Both are gathered here from each registered kind's ``formats`` and ``rules``
 (:mod:`draftheads.heads.kinds`), written in its folder's ``engine.py`` in the terms of
-:mod:`~draftheads.heads.engine_spec`: :mod:`~draftheads.heads.eagle.engine`,
+:mod:`~draftheads.heads.engine.spec`: :mod:`~draftheads.heads.eagle.engine`,
 :mod:`~draftheads.heads.medusa.engine` and :mod:`~draftheads.heads.dflash.engine` (which also
 names the engine commits its rules were read from).
 :func:`validate_export` checks a directory against both, strictly: the engines skip unknown keys
@@ -44,7 +44,7 @@ from safetensors.torch import load_file
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME
-from draftheads.heads.engine_spec import EngineFormat, Rule, TensorRule
+from draftheads.heads.engine.spec import EngineFormat, Rule, TensorRule
 from draftheads.heads.kinds import KINDS
 
 ENGINES = ("vllm", "sglang")

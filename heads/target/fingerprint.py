@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.placement import onloaded
-from draftheads.heads.target_layers import decoder_layers
+from draftheads.heads.target.layers import decoder_layers
+from draftheads.heads.target.placement import onloaded
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 :class:`FeatureCache` refuses, in one line each, an incomplete cache, a cache built for another
 target and one built for another layer set (or, with ``subset``, one lacking a layer the drafter
 reads); :class:`CacheColumns` reads only some columns of it (e.g. the tokens, without the
-features). The folder's format is :mod:`draftheads.data.cache_manifest`'s; caches are written by
-:mod:`draftheads.data.cache_build` and :mod:`draftheads.data.cache_views`.
+features). The folder's format is :mod:`draftheads.data.cache.manifest`'s; caches are written by
+:mod:`draftheads.data.cache.build` and :mod:`draftheads.data.cache.views`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from safetensors import safe_open
 from torch.utils.data import Dataset
 
 from draftheads.conf.errors import UserError
-from draftheads.data.cache_manifest import read_manifest
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.data.cache.manifest import read_manifest
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 
 class FeatureCache(Dataset):

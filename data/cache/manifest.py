@@ -13,8 +13,8 @@ optionally ``target_next [N]`` (the target's argmax next token at each position,
 a loss token (what training reads; zeros elsewhere, as padding). Row ``i`` of the cache is row
 ``i`` of the dataset.
 
-The builder (:mod:`draftheads.data.cache_build`), the views over other caches
-(:mod:`draftheads.data.cache_views`) and the reader (:mod:`draftheads.data.cache`) all go
+The builder (:mod:`draftheads.data.cache.build`), the views over other caches
+(:mod:`draftheads.data.cache.views`) and the reader (:mod:`draftheads.data.cache.read`) all go
 through this module, so the file name, the version and the stored dtypes are said once.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.checkpoint import atomic_write
+from draftheads.heads.files import atomic_write
 
 MANIFEST = "manifest.json"
 CACHE_VERSION = 1

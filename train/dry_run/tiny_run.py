@@ -43,7 +43,7 @@ def save_tiny_target(shape: TargetShape, layers: int, out: Path, seed: int) -> N
     """A random-init model of the recipe's family at toy widths, with the embedded tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from draftheads.heads.target import load_tokenizer
+    from draftheads.heads.target.load import load_tokenizer
 
     tok = load_tokenizer(TargetConfig(name_or_path="smollm2"))
     special = {
@@ -108,10 +108,10 @@ def tiny_config(cfg: Config, tmp: Path) -> Config:
 
 def build_tiny_cache(cfg: Config) -> None:
     """The offline feature cache of the tiny run, as ``draftheads features`` writes it."""
-    from draftheads.data.cache_build import build_feature_cache
+    from draftheads.data.cache.build import build_feature_cache
     from draftheads.data.prepare import prepare_dataset
-    from draftheads.heads.target import load_target
-    from draftheads.heads.target_layers import decoder_layers
+    from draftheads.heads.target.layers import decoder_layers
+    from draftheads.heads.target.load import load_target
 
     f = cfg.data.features
     model, tok = load_target(cfg.target)

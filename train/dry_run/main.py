@@ -1,9 +1,9 @@
 """``train.dry_run=true``: try a recipe on any machine, and size its real run.
 
 The dry run first sizes the real run from the recipe's ``recipe.shape``, building its drafter on
-the ``meta`` device (:mod:`draftheads.train.sizing`: a recipe that cannot build stops there);
+the ``meta`` device (:mod:`draftheads.train.dry_run.sizing`: a recipe that cannot build stops there);
 then it trains two optimizer steps of a tiny stand-in of the target's family
-(:mod:`draftheads.train.tiny_run`); last it prints both, what the real run needs per rank one
+(:mod:`draftheads.train.dry_run.tiny_run`); last it prints both, what the real run needs per rank one
 figure a line.
 """
 
@@ -20,9 +20,10 @@ from draftheads.conf.schema import Config
 from draftheads.conf.schema.kinds import depth_problem, draft_kind
 from draftheads.heads import drafter_kind
 from draftheads.train import modules  # noqa: F401  (registers every kind's training cost)
+from draftheads.train.dry_run.sizing import Needs, real_needs
+from draftheads.train.dry_run.tiny_run import TINY, tiny_config, tiny_layers, tiny_losses
 from draftheads.train.engine import zero_stage
-from draftheads.train.sizing import Needs, real_needs, sized_kinds
-from draftheads.train.tiny_run import TINY, tiny_config, tiny_layers, tiny_losses
+from draftheads.train.modules.costs import sized_kinds
 
 GIB = 2**30
 

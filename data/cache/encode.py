@@ -2,7 +2,7 @@
 
 Rows of similar length are batched together (sorted, packed up to ``batch_tokens`` padded
 tokens per forward) so little of each forward is padding; the results go back in row order,
-flattened into the shard columns :mod:`draftheads.data.cache_manifest` describes. The target's
+flattened into the shard columns :mod:`draftheads.data.cache.manifest` describes. The target's
 vocabulary projection runs only where something is stored from it (:func:`labelled`), so the
 prompt positions of a row cost no projection.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from draftheads.data.cache_manifest import STORE_DTYPES
+from draftheads.data.cache.manifest import STORE_DTYPES
 from draftheads.heads.features import target_features
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ Output directory::
 Each output row is ``{"id", "category", "messages", "gen", "finish", "answer_ids"}``; ``answer_ids``
 holds the token ids the target generated for each assistant turn (before any decode). ``gen``
 repeats the generation parameters and the target's name and tokenizer hash, so a row is
-self-describing. ``roundtrip.json`` is :mod:`draftheads.data.distill_roundtrip`'s.
+self-describing. ``roundtrip.json`` is :mod:`draftheads.data.distill.roundtrip`'s.
 
 Rows are appended batch by batch and flushed to disk (:func:`append_rows`). A rerun repairs a
 torn last line and learns the ids already written (:func:`repair_shards`), so only what is

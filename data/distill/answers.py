@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from draftheads.data.chat import generation_prompt
-from draftheads.data.distill_generate import GenerateFn, GenParams
+from draftheads.data.distill.generate import GenerateFn, GenParams
 from draftheads.data.prompts import PromptRow
 
 

@@ -2,10 +2,10 @@
 
 :func:`distill` is the run: it checks the prompts, writes the manifest, answers what is missing
 batch by batch and appends it to the shards, then counts the round trip. Its pieces live beside
-it: the output folder and resuming in :mod:`draftheads.data.distill_shards`, the answering of a
-batch's turns in :mod:`draftheads.data.distill_answers`, the generation itself in
-:mod:`draftheads.data.distill_generate`, the round-trip count in
-:mod:`draftheads.data.distill_roundtrip`.
+it: the output folder and resuming in :mod:`draftheads.data.distill.shards`, the answering of a
+batch's turns in :mod:`draftheads.data.distill.answers`, the generation itself in
+:mod:`draftheads.data.distill.generate`, the round-trip count in
+:mod:`draftheads.data.distill.roundtrip`.
 
 **Context length.** A prompt whose tokens plus ``max_new_tokens`` exceed the target's positions
 is skipped before any generation (counted in ``distill.json`` and printed); a later turn that
@@ -38,8 +38,8 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.data import DistillConfig
-from draftheads.data.distill_answers import answer_batch, fits, max_positions
-from draftheads.data.distill_generate import (
+from draftheads.data.distill.answers import answer_batch, fits, max_positions
+from draftheads.data.distill.generate import (
     DecodeFn,
     GenerateFn,
     GenParams,
@@ -49,12 +49,12 @@ from draftheads.data.distill_generate import (
     stock,
     stop_ids,
 )
-from draftheads.data.distill_roundtrip import write_roundtrip
-from draftheads.data.distill_shards import append_rows, repair_shards, shard_path, shard_rows, write_manifest
+from draftheads.data.distill.roundtrip import write_roundtrip
+from draftheads.data.distill.shards import append_rows, repair_shards, shard_path, shard_rows, write_manifest
 from draftheads.data.endpoint import EndpointError, RowJob, Served, answered, connect, report_cut_short
 from draftheads.data.outdir import claim_out_dir
 from draftheads.data.prompts import PromptRow
-from draftheads.heads.target_fingerprint import fingerprint
+from draftheads.heads.target.fingerprint import fingerprint
 
 
 def sort_key(row: PromptRow) -> int:

@@ -18,7 +18,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TargetConfig, memory_bytes
-from draftheads.heads.target_layers import decoder_layers
+from draftheads.heads.target.layers import decoder_layers
 
 
 def missing_device(device: str) -> str | None:

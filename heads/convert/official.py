@@ -47,7 +47,7 @@ from draftheads.conf.errors import UserError
 from draftheads.heads.kinds import layout_kind
 from draftheads.heads.layouts import OfficialCheckpoint, detect_layout
 from draftheads.heads.speculators import check_verifier
-from draftheads.heads.target_fingerprint import TargetFingerprint
+from draftheads.heads.target.fingerprint import TargetFingerprint
 
 __all__ = ["OfficialCheckpoint", "convert_official", "detect_layout", "import_provenance"]
 

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from draftheads.data.distill_shards import shard_rows
+from draftheads.data.distill.shards import shard_rows
 
 ROUNDTRIP = "roundtrip.json"
 

@@ -1,7 +1,7 @@
 """Build the offline feature cache: run the frozen target once over a prepared dataset.
 
 The builder plans contiguous shards of about ``shard_mb`` MB, prints the expected disk size
-before starting, encodes each shard (:func:`~draftheads.data.cache_encode.encode_shard`),
+before starting, encodes each shard (:func:`~draftheads.data.cache.encode.encode_shard`),
 writes it atomically and resumes: a rerun with the same plan skips finished shards, and a
 different cache in the same folder is refused. The manifest is written first (incomplete) and
 marked complete once every shard is on disk, so a reader never trusts a half-built cache.
@@ -18,10 +18,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.data.cache_encode import encode_shard
-from draftheads.data.cache_manifest import CACHE_VERSION, MANIFEST, STORE_DTYPES, read_manifest, write_json
-from draftheads.heads.checkpoint import atomic_write
-from draftheads.heads.target_fingerprint import fingerprint
+from draftheads.data.cache.encode import encode_shard
+from draftheads.data.cache.manifest import CACHE_VERSION, MANIFEST, STORE_DTYPES, read_manifest, write_json
+from draftheads.heads.files import atomic_write
+from draftheads.heads.target.fingerprint import fingerprint
 
 
 def bytes_per_token(feature_dim: int, dtype: str, topk: int, target_next: bool) -> int:
