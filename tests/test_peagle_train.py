@@ -13,6 +13,8 @@ import torch
 from draftheads.conf.cli import compose, main
 from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter, PEagleDrafter
+from draftheads.heads.peagle.from_eagle3 import start_from_eagle3
+from draftheads.train.drafters import build_drafter
 from draftheads.train.metrics import read_metrics
 from draftheads.train.recipe import train
 from tests.conftest import get_target
@@ -98,3 +100,72 @@ def test_the_dry_run_sizes_a_peagle_recipe_from_the_kind_registry():
     eagle3 = 3 * H * H + 2 * H * A + 2 * (2 * H * KV) + A * H + 3 * H * M + 2 * H + 2 * H + H * Vd
     assert figure(text, "drafter parameters") == figure(text, "trainable parameters") == eagle3 + 4 * H
     assert figure(text, "FLOPs per token") > 0 and figure(text, "activations per rank") > 0
+
+
+@pytest.fixture(scope="module")
+def eagle3_run(tmp_path_factory, rows):
+    """A tiny EAGLE-3 drafter trained on the same rows (its draft vocabulary is then P-EAGLE's)."""
+    return train(config(tmp_path_factory.mktemp("eagle3"), "draft=eagle3", "train.max_steps=2"), rows)
+
+
+def test_a_start_from_eagle3_copies_its_tensors_so_depth_0_drafts_as_eagle3(eagle3_run):
+    """P-EAGLE's depth 0 is EAGLE-3's first step exactly, so after the start both give the same logits."""
+    model, tok = get_target("llama")
+    eagle = Drafter.from_pretrained(eagle3_run, target=model, tokenizer=tok)
+    cfg = compose(["draft=peagle", "target=tiny-llama", "draft.num_depths=3", "draft.draft_vocab_size=512"])[
+        0
+    ]
+    peagle = build_drafter(cfg, model, tok)
+    left = start_from_eagle3(peagle, str(eagle3_run))
+    assert left == ["mask_embed", "mask_hidden"]
+    ours = peagle.state_dict()
+    for k, v in eagle.state_dict().items():
+        assert torch.equal(ours[k], v), k
+    torch.manual_seed(0)
+    feats = torch.randn(1, 5, eagle.fc.in_features)
+    ids = torch.randint(0, 200, (1, 5))
+    one = eagle.fuse(feats)
+    assert torch.equal(peagle.fuse(feats), one) and torch.equal(peagle.embed(ids), eagle.embed(ids))
+
+
+def test_a_start_from_eagle3_trains_from_its_weights_through_the_recipe(tmp_path, rows, eagle3_run):
+    out = train(
+        config(
+            tmp_path,
+            *PEAGLE[:2],
+            "train.lr=1e-9",
+            "train.max_steps=1",
+            f"draft.init_from_eagle3={eagle3_run}",
+        ),
+        rows,
+    )
+    model, tok = get_target("llama")
+    started = Drafter.from_pretrained(out, target=model, tokenizer=tok)
+    eagle = Drafter.from_pretrained(eagle3_run, target=model, tokenizer=tok)
+    assert torch.allclose(started.fc.weight, eagle.fc.weight, atol=1e-6)
+    assert torch.equal(started.d2t, eagle.d2t)
+
+
+@pytest.mark.parametrize(
+    "source, extra, match",
+    [
+        ("medusa", [], "is a medusa drafter, not EAGLE-3; give a drafter trained with draft=eagle3"),
+        (
+            "eagle3",
+            ["draft.draft_vocab_size=256"],
+            "has draft_vocab_size=512 but this P-EAGLE drafter 256; set draft.draft_vocab_size=512",
+        ),
+        ("eagle3", ["draft.fc_norm=true"], "has fc_norm=False; set draft.fc_norm=false"),
+        ("missing", [], "no such checkpoint directory"),
+    ],
+)
+def test_a_start_from_another_drafter_is_refused_before_training(
+    tmp_path, rows, eagle3_run, source, extra, match
+):
+    if source == "medusa":
+        path = train(config(tmp_path, "draft=medusa", "train.max_steps=1", name="medusa"), rows)
+    else:
+        path = eagle3_run if source == "eagle3" else tmp_path / "nowhere"
+    with pytest.raises(UserError, match=match) as err:
+        train(config(tmp_path, *PEAGLE, *extra, f"draft.init_from_eagle3={path}", name="start"), rows)
+    assert "\n" not in str(err.value) and not (tmp_path / "start" / "model.safetensors").exists()

@@ -282,6 +282,10 @@ class DraftConfig:
     # true: train a copy of the whole input embedding, as speculators does; false: the target's
     # embedding, with only the mask token's row the drafter's own (a real token embeds as in EAGLE-3)
     own_embedding: bool = False
+    # a trained EAGLE-3 drafter (folder or Hub id) of the same target, feature layers, draft
+    # vocabulary and norm variants: its fc, layers, norms, head and vocabulary maps start this one
+    # (the mask token's embedding and mask_hidden start as without it)
+    init_from_eagle3: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""

@@ -24,6 +24,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.masks import document_ids
+from draftheads.heads.peagle.from_eagle3 import check_matches, eagle3_checkpoint, start_from_eagle3
 from draftheads.heads.peagle.sampling import DropSampling, conditional_drop, every_depth, group_entries
 from draftheads.train.engine import gathered
 from draftheads.train.guards import dflash_topk
@@ -109,6 +110,14 @@ class PEagleObjective(EagleObjective):
     def check_rows(cls, drafter, d, tokens: Sequence[dict]) -> None:
         check_mask_token(drafter.mask_token_id, tokens)
         check_depths(drafter.num_depths, tokens)
+        if d.init_from_eagle3 is not None:  # refused before the run changes its folder
+            _, cfg = eagle3_checkpoint(d.init_from_eagle3)
+            check_matches(
+                cfg,
+                drafter.spec(),
+                drafter.target_fingerprint,
+                f"draft.init_from_eagle3={d.init_from_eagle3}",
+            )
 
     @classmethod
     def reads_topk(cls, cache: Any, t, d) -> bool:
@@ -117,9 +126,13 @@ class PEagleObjective(EagleObjective):
 
     @classmethod
     def init_rest(cls, drafter, d, stage: int) -> None:
-        """The mask token's embedding (with ``own_embedding``, the whole table) as the target's."""
+        """The mask token's embedding (with ``own_embedding``, the whole table) as the target's;
+        with ``draft.init_from_eagle3``, every other tensor as that EAGLE-3 drafter's."""
         with gathered([drafter.shared("embed").weight], stage):
             drafter.init_embedding_from_target()
+        if d.init_from_eagle3 is not None:
+            with gathered(list(drafter.parameters()), stage):
+                start_from_eagle3(drafter, d.init_from_eagle3)
 
     def __init__(self, drafter, target, cfg, topk: int, sampling: DropSampling | None = None) -> None:
         super().__init__(drafter, target, cfg, topk)

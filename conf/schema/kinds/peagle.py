@@ -20,7 +20,7 @@ class PEagleDraft(DraftKind):
     keys = (
         "num_depths", "down_sample_ratio", "down_sample_ratio_min", "max_anchors", "own_embedding",
         "mask_token_id", "feature_noise", "num_decoder_layers", "feature_layers", "draft_vocab_size",
-        "init_from_target", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+        "init_from_target", "init_from_eagle3", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
     )  # fmt: skip
     options = "draft=peagle"
     same_meaning = {"num_layers": "num_decoder_layers", "block_size": "num_depths", "ttt_steps": "num_depths"}
@@ -37,6 +37,13 @@ class PEagleDraft(DraftKind):
             return f"draft.down_sample_ratio_min={d.down_sample_ratio_min} must be in [0, 1] (the least share a depth keeps)"
         if d.max_anchors is not None and d.max_anchors < 1:
             return f"draft.max_anchors={d.max_anchors} must be at least 1; use null for every answer anchor"
+        if d.init_from_eagle3 is not None and not str(d.init_from_eagle3).strip():
+            return "draft.init_from_eagle3 is empty; give an EAGLE-3 drafter's folder or Hub id, or null"
+        if d.init_from_eagle3 is not None and d.init_from_target:
+            return (
+                "draft.init_from_eagle3 and draft.init_from_target both start the decoder layer; "
+                "set one of them"
+            )
         if d.mask_token_id is not None and d.mask_token_id < 0:
             return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
         if d.feature_layers is not None:
