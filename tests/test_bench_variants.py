@@ -148,3 +148,23 @@ def test_a_variant_that_cannot_train_on_the_main_data_is_refused_before_any_stag
         pipeline(cfg, b)
     assert needle in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "bench").exists()
+
+
+def test_a_row_that_starts_from_another_rows_drafter_trains_after_it_and_reads_its_folder(tmp_path):
+    """``@<row>`` names that row's drafter: the row is trained first even when not asked for, and
+    the override reads its folder (a "drafter only" row's, the row it decodes)."""
+    from bench.lab.rows import resolve_refs, with_refs
+
+    assert with_refs(["peagle 4 depths", "peagle from eagle3 drafter only"]) == [
+        "peagle 4 depths",
+        "eagle3",
+        "peagle from eagle3 drafter only",
+    ]
+    assert with_refs(["eagle3", "peagle from eagle3"]) == ["eagle3", "peagle from eagle3"]
+    resolved = resolve_refs(ABLATIONS["peagle from eagle3"], tmp_path)
+    assert resolved == ["draft=peagle", f"draft.init_from_eagle3={tmp_path / 'eagle3' / 'drafter'}"]
+    for name, row in ABLATIONS.items():
+        if name.startswith("peagle"):
+            trained = [o for o in resolve_refs(row, tmp_path) if not o.startswith("decode.")]
+            d = parse(["train", "target=tiny-llama", *trained]).args.draft
+            assert d.kind == "peagle", name

@@ -123,6 +123,16 @@ ABLATIONS: dict[str, list[str]] = {
     # one row per optimizer step instead of four packed: four times the updates per token
     "dflash micro-batch 1": ["draft=dflash", "train.micro_batch_size=1"],
     "dflash micro-batch 1 qk gain 1.5": ["draft=dflash", "train.micro_batch_size=1", "draft.qk_gain=1.5"],
+    # P-EAGLE's own levers on draft=peagle's recipe: the group's depth, how many anchors each
+    # deeper depth keeps (conditional drop), and a start from the EAGLE-3 row's drafter (trained
+    # on the same data first, so that row costs its own training on top)
+    "peagle": ["draft=peagle"],
+    "peagle 4 depths": ["draft=peagle", "draft.num_depths=4"],
+    "peagle 12 depths": ["draft=peagle", "draft.num_depths=12"],
+    "peagle ratio 0.5": ["draft=peagle", "draft.down_sample_ratio=0.5"],
+    "peagle ratio 0.9": ["draft=peagle", "draft.down_sample_ratio=0.9"],
+    "peagle no drop": ["draft=peagle", "draft.down_sample_ratio=1", "draft.down_sample_ratio_min=1"],
+    "peagle from eagle3": ["draft=peagle", "draft.init_from_eagle3=@eagle3"],
     # EAGLE-3's levers on the same data
     "eagle3 regenerated": ["bench.data=regenerated"],
     "eagle3 2 passes": ["bench.epochs=2"],
@@ -193,6 +203,13 @@ ABLATIONS.update(
             "dflash 2 layers 9 kv heads gamma 1",
             "eagle3 regenerated",
             "eagle3 micro-batch 1",
+            "peagle",
+            "peagle 4 depths",
+            "peagle 12 depths",
+            "peagle ratio 0.5",
+            "peagle ratio 0.9",
+            "peagle no drop",
+            "peagle from eagle3",
         )
     }
 )

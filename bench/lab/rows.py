@@ -7,6 +7,8 @@ own ``bench.data`` and ``bench.epochs`` pick its data and passes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from draftheads.bench import teacher_stages
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
@@ -84,3 +86,37 @@ def drafter_row(name: str) -> str:
     rows that differ only in decoding share its drafter."""
     trained = split_overrides(ABLATIONS[name])[0]
     return next(n for n, extra in ABLATIONS.items() if split_overrides(extra)[0] == trained)
+
+
+# an override value "@<row>" names the drafter that ablation row trained (e.g. a start from it)
+ROW_REF = "@"
+
+
+def row_refs(extra: list[str]) -> list[str]:
+    """The ablation rows whose drafters ``extra`` names as ``key=@<row>``."""
+    return [v[len(ROW_REF) :] for v in (o.partition("=")[2] for o in extra) if v.startswith(ROW_REF)]
+
+
+def with_refs(names: list[str]) -> list[str]:
+    """``names`` with every row they refer to placed before its first user (trained first)."""
+    ordered: list[str] = []
+    for name in names:
+        for ref in row_refs(ABLATIONS[name]):
+            if ref not in ABLATIONS:
+                raise UserError(f"ablation row {name!r} refers to {ref!r}, not a row of ABLATIONS")
+            if ref not in ordered:
+                ordered.append(ref)
+        if name not in ordered:
+            ordered.append(name)
+    return ordered
+
+
+def resolve_refs(extra: list[str], root: Path) -> list[str]:
+    """``extra`` with each ``@<row>`` replaced by the folder of that row's trained drafter."""
+    out = []
+    for o in extra:
+        key, _, value = o.partition("=")
+        if value.startswith(ROW_REF):
+            value = str(root / drafter_row(value[len(ROW_REF) :]).replace(" ", "-") / "drafter")
+        out.append(f"{key}={value}")
+    return out

@@ -30,14 +30,17 @@ from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.bench_drafters import row_base
 
 from . import scaling, variants
+from .ablation_rows import ABLATIONS
 from .rows import (
     ablation_rows,
     cached_rows,
     check_ablations,
     drafter_row,
+    resolve_refs,
     row_overrides,
     row_settings,
     split_overrides,
+    with_refs,
 )
 
 
@@ -104,9 +107,9 @@ def stage_ablations(
 
     rows = {}
     root = Path(b.out_dir) / "ablations"
-    for name, extra in ablation_rows(list(b.ablations)).items():
+    for name in with_refs(list(ablation_rows(list(b.ablations)))):
         folder = root / name.replace(" ", "-")
-        trained, decode = split_overrides(extra)
+        trained, decode = split_overrides(resolve_refs(ABLATIONS[name], root))
         trained, data, epochs = row_settings(trained)
         source = regenerated if data == "regenerated" else cache
         compute = round(b.ablation_tokens * (epochs or b.ablation_epochs))
