@@ -12,7 +12,7 @@ import torch
 
 from draftheads.conf.cli import compose, main
 from draftheads.conf.errors import UserError
-from draftheads.heads import Drafter, PEagleDrafter
+from draftheads.heads import Drafter, MedusaHeads, PEagleDrafter, fingerprint
 from draftheads.heads.peagle.from_eagle3 import start_from_eagle3
 from draftheads.train.drafters import build_drafter
 from draftheads.train.metrics import read_metrics
@@ -163,7 +163,8 @@ def test_a_start_from_another_drafter_is_refused_before_training(
     tmp_path, rows, eagle3_run, source, extra, match
 ):
     if source == "medusa":
-        path = train(config(tmp_path, "draft=medusa", "train.max_steps=1", name="medusa"), rows)
+        model, tok = get_target("llama")
+        path = MedusaHeads(fingerprint(model, tok), num_heads=2).save_pretrained(tmp_path / "medusa")
     else:
         path = eagle3_run if source == "eagle3" else tmp_path / "nowhere"
     with pytest.raises(UserError, match=match) as err:
