@@ -39,7 +39,12 @@ def done(path: Path, settings: dict[str, Any] | None = None) -> bool:
                 f"delete {path} to redo that stage, or set bench.out_dir to a new folder"
             )
         made, want = flat(made), flat(want)
-        keys = sorted(k for k in {*made, *want} if made.get(k) != want.get(k))
+        # a setting added since the stage ran, left unset (null), is the behaviour it ran with
+        keys = sorted(
+            k for k in {*made, *want} if made.get(k) != want.get(k) and not (k not in made and want[k] is None)
+        )
+        if not keys:
+            return True
         was = ", ".join(f"{k}={made.get(k)}" for k in keys)
         now = ", ".join(f"{k}={want.get(k)}" for k in keys)
         raise UserError(

@@ -495,3 +495,16 @@ def test_data_speed_times_the_teacher_cache_path_with_eagle3_layers_and_topk(cap
         get_target("llama")[0].config.num_hidden_layers
     )
     assert f"features (layers {layers} + top-4 logits" in printed
+
+
+def test_a_setting_added_since_a_stage_ran_and_left_unset_reuses_the_stage(tmp_path):
+    """A marker written before a draft field existed lacks it: left null, the field is the
+    behaviour the stage ran with; set, the rerun stops naming it."""
+    from draftheads.bench.stages import done, mark_done
+
+    mark_done(tmp_path, settings={"epochs": 1.0, "draft": {"kind": "eagle"}})
+    assert done(tmp_path, {"epochs": 1.0, "draft": {"kind": "eagle", "init_from_eagle3": None}})
+    with pytest.raises(
+        UserError, match=r"made with draft.init_from_eagle3=None, not draft.init_from_eagle3=x;"
+    ):
+        done(tmp_path, {"epochs": 1.0, "draft": {"kind": "eagle", "init_from_eagle3": "x"}})
