@@ -213,7 +213,7 @@ class DraftConfig:
     # EAGLE-1 only: fc over concat(embedding, feature) with a bias. vLLM builds this fc without
     # one (and drops fc.bias), so a drafter meant for vLLM is trained with fc_bias=false.
     fc_bias: bool = True
-    # EAGLE-3's norm variants, as speculators and vLLM name them (see heads/eagle.py): an RMSNorm
+    # EAGLE-3's norm variants, as speculators and vLLM name them (see heads/eagle/model.py): an RMSNorm
     # over the three target layers before fc (norm_before_fc) or one per layer (fc_norm), the
     # attention's residual taken after hidden_norm (norm_before_residual), and the normed output
     # fed back between drafted tokens (norm_output)
