@@ -75,8 +75,8 @@ def install() -> None:
 def forward(package: str, module: str) -> Callable[[str], Any]:
     """A package ``__getattr__`` that answers the names of the old module the package replaced.
 
-    ``from draftheads.data.cache import FeatureCache`` still works after ``data/cache.py`` became
-    ``data/cache/read.py``; the module is imported on first use, so the package itself stays light.
+    ``from draftheads.data.cache import FeatureCache`` still works now that the module of that name
+    is the package's ``read``; the module is imported on first use, so the package stays light.
     """
 
     def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,20 @@ def test_the_scan_sees_a_kind_switch():
     source = 'if cfg.kind == "dflash":\n    pass\nif isinstance(d, (EagleDrafter, int)):\n    pass\n'
     assert len(kind_switches(source, {"dflash"}, {"EagleDrafter"})) == 2
     assert kind_switches('if engine == "vllm":\n    pass\n', {"dflash"}, {"EagleDrafter"}) == []
+
+
+def test_every_source_file_the_docs_name_exists():
+    """A path like ``heads/eagle/model.py`` in the docs or a docstring names a real file (the
+    adding-a-kind guide's ``new`` placeholders aside), so a move cannot leave a stale pointer."""
+    pattern = re.compile(r"\b((?:heads|data|train|decode|bench|conf)/[A-Za-z_/]+\.py)\b")
+    texts = [*ROOT.glob("docs/*.md"), ROOT / "README.md"]
+    texts += [p for top in INSTALLED for p in (ROOT / top).rglob("*.py")]
+    missing = sorted(
+        {
+            f"{t.relative_to(ROOT)}: {m}"
+            for t in texts
+            for m in pattern.findall(t.read_text())
+            if "/new" not in m and not (ROOT / m).exists()
+        }
+    )
+    assert not missing, "\n".join(missing)
