@@ -41,7 +41,9 @@ def done(path: Path, settings: dict[str, Any] | None = None) -> bool:
         made, want = flat(made), flat(want)
         # a setting added since the stage ran, left unset (null), is the behaviour it ran with
         keys = sorted(
-            k for k in {*made, *want} if made.get(k) != want.get(k) and not (k not in made and want[k] is None)
+            k
+            for k in {*made, *want}
+            if made.get(k) != want.get(k) and not (k not in made and want[k] is None)
         )
         if not keys:
             return True
