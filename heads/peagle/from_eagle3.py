@@ -17,15 +17,11 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import read_config, read_weights, resolve_checkpoint_dir
+from draftheads.heads.speculators import EAGLE3_FLAGS
 from draftheads.heads.target.fingerprint import TargetFingerprint
 
-# spec keys of the EAGLE-3 drafter that must equal the P-EAGLE drafter's (the draft.* key to set)
-SAME = {
-    "feature_layers": "feature_layers",
-    "draft_vocab_size": "draft_vocab_size",
-    "num_decoder_layers": "num_decoder_layers",
-}
-FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# spec keys of the EAGLE-3 drafter that must equal the P-EAGLE drafter's (each a draft.* key)
+SAME = ("feature_layers", "draft_vocab_size", "num_decoder_layers")
 
 
 def eagle3_checkpoint(source: str) -> tuple[Path, dict[str, Any]]:
@@ -46,13 +42,13 @@ def check_matches(cfg: dict[str, Any], spec: dict[str, Any], fp: TargetFingerpri
     """The EAGLE-3 drafter was trained for this target, with this drafter's shape."""
     TargetFingerprint.from_dict(cfg["target"]).check_compatible(fp, what=where)
     theirs = cfg["spec"]
-    for key, option in SAME.items():
+    for key in SAME:
         if theirs.get(key) != spec.get(key):
             raise UserError(
                 f"{where} has {key}={theirs.get(key)} but this P-EAGLE drafter {spec.get(key)}; "
-                f"set draft.{option}={theirs.get(key)}"
+                f"set draft.{key}={theirs.get(key)}"
             )
-    for flag in FLAGS:
+    for flag in EAGLE3_FLAGS:
         if bool(theirs.get(flag)) != bool(spec.get(flag)):
             raise UserError(
                 f"{where} has {flag}={bool(theirs.get(flag))}; set draft.{flag}={str(bool(theirs.get(flag))).lower()}"
