@@ -87,6 +87,10 @@ REFUSED = [
     # generate and eval decode one prompt at a time
     (["generate", "heads=h", "prompt=hi", "decode.batch_size=4"], "decode.batch_size=4: generate decodes one prompt"),
     (["eval", "heads=h", "decode.batch_size=2"], "decode.batch_size=2: eval decodes one prompt"),
+    # without a drafter only lookup drafts, so it cannot be off
+    (["generate", "heads=none", "prompt=Hi", "decode.lookup_tokens=0"], "heads=none with decode.lookup_tokens=0: there is no drafter"),
+    (["eval", "heads=none", "decode.lookup=false"], "heads=none with decode.lookup=false: there is no drafter"),
+    (["speed", "heads=none", "decode.lookup=false"], "prompt lookup is off, so nothing proposes drafts"),
     # tree writes a tree, it reads none
     (["tree", "heads=h", "decode.tree=chain"], "tree picks a new tree and does not read decode.tree"),
     # prompt files that hold no text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from draftheads.conf.commands.checks import cost_cache_writable, decode_fits, something_drafts
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig, Config
 from draftheads.conf.schema.checks import at_least, backend_fits, one_of
@@ -99,8 +100,9 @@ class GenerateArgs:
     prompt: str | None = None
 
     def __post_init__(self) -> None:
-        """Refuse decoding settings this command cannot use (:func:`decode_fits`)."""
+        """Refuse settings this command cannot use (:func:`decode_fits`, :func:`something_drafts`)."""
         decode_fits("generate", self.decode)
+        something_drafts(self.heads, self.decode)
 
 
 @dataclass
@@ -115,8 +117,9 @@ class EvalArgs:
     revision: str | None = None
 
     def __post_init__(self) -> None:
-        """Refuse decoding settings this command cannot use (:func:`decode_fits`)."""
+        """Refuse settings this command cannot use (:func:`decode_fits`, :func:`something_drafts`)."""
         decode_fits("eval", self.decode)
+        something_drafts(self.heads, self.decode)
 
 
 @dataclass
@@ -251,8 +254,10 @@ class SpeedArgs:
     speed: DecodeSpeedOptions = field(default_factory=DecodeSpeedOptions)
 
     def __post_init__(self) -> None:
-        """Refuse a verify-cost cache that cannot be written (batches are ``speed.batch_sizes``)."""
+        """Refuse an unwritable verify-cost cache and a run in which nothing drafts (batches are
+        ``speed.batch_sizes``)."""
         cost_cache_writable(self.decode)
+        something_drafts(self.heads, self.decode)
 
 
 @dataclass
@@ -361,33 +366,6 @@ class EngineArgs:
     heads: str | None = None
     revision: str | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
-
-
-def decode_fits(command: str, decode: DecodeConfig) -> None:
-    """The decoding settings of a command that decodes prompt by prompt: no ``decode.batch_size``
-    (:func:`unbatched`), and a verify-cost cache it can write (:func:`cost_cache_writable`)."""
-    unbatched(command, decode)
-    cost_cache_writable(decode)
-
-
-def cost_cache_writable(decode: DecodeConfig) -> None:
-    """Refuse a ``decode.cost_cache`` that is a file or cannot be created or written: the curve
-    would be measured again on every run. Changes nothing on disk."""
-    from draftheads.data.outdir import writable_dir
-
-    if decode.cost_cache:
-        writable_dir(decode.cost_cache, "decode.cost_cache")
-
-
-def unbatched(command: str, decode: DecodeConfig) -> None:
-    """Refuse ``decode.batch_size`` other than 1 for a command that decodes one prompt at a time
-    (it would be ignored); ``draftheads speed`` measures batches, with ``speed.batch_sizes``."""
-    if decode.batch_size != 1:
-        raise UserError(
-            f"decode.batch_size={decode.batch_size}: {command} decodes one prompt at a time and does not "
-            f"read it; drop decode.batch_size (`draftheads speed speed.batch_sizes=[1,{decode.batch_size}]` "
-            "measures batches)"
-        )
 
 
 def distill_backend_fits(target: TargetConfig, data: DataConfig) -> None:
