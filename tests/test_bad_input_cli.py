@@ -23,8 +23,8 @@ BOM = b"\xef\xbb\xbf"
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch) -> Path:
-    """A working folder with a drafter folder ``h``, another drafter's report in ``report/`` and
-    the prompt files the rows name."""
+    """A working folder with a drafter folder ``h`` (and its report on ``a/ok.jsonl``), another
+    drafter's report in ``report/`` and the prompt files the rows name."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "h").mkdir()
     (tmp_path / "h" / "config.json").write_text("{}")
@@ -38,6 +38,13 @@ def workdir(tmp_path, monkeypatch) -> Path:
     (tmp_path / "empty.txt").write_text(" \n")
     (tmp_path / "bin.txt").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x00")
     (tmp_path / "a-file").write_text("keep me")
+    for folder in ("a", "b"):  # two prompt files of one name, and the report on the first
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "ok.jsonl").write_text('{"text": "Hello"}\n')
+    (tmp_path / "h" / "eval-ok").mkdir()
+    (tmp_path / "h" / "eval-ok" / "report.json").write_text(
+        json.dumps({"tau": 2, "heads": "h", "prompts": "a/ok.jsonl"})
+    )
     return tmp_path
 
 
@@ -45,6 +52,9 @@ def workdir(tmp_path, monkeypatch) -> Path:
 REFUSED = [
     # another drafter's report is never replaced
     (["eval", "heads=h", "eval.out_dir=report"], "eval.out_dir=report holds the report of heads=outputs/other"),
+    # nor a report on other prompts, though their file has the same name
+    (["eval", "heads=h", "eval.prompts=b/ok.jsonl"], "h/eval-ok (the default eval.out_dir) holds the report on eval.prompts=a/ok.jsonl"),
+    (["eval", "heads=h", "eval.prompts=b/ok.jsonl", "eval.out_dir=h/eval-ok"], "this run on eval.prompts=b/ok.jsonl"),
     # a verify-cost cache that cannot be written
     (["generate", "heads=h", "prompt=hi", "decode.cost_cache=/proc/x"], "decode.cost_cache=/proc/x cannot be written"),
     (["generate", "heads=h", "prompt=hi", "decode.cost_cache=a-file"], "decode.cost_cache=a-file is an existing file"),
@@ -207,6 +217,7 @@ def test_the_same_drafter_may_refresh_its_report(workdir):
     check_report_owner(workdir / "report", "./h")  # the same folder, spelt otherwise
     with pytest.raises(UserError, match="holds the report of heads=h"):
         check_report_owner(workdir / "report", "none")
+    check_report_owner(workdir / "h" / "eval-ok", "h", "./a/ok.jsonl")  # the same prompt file
 
 
 @pytest.mark.parametrize(

@@ -167,16 +167,20 @@ def default_eval_dir(heads: str | None, prompts: str) -> Path:
 
 
 def same_drafter(a: str | None, b: str | None) -> bool:
-    """Whether two ``heads=`` values name one drafter: the same text, or the same local folder."""
+    """Whether two ``heads=`` values (or two ``eval.prompts=`` values) name one drafter or prompt
+    set: the same text, or the same local folder or file."""
     if str(a) == str(b):
         return True
     pa, pb = Path(str(a)).expanduser(), Path(str(b)).expanduser()
-    return pa.is_dir() and pb.is_dir() and pa.resolve() == pb.resolve()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
-def check_report_owner(out: Path, heads: str | None) -> None:
-    """Refuse an ``eval.out_dir`` whose report measured another drafter: writing there would
-    replace that report (its report.json, report.md, turns and plots)."""
+def check_report_owner(
+    out: Path, heads: str | None, prompts: str | None = None, default: bool = False
+) -> None:
+    """Refuse an ``eval.out_dir`` whose report measured another drafter, or other prompts (another
+    file of the same name lands in the same default folder): writing there would replace that
+    report (its report.json, report.md, turns and plots)."""
     from draftheads.data.outdir import read_json
 
     report = read_json(Path(out).expanduser() / "report.json") or {}
@@ -184,6 +188,12 @@ def check_report_owner(out: Path, heads: str | None) -> None:
         raise UserError(
             f"eval.out_dir={out} holds the report of heads={report['heads']}, which this run would "
             f"replace; choose another eval.out_dir, or leave it unset for a folder of this drafter's own"
+        )
+    if prompts is not None and "prompts" in report and not same_drafter(report["prompts"], prompts):
+        where = f"{out} (the default eval.out_dir)" if default else f"eval.out_dir={out}"
+        raise UserError(
+            f"{where} holds the report on eval.prompts={report['prompts']}, which this run on "
+            f"eval.prompts={prompts} would replace; set eval.out_dir to another folder for these prompts"
         )
 
 
@@ -219,7 +229,7 @@ def evaluate(args: EvalArgs) -> dict:
     check_baselines(baselines, bool(e.assistant_model))
     out = e.output_dir if e.output_dir is not None else default_eval_dir(args.heads, e.prompts)
     guard_out_dir(out, "eval", "eval.out_dir")
-    check_report_owner(out, args.heads)
+    check_report_owner(out, args.heads, e.prompts, default=e.output_dir is None)
     read_prompts(e)  # a prompt file that yields nothing stops here, before the target loads
     with claimed(out, "eval", "eval.out_dir") as folder:
         return measure(args, baselines, folder)
