@@ -61,11 +61,11 @@ FORMAT_NAMES = (*ENGINES, SPECULATORS)
 EXPORT_RECORD = "export.json"  # marks a directory draftheads exported into (it may be rewritten)
 
 
-def check_out_dir(out: Path, source: Path | None = None) -> None:
+def check_out_dir(out: Path, source: Path | None = None, engine: str | None = None) -> None:
     """Refuse, before anything is written, an ``out`` that would overwrite a drafter or is unusable.
 
     Allowed: a new path, an empty directory, or a previous export (it holds ``export.json``)
-    that is not ``source``.
+    of ``source`` in the same ``engine`` format (one in another format would be lost).
     """
     if out.exists() and not out.is_dir():
         raise UserError(f"out={out} is an existing file; pass a new or empty directory")
@@ -84,6 +84,12 @@ def check_out_dir(out: Path, source: Path | None = None) -> None:
             f"out_dir={out} holds the export of another drafter (heads={earlier}, see its {EXPORT_RECORD}); "
             f"export heads={source} into another directory, or delete that export first"
         )
+    earlier_engine = export_record(out).get("engine")
+    if engine is not None and earlier_engine and str(earlier_engine).lower() != engine.lower():
+        raise UserError(
+            f"out_dir={out} holds the format={earlier_engine} export (see its {EXPORT_RECORD}), which "
+            f"format={engine} would replace; export into another directory (e.g. out_dir={out}-{engine})"
+        )
     parent = next((p for p in (out, *out.parents) if p.exists()), None)
     try:  # os.access says yes to root even on /proc: try it
         if parent is None:
@@ -93,13 +99,18 @@ def check_out_dir(out: Path, source: Path | None = None) -> None:
         raise UserError(f"out={out}: {parent} is not writable; pass a directory you can write to") from None
 
 
-def exported_from(out: Path) -> str:
-    """The drafter directory an earlier export in ``out`` was written from ("" when unknown)."""
+def export_record(out: Path) -> dict[str, Any]:
+    """The ``export.json`` of an earlier export in ``out`` (empty when there is none or it is unreadable)."""
     try:
         record = json.loads((out / EXPORT_RECORD).read_text())
     except (OSError, ValueError):
-        return ""
-    return str(record.get("source") or "") if isinstance(record, dict) else ""
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def exported_from(out: Path) -> str:
+    """The drafter directory an earlier export in ``out`` was written from ("" when unknown)."""
+    return str(export_record(out).get("source") or "")
 
 
 def export_drafter(
@@ -121,7 +132,7 @@ def export_drafter(
     if engine not in FORMAT_NAMES:
         raise UserError(f"format={engine} is not supported; use one of {', '.join(FORMAT_NAMES)}")
     out = Path(out)
-    check_out_dir(out, source if source is not None else drafter.source_dir)
+    check_out_dir(out, source if source is not None else drafter.source_dir, engine)
     if engine == SPECULATORS:
         cfg, sd = export_speculators(drafter, verifier, tokens)
     else:
@@ -191,7 +202,7 @@ def export(cfg) -> Path:
     if engine not in FORMAT_NAMES:
         raise UserError(f"format={cfg.format} is not supported; use one of {', '.join(FORMAT_NAMES)}")
     directory = resolve_checkpoint_dir(cfg.heads, cfg.revision)
-    check_out_dir(Path(cfg.out), directory)  # before loading anything
+    check_out_dir(Path(cfg.out), directory, engine)  # before loading anything
     check_engine_fits(directory, engine)
     verifier = getattr(cfg, "verifier", None)
     if verifier and not Path(verifier).expanduser().is_dir():  # before loading anything

@@ -353,6 +353,17 @@ def test_an_export_of_another_drafter_is_never_replaced(two_drafters, capsys):
     assert snapshot(two_drafters) == before
 
 
+def test_an_export_in_another_format_is_never_replaced(two_drafters, capsys):
+    assert main(["export", "heads=e3", "format=vllm", "out_dir=x", "target=tiny-llama"]) == 0
+    capsys.readouterr()
+    before = snapshot(two_drafters)
+    assert main(["export", "heads=e3", "format=sglang", "out_dir=x", "target=tiny-llama"]) == 1
+    line = one_line_error(capsys)
+    assert "out_dir=x holds the format=vllm export" in line and "format=sglang would replace" in line, line
+    assert snapshot(two_drafters) == before
+    assert main(["export", "heads=e3", "format=vllm", "out_dir=x", "target=tiny-llama"]) == 0  # refreshed
+
+
 def test_weight_files_follow_the_umask(two_drafters, tiny_llama):
     import os
     import stat
