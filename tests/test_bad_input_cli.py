@@ -364,6 +364,18 @@ def test_an_export_in_another_format_is_never_replaced(two_drafters, capsys):
     assert main(["export", "heads=e3", "format=vllm", "out_dir=x", "target=tiny-llama"]) == 0  # refreshed
 
 
+@pytest.mark.parametrize("fc_bias,works", [(True, "format=sglang"), (False, "format=vllm")])
+def test_the_format_an_eagle1_refusal_names_exports_it(two_drafters, tiny_llama, capsys, fc_bias, works):
+    from tests.test_export import eagle
+
+    model, _, fp = tiny_llama
+    eagle(model, fp, 1, fc_bias=fc_bias).save_pretrained(two_drafters / "e1")
+    assert main(["export", "heads=e1", "format=speculators", "out_dir=x", "target=tiny-llama"]) == 1
+    line = one_line_error(capsys)
+    assert f"export it with {works}" in line, line
+    assert main(["export", "heads=e1", works, "out_dir=x", "target=tiny-llama"]) == 0
+
+
 def test_weight_files_follow_the_umask(two_drafters, tiny_llama):
     import os
     import stat

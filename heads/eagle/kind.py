@@ -71,12 +71,19 @@ class EagleKind(DrafterKind):
         return None
 
     def speculators_refusal(self, conf: dict[str, Any]) -> str | None:
-        """speculators defines EAGLE-3 only."""
+        """speculators defines EAGLE-3 only; the refusal names a format that takes this EAGLE-1
+        drafter (vLLM drops an fc bias, so one with a bias goes to SGLang)."""
         if conf["spec"].get("version") == 3:
             return None
+        works = (
+            "export it with format=sglang (vLLM drops its fc bias), or retrain it with draft.fc_bias=false "
+            "for format=vllm"
+            if conf["spec"].get("fc_bias", True)
+            else "export it with format=vllm or format=sglang"
+        )
         return (
             "speculators has no model type for an EAGLE-1 drafter (it defines eagle3 and dflash drafters); "
-            "export it with format=vllm"
+            + works
         )
 
     def export(self, drafter, engine: str) -> Export:
