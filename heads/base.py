@@ -224,7 +224,9 @@ class Drafter(
         official = detect_layout(directory)
         if official is not None:
             fp = fingerprint(target, tokenizer) if target is not None else None
-            kind, spec, tensors = convert_official(official, target, fp, expected_kind=cls.kind or None)
+            kind, spec, tensors = convert_official(
+                official, target, fp, expected_kind=cls.kind or None, tokenizer=tokenizer
+            )
             model = drafter_kind(kind).drafter(fp, **spec)
             check_tensors(model.state_dict(), tensors, official, fp)
             check_finite(tensors, official.where())

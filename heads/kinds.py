@@ -132,6 +132,12 @@ class DrafterKind:
         raise UserError(self.speculators_refusal({"kind": self.name, "spec": drafter.spec()}) or "")
 
     # ---- import ----------------------------------------------------------------------------
+    def import_problem(self, spec: dict[str, Any], tokenizer: Any, origin: str) -> str | None:
+        """Why an imported drafter's arguments ``spec`` cannot serve with ``tokenizer`` (checked as
+        our training checks the same setting), naming the field as the file of ``origin``
+        (``speculators`` or an official layout) writes it; None when they can."""
+        return None
+
     def engine_config_from_speculators(
         self, config: dict[str, Any], layers: dict[str, Any], where: str
     ) -> dict[str, Any]:

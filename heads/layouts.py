@@ -18,7 +18,8 @@ from safetensors import SafetensorError, safe_open
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import CONFIG_NAME
-from draftheads.heads.speculators import is_speculators_config, speculators_layout
+from draftheads.heads.speculators import is_speculators_config, readable_types, speculators_layout
+from draftheads.heads.speculators_checks import check_layer_config
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -223,6 +224,8 @@ def detect_layout(directory: Path) -> OfficialCheckpoint | None:
 def speculators_checkpoint(directory: Path, config: dict[str, Any]) -> OfficialCheckpoint:
     """A speculators directory as the official layout of the same drafter (see
     :mod:`draftheads.heads.speculators`); its config is checked before any weight is read."""
+    if config.get("speculators_model_type") in readable_types():
+        check_layer_config(config, str(directory / CONFIG_NAME))
     layout, engine_config = speculators_layout(config, str(directory / CONFIG_NAME))
     files = weight_files(directory)
     if not files:

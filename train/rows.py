@@ -98,19 +98,18 @@ def check_mask_choice(mask_id: int, tokenizer) -> None:
     """Refuse a given DFlash ``draft.mask_token_id`` that is an ordinary text token: the mask must
     be a token text never produces, one of the tokenizer's special tokens (or an id past the
     tokenizer's vocabulary, which no text maps to)."""
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    special |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
-    if mask_id in special or mask_id >= len(tokenizer):
+    from draftheads.heads.dflash import choose_mask_token
+    from draftheads.heads.dflash.model import ordinary_token
+
+    text = ordinary_token(mask_id, tokenizer)
+    if text is None:
         return
     try:
-        from draftheads.heads.dflash import choose_mask_token
-
         fix = f"e.g. draft.mask_token_id={choose_mask_token(tokenizer)}, or null to choose one"
     except UserError:
         fix = "or an id past the tokenizer's vocabulary"
     raise UserError(
-        f"draft.mask_token_id={mask_id} is the ordinary text token {tokenizer.convert_ids_to_tokens(mask_id)!r}, "
+        f"draft.mask_token_id={mask_id} is the ordinary text token {text!r}, "
         f"which text produces; use one of the tokenizer's special tokens ({fix})"
     )
 

@@ -47,6 +47,7 @@ from draftheads.conf.errors import UserError
 from draftheads.heads.kinds import layout_kind
 from draftheads.heads.layouts import OfficialCheckpoint, detect_layout
 from draftheads.heads.speculators import check_verifier
+from draftheads.heads.speculators_checks import check_eagle_layer_ids
 from draftheads.heads.target.fingerprint import TargetFingerprint
 
 __all__ = ["OfficialCheckpoint", "convert_official", "detect_layout", "import_provenance"]
@@ -80,10 +81,12 @@ def convert_official(
     target: nn.Module | None,
     fp: TargetFingerprint | None,
     expected_kind: str | None = None,
+    tokenizer: Any = None,
 ) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
     """The official checkpoint ``ckpt`` as (kind, constructor arguments, tensors) for ``target``.
 
-    ``target`` is required: the drafter's shapes and fingerprint come from it.
+    ``target`` is required: the drafter's shapes and fingerprint come from it. With ``tokenizer``
+    the arguments are also checked against it (``DrafterKind.import_problem``).
     """
     if target is None or fp is None:
         raise UserError(
@@ -92,6 +95,7 @@ def convert_official(
         )
     if ckpt.origin == "speculators":
         check_verifier(ckpt.source_config, fp.name, fp.architecture, ckpt.where())
+        check_eagle_layer_ids(ckpt.source_config, fp.num_layers, ckpt.where())
     owner, build = layout_kind(ckpt.layout)
     kind = owner.name
     if expected_kind and expected_kind != kind:
@@ -99,6 +103,9 @@ def convert_official(
             f"{ckpt.where()} holds a drafter of kind {kind!r}, not {expected_kind!r}; use Drafter.from_pretrained"
         )
     kind, spec, tensors = build(ckpt, target, fp)
+    problem = owner.import_problem(spec, tokenizer, ckpt.origin) if tokenizer is not None else None
+    if problem:
+        raise UserError(f"{ckpt.where()}: {problem}")
     if ckpt.origin == "speculators":
         check_draft_vocab(ckpt.source_config.get("draft_vocab_size"), spec["draft_vocab_size"], ckpt.where())
     return kind, spec, tensors

@@ -104,8 +104,8 @@ def dflash_layers_from_config(
     if min(ids) < 0 or max(ids) > last:
         raise UserError(
             f"{where}: {keys.layers}={keys.ids(ids)} reach outside {keys.offset}..{last + keys.offset}, the "
-            f"layers that draftheads and the engines feed from {fp.short()}; it was trained for another "
-            "target (or reads the final normed state, which no engine captures)"
+            f"layers that draftheads and the engines feed from {fp.short()}; the file is damaged, or was "
+            "written for a deeper target (or reads the final normed state, which no engine captures)"
         )
     layers = [i + 1 for i in ids]
     problem = dflash_layers_problem(layers, fp.num_layers)

@@ -8,7 +8,7 @@ from typing import Any
 from draftheads.heads.dflash.convert import build_dflash
 from draftheads.heads.dflash.engine import DFLASH_FORMATS, DFLASH_RULES
 from draftheads.heads.dflash.export import export_dflash, sglang_refusal
-from draftheads.heads.dflash.model import DFlashDrafter, mask_token
+from draftheads.heads.dflash.model import DFlashDrafter, mask_token, ordinary_token
 from draftheads.heads.dflash.speculators import dflash_engine_config, dflash_to_speculators
 from draftheads.heads.kinds import DrafterKind, Export, register_kind
 
@@ -83,3 +83,16 @@ class DFlashKind(DrafterKind):
 
     def engine_config_from_speculators(self, config, layers, where) -> dict[str, Any]:
         return dflash_engine_config(config, layers, where)
+
+    def import_problem(self, spec: dict[str, Any], tokenizer: Any, origin: str) -> str | None:
+        """A mask token that text produces, refused as ``draft.mask_token_id`` is in training."""
+        mask = spec["mask_token_id"]
+        text = ordinary_token(mask, tokenizer)
+        if text is None:
+            return None
+        key = "mask_token_id" if origin == "speculators" else "dflash_config.mask_token_id"
+        return (
+            f"{key}={mask} is the ordinary text token {text!r}, which text produces, so the drafter cannot "
+            "tell the positions to draft from the text; set it in config.json to the special token the "
+            "drafter was trained with, or train one with draftheads (draft=dflash picks a special token)"
+        )

@@ -373,6 +373,18 @@ def mask_token(asked: int | None, tokenizer, vocab_size: int) -> int:
     return choose_mask_token(tokenizer) if tokenizer is not None else vocab_size - 1
 
 
+def ordinary_token(mask_id: int, tokenizer) -> str | None:
+    """The text of token ``mask_id`` when it is an ordinary text token (text produces it, so it
+    cannot mark the positions to draft), else None: a special token of the tokenizer, or an id past
+    its vocabulary, which no text maps to."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
+    if mask_id in special or mask_id >= len(tokenizer):
+        return None
+    return str(tokenizer.convert_ids_to_tokens(mask_id))
+
+
 def choose_mask_token(tokenizer) -> int:
     """A token id the tokenizer has and never produces in text: its mask token when it has one,
     else the highest-id added special token that is not bos/eos/pad/unk and that the chat template
