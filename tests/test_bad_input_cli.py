@@ -159,6 +159,9 @@ REFUSED = [
     (["train", "draft=medusa", "draft.num_decoder_layers=2"], "draft.kind=medusa does not read it; use draft.num_layers=2"),
     (["train", "draft=eagle3", "draft.block_size=8"], "draft.block_size=8 is a key of dflash drafters"),
     (["train", "draft=dflash", "draft.ttt_steps=3"], "drop it (draft=eagle or draft=eagle3 reads it)"),
+    # P-EAGLE's keys
+    (["train", "draft=peagle", "draft.down_sample_ratio=0.2", "draft.down_sample_ratio_min=0.5"],
+     "draft.down_sample_ratio_min=0.5 is above draft.down_sample_ratio=0.2"),
     # the workload rows of speed
     (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[nan]"], "speed.temperatures[0]=nan is not a finite"),
     (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[0]"], "speed.temperatures has 0.0"),

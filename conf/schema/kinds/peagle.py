@@ -35,6 +35,12 @@ class PEagleDraft(DraftKind):
             return f"draft.down_sample_ratio={d.down_sample_ratio} must be in (0, 1] (depth d keeps ratio**d of the anchors)"
         if not 0 <= d.down_sample_ratio_min <= 1:
             return f"draft.down_sample_ratio_min={d.down_sample_ratio_min} must be in [0, 1] (the least share a depth keeps)"
+        if d.down_sample_ratio_min > d.down_sample_ratio:
+            return (
+                f"draft.down_sample_ratio_min={d.down_sample_ratio_min} is above draft.down_sample_ratio="
+                f"{d.down_sample_ratio}: every depth would keep the minimum and the ratio would have no effect; "
+                f"use a minimum of at most {d.down_sample_ratio}"
+            )
         if d.max_anchors is not None and d.max_anchors < 1:
             return f"draft.max_anchors={d.max_anchors} must be at least 1; use null for every answer anchor"
         if d.init_from_eagle3 is not None and not str(d.init_from_eagle3).strip():
