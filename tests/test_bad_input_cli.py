@@ -162,6 +162,8 @@ REFUSED = [
     # P-EAGLE's keys
     (["train", "draft=peagle", "draft.down_sample_ratio=0.2", "draft.down_sample_ratio_min=0.5"],
      "draft.down_sample_ratio_min=0.5 is above draft.down_sample_ratio=0.2"),
+    (["train", "draft=peagle", "draft.init_from_eagle3=missing_dir", "train.out_dir=run", "data.max_rows=4",
+      "train.max_steps=1", "train.eval_every=0"], "draft.init_from_eagle3=missing_dir: no such checkpoint directory"),
     # the workload rows of speed
     (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[nan]"], "speed.temperatures[0]=nan is not a finite"),
     (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[0]"], "speed.temperatures has 0.0"),
@@ -377,6 +379,24 @@ def test_the_format_an_eagle1_refusal_names_exports_it(two_drafters, tiny_llama,
     line = one_line_error(capsys)
     assert f"export it with {works}" in line, line
     assert main(["export", "heads=e1", works, "out_dir=x", "target=tiny-llama"]) == 0
+
+
+def test_a_speculators_eagle3_to_start_peagle_from_gets_a_cli_step(two_drafters, capsys):
+    assert main(["export", "heads=e3", "format=speculators", "out_dir=spec", "target=tiny-llama"]) == 0
+    capsys.readouterr()
+    before = snapshot(two_drafters)
+    run = [
+        "train.out_dir=run",
+        "data.max_rows=4",
+        "train.max_steps=1",
+        "train.eval_every=0",
+        "target=tiny-llama",
+    ]
+    assert main(["train", "draft=peagle", "draft.init_from_eagle3=spec", *run]) == 1
+    line = one_line_error(capsys)
+    assert "draft.init_from_eagle3=spec is a speculators eagle-3 checkpoint" in line, line
+    assert "`draftheads train draft=eagle3 train.out_dir=DIR`" in line and "from_pretrained" not in line, line
+    assert snapshot(two_drafters) == before
 
 
 def test_weight_files_follow_the_umask(two_drafters, tiny_llama):

@@ -17,6 +17,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import read_config, read_weights, resolve_checkpoint_dir
+from draftheads.heads.layouts import detect_layout
 from draftheads.heads.speculators import EAGLE3_FLAGS
 from draftheads.heads.target.fingerprint import TargetFingerprint
 
@@ -27,7 +28,18 @@ SAME = ("feature_layers", "draft_vocab_size", "num_decoder_layers")
 def eagle3_checkpoint(source: str) -> tuple[Path, dict[str, Any]]:
     """The EAGLE-3 drafter's folder and config; anything else is refused naming what it is."""
     where = f"draft.init_from_eagle3={source}"
-    directory = resolve_checkpoint_dir(source)
+    try:
+        directory = resolve_checkpoint_dir(source)
+        official = detect_layout(directory)
+    except UserError as e:  # named by the key the user typed, not heads=
+        raise UserError(f"{where}: {str(e).removeprefix(f'heads={source}: ')}") from None
+    if official is not None:
+        raise UserError(
+            f"{where} is a {official.origin or 'published'} {official.layout} checkpoint, not a draftheads "
+            "drafter folder; P-EAGLE starts from a draftheads EAGLE-3 drafter: train one with "
+            "`draftheads train draft=eagle3 train.out_dir=DIR` and give draft.init_from_eagle3=DIR, or drop "
+            "draft.init_from_eagle3"
+        )
     try:
         cfg = read_config(directory)
     except UserError as e:
