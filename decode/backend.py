@@ -199,11 +199,15 @@ def _uninstall(m: nn.Linear) -> None:
 
 
 def linears(*modules: nn.Module) -> list[nn.Linear]:
-    """Every ``nn.Linear`` of ``modules`` on the CPU once (shared layers are counted once)."""
+    """Every plain ``nn.Linear`` of ``modules`` on the CPU once (shared layers are counted once).
+
+    Plain: its class computes ``nn.Linear.forward``. A subclass that returns something else (Llama-4's
+    router returns scores and logits) keeps its own forward."""
     seen: dict[int, nn.Linear] = {}
     for mod in modules:
         for m in mod.modules():
-            if isinstance(m, nn.Linear) and m.weight.device.type == "cpu":
+            plain = isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward
+            if plain and m.weight.device.type == "cpu":
                 seen.setdefault(id(m), m)
     return list(seen.values())
 

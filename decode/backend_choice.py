@@ -58,7 +58,9 @@ class Choice:
 
     def line(self) -> str:
         """One line: the backend, its timing, the alternatives'; for an asked backend measured
-        slower than another, by how much."""
+        slower than another, by how much; an asked one nothing timed, that."""
+        if not self.seconds:
+            return f"backend for the {self.part}: {self.name} (as asked; not timed)"
         ms = {n: f"{s * 1e3:.2f} ms" for n, s in self.seconds.items()}
         others = ", ".join(f"{n} {t}" for n, t in ms.items() if n != self.name)
         where = "cached" if self.cached else "measured"
@@ -167,11 +169,15 @@ def time_layers(layers: list[nn.Linear], name: str, cache: backends.PackCache | 
 
 
 def measured(
-    key: dict, names: tuple[str, ...], timer: Callable[[str], float], cache_dir: str | Path | None = None
+    key: dict,
+    names: tuple[str, ...],
+    timer: Callable[[str], float] | None,
+    cache_dir: str | Path | None = None,
 ) -> tuple[dict[str, float], bool]:
     """``(seconds per candidate, whether they came from the cache)``: the cache file when it is
     sound for ``key`` and times every candidate (:func:`~draftheads.decode.cost_cache.read_record`:
-    anything else is said in one line), else ``timer`` on each now, written for next time."""
+    anything else is said in one line), else ``timer`` on each now, written for next time; with
+    no ``timer``, nothing is timed (``{}`` where the cache has none)."""
     folder = Path(cache_dir) if cache_dir else default_cache_dir()
     f = folder / cache_file(key)
 
@@ -184,6 +190,8 @@ def measured(
     data = read_record(f, key, problem, "backend timings")
     if data is not None:
         return {n: float(data["seconds"][n]) for n in names}, True
+    if timer is None:
+        return {}, False
     seconds = {n: timer(n) for n in names}
     write_record(folder, f, {"key": key, "seconds": seconds}, "backend timings")
     return seconds, False
@@ -197,10 +205,10 @@ def choose(
     timer: Callable[[str], float],
     cache_dir: str | Path | None = None,
 ) -> Choice:
-    """The backend for ``part``: ``asked`` when it is named (timed beside the others so the cost
-    of the choice can be told), else the fastest of ``names``."""
-    seconds, cached = measured(key, names, timer, cache_dir)
+    """The backend for ``part``: ``asked`` when it is named (nothing is timed for it; timings an
+    earlier choice cached tell what the choice costs), else the fastest of ``names``."""
     named = asked != "auto"
+    seconds, cached = measured(key, names, None if named else timer, cache_dir)
     name = asked if named else min(seconds, key=seconds.get)
     return Choice(part, name, seconds, asked=named, cached=cached)
 

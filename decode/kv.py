@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.masks import additive_mask
+from draftheads.heads.masks import additive_mask, target_attention_mask
 
 
 def cache_layers(cache) -> list:
@@ -23,10 +23,10 @@ def cache_layers(cache) -> list:
             f"{type(cache).__name__} has no per-layer keys/values; the tree decoder needs a transformers DynamicCache"
         )
     for layer in layers:
-        if getattr(layer, "is_sliding", False):
+        if getattr(layer, "is_sliding", False):  # a cache made from the config drops old slots
             raise UserError(
-                "the target uses a sliding-window cache, which tree decoding cannot compact; "
-                "load it with sliding windows disabled (e.g. use_sliding_window=False)"
+                "the target's cache drops keys past its sliding window, which tree decoding cannot compact; "
+                "pass a transformers DynamicCache() made without the config (the windows are in the mask)"
             )
     return [layer for layer in layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
 
@@ -82,7 +82,27 @@ def append_valid(
     return old | (inside & new.gather(1, rel.clamp(0, new.shape[1] - 1)))
 
 
-def tree_mask(cache_valid: torch.Tensor, anc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Mask of T new tokens: each sees its row's valid cache slots and its tree ancestors."""
+def slot_positions(cache_valid: torch.Tensor) -> torch.Tensor:
+    """``[B, S]`` token position of each cache slot: a row's valid slots hold its tokens in order
+    (left padding first, then the prompt and the accepted tokens), so a slot's position is the
+    number of valid slots before it."""
+    return (cache_valid.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def tree_mask(
+    cache_valid: torch.Tensor,
+    anc: torch.Tensor,
+    dtype: torch.dtype,
+    config=None,
+    q_pos: torch.Tensor | None = None,
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Mask of T new tokens: each sees its row's valid cache slots and its tree ancestors.
+
+    With the target's ``config`` and the tree tokens' positions ``q_pos [B, T]``, each layer kind
+    also keeps its own window (sliding or chunked layers, :func:`target_attention_mask`)."""
     B, T, _ = anc.shape
-    return additive_mask(torch.cat([cache_valid[:, None, :].expand(B, T, -1), anc], dim=-1), dtype)
+    allowed = torch.cat([cache_valid[:, None, :].expand(B, T, -1), anc], dim=-1)
+    if config is None or q_pos is None:
+        return additive_mask(allowed, dtype)
+    k_pos = torch.cat([slot_positions(cache_valid), q_pos], dim=-1)
+    return target_attention_mask(config, allowed, q_pos, k_pos, dtype)

@@ -22,7 +22,7 @@ from draftheads.decode.proposers.base import Prefill, Proposer
 from draftheads.decode.stats import DecodeStats
 from draftheads.decode.stop import Stopper
 from draftheads.decode.verify import draw
-from draftheads.heads.masks import additive_mask, padded_causal
+from draftheads.heads.masks import padded_causal, target_attention_mask
 
 
 @dataclass
@@ -92,7 +92,9 @@ class Prefilling:
         cache = DynamicCache()
         out = self.target(
             input_ids=ids,
-            attention_mask=additive_mask(padded_causal(valid), self.dtype),
+            attention_mask=target_attention_mask(
+                self.target.config, padded_causal(valid), positions, positions, self.dtype
+            ),
             position_ids=positions,
             cache=cache,
             use_cache=True,

@@ -134,10 +134,11 @@ class Stepping:
         if verifier is not None:
             out = verifier(state, tree, anc, state.proposer.hidden_layers)
         else:
+            positions = state.pos[:, None] + tree.depths
             out = self.target(
                 input_ids=tree.tokens,
-                attention_mask=tree_mask(state.kv_valid, anc, self.dtype),
-                position_ids=state.pos[:, None] + tree.depths,
+                attention_mask=tree_mask(state.kv_valid, anc, self.dtype, self.target.config, positions),
+                position_ids=positions,
                 cache=state.cache,
                 use_cache=True,
                 output_hidden_states=static.hidden_request(state.proposer.hidden_layers),

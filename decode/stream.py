@@ -1,8 +1,8 @@
 """A call, from its arguments to its tokens: ``generate`` and ``stream``.
 
 ``stream`` resolves the call's settings as ``target.generate`` does (decode/processing.py),
-refuses what the tree decoder cannot serve (right padding, a request past the sliding window
-or the positions), sets up sampling and the planner, then runs the phases in order (prefill,
+refuses what the tree decoder cannot serve (right padding, a request past the target's
+positions), sets up sampling and the planner, then runs the phases in order (prefill,
 then a step per target forward while any row is active, each under the call's backend) and
 yields each forward's new tokens. ``generate`` collects them into ``target.generate``'s output.
 """
@@ -35,17 +35,6 @@ def check_left_padded(mask: torch.Tensor | None) -> None:
         raise UserError(
             f"attention_mask row {row} has padding after its tokens (right padding); pad prompts on the "
             "left (tokenizer.padding_side='left') so every row ends with a real token"
-        )
-
-
-def check_window(config, total: int) -> None:
-    """Refuse ``total`` tokens (prompt + max_new_tokens) past the sliding window of a target with
-    ``config``: tree decoding masks full attention only."""
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True) and total > window:
-        raise UserError(
-            f"prompt + max_new_tokens = {total} exceeds the target's sliding window {window}; "
-            "tree decoding masks full attention only, so shorten the request"
         )
 
 
@@ -133,7 +122,6 @@ class Streaming:
         stopper = Stopper(as_set(gc.eos_token_id), gc.stop_strings, self.tokenizer, max_new)
         mask = attention_mask.to(self.device).bool() if attention_mask is not None else None
         check_left_padded(mask)
-        check_window(self.target.config, input_ids.shape[1] + max_new)
         B, P = input_ids.shape
         prompt_lens = mask.sum(-1).tolist() if mask is not None else [P] * B  # real tokens per row
         check_request(self.target.config, max(prompt_lens), max_new)

@@ -99,6 +99,12 @@ class Drafter(
         """Every constructor argument except the fingerprint; written to config.json."""
         raise NotImplementedError
 
+    @classmethod
+    def saved_spec(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        """A saved ``config.json`` spec as the constructor takes it today (a kind whose format
+        changed fills in, or refuses in one line, what older files lack)."""
+        return spec
+
     def feature_layers(self) -> list[int]:
         """Indices into the target's ``hidden_states`` tuple that this drafter reads."""
         return [self.target_fingerprint.num_layers]

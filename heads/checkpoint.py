@@ -172,7 +172,7 @@ def load_checkpoint(directory: Path, expected_kind: str | None = None) -> Any:
         )
     fp = TargetFingerprint.from_dict(cfg.get("target") or {})
     try:
-        model = cls(**cfg["spec"], target=fp)
+        model = cls(**cls.saved_spec(cfg["spec"]), target=fp)
     except (TypeError, KeyError, ValueError) as e:
         raise UserError(
             f"{directory / CONFIG_NAME}: invalid drafter spec ({e}); the file is damaged or from another tool"

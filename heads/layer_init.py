@@ -14,26 +14,16 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
+from draftheads.heads.target.layers import decoder_layers
 
 # (the drafter's tensor, the target's) -> the target's weight reshaped to fit, or None to skip it
 Adapt = Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 
-def target_decoder_layers(target: nn.Module) -> list[nn.Module]:
-    """The target's decoder layers in order (``layers`` of Llama-likes, ``h`` of GPT-2)."""
-    base = target.base_model
-    stack = getattr(base, "layers", None) or getattr(base, "h", None)
-    if stack is None:
-        raise UserError(
-            f"{type(target).__name__} exposes no decoder layers; use draft.init_from_target=false"
-        )
-    return list(stack)
-
-
 def last_layers(target: nn.Module, n: int) -> list[nn.Module]:
     """The target's last ``n`` layers: drafter layer i starts as target layer L - n + i. Refuses a
     drafter deeper than the target."""
-    stack = target_decoder_layers(target)
+    stack = list(decoder_layers(target))
     if n > len(stack):
         raise UserError(
             f"draft.num_decoder_layers={n} with draft.init_from_target=true: the target has only "

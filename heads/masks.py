@@ -45,3 +45,54 @@ def packed_causal(position_ids: torch.Tensor, attention_mask: torch.Tensor | Non
     docs = document_ids(position_ids)
     valid = torch.ones_like(position_ids, dtype=torch.bool) if attention_mask is None else attention_mask
     return padded_causal(valid) & (docs[:, :, None] == docs[:, None, :])
+
+
+# ---- a target's own attention pattern per layer kind --------------------------------------------------
+# transformers' layer kinds (``config.layer_types``) that restrict which earlier keys a query sees
+WINDOWED_KINDS = ("sliding_attention", "chunked_attention")
+
+
+def layer_kinds(config) -> list[str]:
+    """Each decoder layer's attention kind, as transformers names it: ``config.layer_types`` where
+    the model has them; else every layer slides when the config sets a ``sliding_window``
+    (Mistral, Mixtral), or attends fully."""
+    kinds = getattr(config, "layer_types", None)
+    if isinstance(kinds, (list, tuple)) and kinds:
+        return list(kinds)
+    n = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0) or 1)
+    return ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"] * n
+
+
+def kind_allowed(
+    config, kind: str, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+) -> torch.Tensor:
+    """``allowed [B, q, k]`` narrowed to what a layer of ``kind`` sees, by token position
+    (``q_pos [B, q]``, ``k_pos [B, k]``):
+
+    * sliding window w: key at p is seen from q when q - p < w (transformers' overlay);
+    * chunked attention c: only keys of the query's chunk, p // c == q // c (Llama-4);
+    * full attention (and any kind without a window): ``allowed`` as it is.
+
+    Positions, not cache slots: a left-padded or compacted row keeps the window of its tokens."""
+    q, k = q_pos[:, :, None], k_pos[:, None, :]
+    if kind == "sliding_attention":
+        return allowed & (q - k < int(config.sliding_window))
+    if kind == "chunked_attention":
+        chunk = int(config.attention_chunk_size)
+        return allowed & (
+            torch.div(q, chunk, rounding_mode="floor") == torch.div(k, chunk, rounding_mode="floor")
+        )
+    return allowed
+
+
+def target_attention_mask(
+    config, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The additive 4-D mask(s) a stock transformers target takes for ``allowed [B, q, k]``
+    (causal, padding, tree ancestors), each layer kind with its own window.
+
+    One kind in the model: one tensor, which transformers applies to every layer as given. Several
+    (Gemma, GPT-OSS, Cohere2, Llama-4): a dict by kind, which those models read per layer."""
+    kinds = dict.fromkeys(layer_kinds(config))
+    masks = {kind: additive_mask(kind_allowed(config, kind, allowed, q_pos, k_pos), dtype) for kind in kinds}
+    return next(iter(masks.values())) if len(masks) == 1 else masks

@@ -65,12 +65,22 @@ def test_auto_picks_the_backend_measured_faster_for_target_and_drafter(tmp_path,
 def test_an_asked_backend_that_is_slower_is_used_with_one_line_saying_by_how_much(tmp_path, monkeypatch):
     model, tok = get_target("llama")
     slow_onednn(monkeypatch)
+    SpeculativeGenerator(model, None, tok, DecodeConfig(cost_cache=str(tmp_path)))  # auto: times, caches
     gen = SpeculativeGenerator(model, None, tok, DecodeConfig(backend="onednn", cost_cache=str(tmp_path)))
     assert gen.backend == "onednn"
     (line,) = gen.backend_lines()
     assert "decode.backend=onednn is" in line and "x slower than eager" in line and "used as asked" in line
     ratio = float(line.split(" is ")[1].split("x")[0])
     assert ratio > 1.03
+
+
+def test_an_asked_backend_times_nothing(tmp_path, monkeypatch):
+    model, tok = get_target("llama")
+    timed: list[str] = []
+    monkeypatch.setattr(backend_choice, "time_target", lambda target, name, cache=None: timed.append(name) or 1.0)
+    monkeypatch.setattr(backend_choice, "time_layers", lambda layers, name, cache=None: timed.append(name) or 1.0)
+    gen = SpeculativeGenerator(model, None, tok, DecodeConfig(backend="eager", cost_cache=str(tmp_path)))
+    assert gen.backend_lines() == ["backend for the target: eager (as asked; not timed)"] and timed == []
 
 
 def test_a_cached_choice_is_reused_only_for_the_same_device_threads_dtype_and_shapes(tmp_path):

@@ -178,7 +178,6 @@ def test_exporting_an_official_checkpoint_imports_it_first(tmp_path, tiny_llama)
         ("bad-format", "format=trt is not supported"),
         ("eagle3-final-layer", "cannot be served"),
         ("eagle3-two-layers", "have one layer"),
-        ("qwen2-layers", "only drafters for Llama/Mistral-style targets"),
         ("shared-unattached", "load the target to export them"),
         ("missing-args", "needs heads=DIR format=vllm|sglang out=DIR"),
     ],
@@ -194,12 +193,6 @@ def test_export_refusals_are_one_line(tmp_path, tiny_llama, case, match):
             export_drafter(eagle(model, fp, 3, feature_layers=[1, 2, 4]), "vllm", tmp_path)
         elif case == "eagle3-two-layers":
             export_drafter(eagle(model, fp, 3, num_decoder_layers=2), "sglang", tmp_path)
-        elif case == "qwen2-layers":
-            from draftheads.heads.target.load import TINY_CONFIGS
-
-            qwen = {**TINY_CONFIGS["qwen2"], "vocab_size": fp.vocab_size}
-            d = EagleDrafter(fp, target_config=qwen, version=1)
-            export_drafter(d, "sglang", tmp_path)
         elif case == "shared-unattached":
             export_drafter(MedusaHeads(fp, num_heads=2), "vllm", tmp_path)
         else:

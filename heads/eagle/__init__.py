@@ -2,6 +2,6 @@
 and export, its registration."""
 
 from draftheads.heads.eagle.kind import EagleKind
-from draftheads.heads.eagle.model import EagleDrafter, check_norm_flags, layer_class
+from draftheads.heads.eagle.model import EagleDrafter, check_norm_flags
 
-__all__ = ["EagleDrafter", "EagleKind", "check_norm_flags", "layer_class"]
+__all__ = ["EagleDrafter", "EagleKind", "check_norm_flags"]

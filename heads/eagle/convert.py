@@ -3,7 +3,8 @@
 EAGLE-1 keys are ours already (``fc.*``, ``layers.{i}.*``); EAGLE-3's ``midlayer.*`` (or vLLM's
 ``layers.0.*`` with ``hidden_norm``) become ``layers.0.*`` and ``hidden_norm``, beside ``fc`` over
 3H, ``norm``, ``lm_head`` and the vocabulary maps. The drafter's layers take the target's config
-with the official layer's own sizes; its aux layers come from either engine's config key.
+with the official layer's own sizes (:func:`eagle_layers`); its aux layers come from either engine's
+config key.
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.convert.target_copies import check_embedding
+from draftheads.heads.draft_layers import llama_layers, own_sizes
 from draftheads.heads.layouts import OfficialCheckpoint, read_tensors
 from draftheads.heads.reduced_vocab import check_vocab_maps, t2d_from_d2t
 from draftheads.heads.speculators import EAGLE3_FLAGS
 from draftheads.heads.target.fingerprint import TargetFingerprint
-
-# Keys of an official EAGLE layer config that shape the drafter's own layers without touching
-# the rotary embedding it shares with the target.
-EAGLE_LAYER_KEYS = ("intermediate_size", "num_key_value_heads", "rms_norm_eps", "hidden_act")
 
 
 def eagle1_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -75,11 +73,15 @@ def eagle3_norm_flags(config: dict[str, Any]) -> dict[str, bool]:
     return {f: True for f, on in flags.items() if on}
 
 
-def eagle_layer_config(target: nn.Module, official: dict[str, Any]) -> dict[str, Any]:
-    """The target's config with the official layer's own sizes (MLP width, kv heads, eps) applied."""
-    cfg = target.config.to_dict()
-    cfg.update({k: official[k] for k in EAGLE_LAYER_KEYS if k in official})
-    return cfg
+def eagle_layers(target: nn.Module, official: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """The drafter's constructor arguments for its layers: the target's config, and the Llama
+    layers sized from it with the published drafter's own sizes and rope applied (vLLM builds
+    the drafter from that config, so the import computes as vLLM serves it)."""
+    target_config = target.config.to_dict()
+    return {
+        "target_config": target_config,
+        "layer_config": llama_layers(target_config, num_layers, given=own_sizes(official)),
+    }
 
 
 def build_eagle(
@@ -88,10 +90,9 @@ def build_eagle(
     """EAGLE layouts -> (``"eagle"``, EagleDrafter arguments, tensors under our names)."""
     sd = read_tensors(ckpt.files)
     check_embedding(sd, target, ckpt.where())
-    layer_cfg = eagle_layer_config(target, ckpt.config)
     if ckpt.layout == "eagle-1":
         n = len({k.split(".")[1] for k in sd if k.startswith("layers.")})
-        spec = {"target_config": layer_cfg, "version": 1, "num_decoder_layers": n}
+        spec = {**eagle_layers(target, ckpt.config, n), "version": 1, "num_decoder_layers": n}
         spec["fc_bias"] = "fc.bias" in sd
         return "eagle", spec, eagle1_tensors(sd)
     target_hidden = ckpt.config.get("target_hidden_size")
@@ -107,7 +108,7 @@ def build_eagle(
             f"{ckpt.where()}: an EAGLE-3 checkpoint needs lm_head.weight and d2t; it is incomplete"
         )
     spec = {
-        "target_config": layer_cfg,
+        **eagle_layers(target, ckpt.config, 1),
         "version": 3,
         "num_decoder_layers": 1,
         "feature_layers": eagle3_feature_layers(ckpt.config),

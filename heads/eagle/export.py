@@ -15,47 +15,19 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.layers import feature_layers_problem
 from draftheads.heads.base import Drafter
 
-LLAMA_LAYER_TYPES = ("llama", "mistral")  # decoder layers the engines' Llama EAGLE drafters can load
-
 
 def llama_config(drafter: Drafter, architectures: list[str]) -> dict[str, Any]:
-    """An HF Llama config for an EAGLE drafter's layers (what the engines' Llama drafters read)."""
-    lc = drafter.layer_config
-    if (
-        lc.model_type not in LLAMA_LAYER_TYPES
-        or getattr(lc, "attention_bias", False)
-        or getattr(lc, "mlp_bias", False)
-    ):
-        raise UserError(
-            f"the drafter's layers are {lc.model_type} decoder layers; vLLM and SGLang load EAGLE drafters as "
-            "Llama layers, so only drafters for Llama/Mistral-style targets (no attention/MLP bias) can be exported"
-        )
-    tc = drafter.target_config
-    rope = dict(getattr(lc, "rope_parameters", None) or {})
-    fp = drafter.target_fingerprint
-    cfg = {
-        "architectures": architectures,
-        "model_type": "llama",
-        "hidden_size": fp.hidden_size,
-        "intermediate_size": lc.intermediate_size,
-        "num_attention_heads": lc.num_attention_heads,
-        "num_key_value_heads": lc.num_key_value_heads,
-        "head_dim": getattr(lc, "head_dim", None) or fp.hidden_size // lc.num_attention_heads,
-        "num_hidden_layers": drafter.num_decoder_layers,
-        "vocab_size": fp.vocab_size,
-        "rms_norm_eps": lc.rms_norm_eps,
-        "hidden_act": lc.hidden_act,
-        "max_position_embeddings": lc.max_position_embeddings,
-        "rope_theta": rope.get("rope_theta", getattr(lc, "rope_theta", 10000.0)),
-        "rope_parameters": rope or None,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": tc.get("bos_token_id"),
-        "eos_token_id": tc.get("eos_token_id"),
-        "pad_token_id": tc.get("pad_token_id"),
-        "torch_dtype": str(drafter.fc.weight.dtype).replace("torch.", ""),
-    }
+    """An HF Llama config for an EAGLE drafter's layers (what the engines' Llama drafters read):
+    its own layer config, with rope θ and scaling also under the older keys some loaders read."""
+    cfg = drafter.layer_config_dict()
+    rope = dict(cfg.get("rope_parameters") or {})
+    cfg.update(
+        architectures=architectures,
+        model_type="llama",
+        num_hidden_layers=drafter.num_decoder_layers,
+        rope_theta=rope.get("rope_theta", 10000.0),
+        torch_dtype=str(drafter.fc.weight.dtype).replace("torch.", ""),
+    )
     if rope.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     return cfg

@@ -25,15 +25,17 @@ attention ``hidden_norm(g_t)`` instead of ``g_t``; ``norm_output`` feeds back ``
 The reduced vocabulary maps draft id i to target id ``i + d2t[i]``; ``t2d`` marks the target
 ids that the draft vocabulary covers (the EAGLE-3 / SpecForge / vLLM convention).
 
-Layers are instances of the target's decoder-layer class (``LlamaDecoderLayer``,
-``Qwen2DecoderLayer``, ``GPT2Block``, ...), so no modeling file is forked. The embedding is
-the target's, shared at run time and not saved unless ``save_shared`` is set.
+Layers are Llama decoder layers (transformers' ``LlamaDecoderLayer``, with their own rotary
+embedding) whatever the target, sized from its config (:mod:`draftheads.heads.draft_layers`): the
+one layer vLLM, SGLang and speculators serve for every target. ``layer_config`` holds those sizes
+(an imported checkpoint's own); drafters saved before it held them were built from the target's
+layer class, and load when that class computes as Llama's does. The embedding is the target's,
+shared at run time and not saved unless ``save_shared`` is set.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import torch
@@ -42,31 +44,27 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
 from draftheads.heads.base import Drafter
+from draftheads.heads.draft_layers import llama_layers
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size
 from draftheads.heads.speculators import EAGLE3_FLAGS
 from draftheads.heads.target.fingerprint import TargetFingerprint
 
+# targets whose own decoder layer computes as Llama's: a drafter saved with their layer class loads as Llama
+LLAMA_LAYER_TYPES = ("llama", "mistral")
 
-def layer_class(config) -> type[nn.Module]:
-    """The decoder-layer class of the causal LM that ``config`` describes."""
-    from transformers import AutoModelForCausalLM
 
-    try:
-        model_cls = AutoModelForCausalLM._model_mapping[type(config)]
-    except KeyError:
+def legacy_layers(target_config: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """The Llama layers of a drafter saved without ``layer_config`` (built from the target's layer
+    class then): the same for Llama and Mistral targets, refused in one line for any other."""
+    model_type = target_config.get("model_type")
+    if model_type not in LLAMA_LAYER_TYPES:
         raise UserError(
-            f"{config.model_type} is not a causal LM architecture known to transformers; EAGLE needs one"
-        ) from None
-    names = getattr(model_cls, "_no_split_modules", None) or []
-    module = sys.modules[model_cls.__module__]
-    for name in names:
-        if hasattr(module, name):
-            return getattr(module, name)
-    raise UserError(
-        f"cannot find the decoder-layer class of {model_cls.__name__}; EAGLE needs a standard decoder-only model"
-    )
+            f"this EAGLE drafter was saved by an older draftheads with {model_type} decoder layers; drafters are "
+            "now Llama layers (what vLLM, SGLang and speculators serve), so retrain it with draftheads train"
+        )
+    return llama_layers(target_config, num_layers)
 
 
 class EagleDrafter(ReducedVocab, Drafter):
@@ -80,6 +78,7 @@ class EagleDrafter(ReducedVocab, Drafter):
         target: TargetFingerprint,
         target_config: dict[str, Any],
         version: int = 1,
+        layer_config: dict[str, Any] | None = None,
         num_decoder_layers: int = 1,
         feature_layers: list[int] | None = None,
         draft_vocab_size: int | None = None,
@@ -91,7 +90,12 @@ class EagleDrafter(ReducedVocab, Drafter):
         norm_output: bool = False,
     ) -> None:
         super().__init__(target)
-        from transformers import AutoConfig
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import (
+            LlamaDecoderLayer,
+            LlamaRMSNorm,
+            LlamaRotaryEmbedding,
+        )
 
         if version not in (1, 3):
             raise UserError(f"draft.version={version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)")
@@ -99,17 +103,18 @@ class EagleDrafter(ReducedVocab, Drafter):
             raise UserError(f"draft.num_decoder_layers={num_decoder_layers}: need at least one layer")
         self.version, self.num_decoder_layers, self.save_shared = version, num_decoder_layers, save_shared
         H, V, L = target.hidden_size, target.vocab_size, target.num_layers
-        cfg = json.loads(json.dumps(dict(target_config), default=str))  # exactly what config.json will hold
-        model_type = cfg.pop("model_type")
-        self.target_config = {"model_type": model_type, **cfg}
-        layer_cfg = {**cfg, "num_hidden_layers": num_decoder_layers}
-        if isinstance(cfg.get("layer_types"), list):  # per-layer attention kinds: keep the first layers'
-            layer_cfg["layer_types"] = cfg["layer_types"][:num_decoder_layers]
-        for key in ("n_layer",):  # GPT-2 names its layer count differently
-            if key in cfg:
-                layer_cfg[key] = num_decoder_layers
-        self.layer_config = AutoConfig.for_model(model_type, **layer_cfg)
+        self.target_config = json.loads(
+            json.dumps(dict(target_config), default=str)
+        )  # as config.json holds it
+        if layer_config is None:
+            layer_config = llama_layers(self.target_config, num_decoder_layers)
+        self.layer_config = LlamaConfig(**{**layer_config, "num_hidden_layers": num_decoder_layers})
         self.layer_config._attn_implementation = "sdpa"
+        if self.layer_config.hidden_size != H:
+            raise UserError(
+                f"the drafter's layers are {self.layer_config.hidden_size} wide, the target's hidden size is {H}; "
+                "an EAGLE drafter works in the target's width"
+            )
         self._feature_layers = eagle_input_layers(version, feature_layers, L)
         problem = feature_layers_problem(self._feature_layers, version, L)
         if problem:
@@ -128,19 +133,20 @@ class EagleDrafter(ReducedVocab, Drafter):
         else:
             self.draft_vocab_size = V
             self.fc = nn.Linear(2 * H, H, bias=self.fc_bias)
-        cls = layer_class(self.layer_config)
-        self.layers = nn.ModuleList(_make_layer(cls, self.layer_config, i) for i in range(num_decoder_layers))
+        lc = self.layer_config
+        self.layers = nn.ModuleList(LlamaDecoderLayer(lc, layer_idx=i) for i in range(num_decoder_layers))
+        self.rotary_emb = LlamaRotaryEmbedding(lc)
         first = self.layers[0]
         if version == 1:
-            _set_input_norm(first, nn.Identity())  # EAGLE-1: the first layer has no input norm
+            first.input_layernorm = nn.Identity()  # EAGLE-1: the first layer has no input norm
         else:
             _widen_attention_input(first, H)
-            self.hidden_norm = _norm_like(first, H)
-            self.norm = _norm_like(first, H)
+            self.hidden_norm = LlamaRMSNorm(H, eps=lc.rms_norm_eps)
+            self.norm = LlamaRMSNorm(H, eps=lc.rms_norm_eps)
             if self.norm_flags["norm_before_fc"]:
-                self.input_norm = _norm_like(first, 3 * H)
+                self.input_norm = LlamaRMSNorm(3 * H, eps=lc.rms_norm_eps)
             if self.norm_flags["fc_norm"]:
-                self.fc_norm = nn.ModuleList(_norm_like(first, H) for _ in range(3))
+                self.fc_norm = nn.ModuleList(LlamaRMSNorm(H, eps=lc.rms_norm_eps) for _ in range(3))
             self.lm_head = nn.Linear(H, self.draft_vocab_size, bias=False)
             self.init_reduced_vocab(V)
         if save_shared:
@@ -152,6 +158,7 @@ class EagleDrafter(ReducedVocab, Drafter):
         """What config.json stores to rebuild the drafter (EAGLE-1 has no draft vocabulary)."""
         return {
             "target_config": self.target_config,
+            "layer_config": self.layer_config_dict(),
             "version": self.version,
             "num_decoder_layers": self.num_decoder_layers,
             "feature_layers": self._feature_layers,
@@ -161,18 +168,34 @@ class EagleDrafter(ReducedVocab, Drafter):
             **{k: True for k, v in self.norm_flags.items() if v},  # only the variants in use
         }
 
+    @classmethod
+    def saved_spec(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        """A spec saved before drafters held ``layer_config``: its layers from :func:`legacy_layers`."""
+        if spec.get("layer_config") is not None or not isinstance(spec.get("target_config"), dict):
+            return spec
+        return {
+            **spec,
+            "layer_config": legacy_layers(spec["target_config"], spec.get("num_decoder_layers", 1)),
+        }
+
+    def layer_config_dict(self) -> dict[str, Any]:
+        """The Llama layers' config as ``LlamaConfig`` arguments (what the engines' configs hold)."""
+        keys = (
+            "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads "
+            "head_dim hidden_act max_position_embeddings rms_norm_eps rope_parameters attention_bias mlp_bias "
+            "tie_word_embeddings bos_token_id eos_token_id pad_token_id"
+        ).split()
+        lc = self.layer_config
+        return json.loads(
+            json.dumps({k: getattr(lc, k, None) for k in keys if getattr(lc, k, None) is not None})
+        )
+
     def feature_layers(self) -> list[int]:
         return list(self._feature_layers)
 
     def training_layers(self) -> list[int]:
         """Input layers plus the final state: the regression and distillation target."""
         return self.feature_layers() + [self.target_fingerprint.num_layers]
-
-    def attach(self, target: nn.Module, check: bool = True) -> EagleDrafter:
-        super().attach(target, check)
-        base = target.base_model
-        self._shared["rotary"] = getattr(base, "rotary_emb", None)
-        return self
 
     def state_to_save(self) -> dict[str, torch.Tensor]:
         """Own weights; with ``save_shared``, also the target's embedding as ``embed_tokens``."""
@@ -214,8 +237,8 @@ class EagleDrafter(ReducedVocab, Drafter):
 
         for mine, theirs in zip(self.layers, sources):
             copy_layer(mine, theirs, widen)
-        if self.version == 3:
-            norm = _input_norm(sources[0])
+        if self.version == 3 and hasattr(sources[0], "input_layernorm"):
+            norm = sources[0].input_layernorm
             self.hidden_norm.load_state_dict(
                 {
                     k: v.to(p.dtype)
@@ -252,14 +275,13 @@ class EagleDrafter(ReducedVocab, Drafter):
         ``input_ids`` [B,T] = the *next* tokens. ``attention_mask`` is an additive 4-D mask
         [B,1,T,S] (None: causal over T with no cache). Returns the output features [B,T,H]."""
         emb = self.embed(input_ids).to(hidden.dtype)
-        rotary = self._shared.get("rotary")
-        pos_emb = rotary(hidden, position_ids) if rotary is not None else None
+        pos_emb = self.rotary_emb(hidden, position_ids)
         if attention_mask is None and (cache is None or cache.get_seq_length() == 0):
             attention_mask = additive_mask(causal(input_ids.shape[1], hidden.device)[None], hidden.dtype)
         if self.version == 3:
             first = self.layers[0]
             normed = self.hidden_norm(hidden)
-            x = torch.cat([_input_norm(first)(emb), normed], dim=-1)
+            x = torch.cat([first.input_layernorm(emb), normed], dim=-1)
             attn_out = first.self_attn(
                 hidden_states=x,
                 position_embeddings=pos_emb,
@@ -306,54 +328,21 @@ def check_norm_flags(version: int, **flags: bool) -> dict[str, bool]:
     return flags
 
 
-def _make_layer(cls: type[nn.Module], config, idx: int) -> nn.Module:
-    try:
-        return cls(config, layer_idx=idx)
-    except TypeError:
-        return cls(config)
-
-
-def _input_norm(layer: nn.Module) -> nn.Module:
-    for name in ("input_layernorm", "ln_1"):
-        if hasattr(layer, name):
-            return getattr(layer, name)
-    raise UserError(f"{type(layer).__name__} has no input layer norm; EAGLE cannot use this architecture")
-
-
-def _set_input_norm(layer: nn.Module, module: nn.Module) -> None:
-    for name in ("input_layernorm", "ln_1"):
-        if hasattr(layer, name):
-            setattr(layer, name, module)
-            return
-    raise UserError(f"{type(layer).__name__} has no input layer norm; EAGLE cannot use this architecture")
-
-
-def _norm_like(layer: nn.Module, hidden: int) -> nn.Module:
-    """A fresh norm of the same class as the layer's input norm (RMSNorm or LayerNorm)."""
-    norm = _input_norm(layer)
-    new = type(norm)(hidden, eps=getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-    return new
-
-
 def _widen_attention_input(layer: nn.Module, hidden: int) -> None:
     """EAGLE-3: q/k/v read concat(embedding, feature), so their input is 2H."""
-    attn = getattr(layer, "self_attn", None)
-    if attn is None or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")):
-        raise UserError(
-            f"EAGLE-3 needs an attention with q_proj/k_proj/v_proj; {type(layer).__name__} has none (use draft=eagle)"
-        )
+    attn = layer.self_attn
     for p in ("q_proj", "k_proj", "v_proj"):
         old = getattr(attn, p)
         setattr(attn, p, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
 
 
 def _call_layer(layer: nn.Module, h, attention_mask, position_ids, pos_emb, cache) -> torch.Tensor:
-    kwargs: dict[str, Any] = {
-        "attention_mask": attention_mask,
-        "cache": cache,
-        "use_cache": cache is not None,
-    }
-    if pos_emb is not None:
-        kwargs.update(position_embeddings=pos_emb, position_ids=position_ids)
-    out = layer(h, **kwargs)
+    out = layer(
+        h,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        position_embeddings=pos_emb,
+        cache=cache,
+        use_cache=cache is not None,
+    )
     return out[0] if isinstance(out, tuple) else out

@@ -40,7 +40,7 @@ from draftheads.heads.eagle.convert import (
     eagle3_feature_layers,
     eagle3_norm_flags,
     eagle3_tensors,
-    eagle_layer_config,
+    eagle_layers,
 )
 from draftheads.heads.eagle.export import export_eagle3
 from draftheads.heads.eagle.speculators import eagle3_engine_config, eagle3_to_speculators
@@ -179,7 +179,7 @@ def from_speculators(
     tensors = {**eagle3_tensors(sd, fp.vocab_size), **embedding}
     check_vocab_maps(tensors["d2t"], tensors["t2d"], fp.vocab_size, where)
     spec = {
-        "target_config": eagle_layer_config(target, engine),
+        **eagle_layers(target, engine, 1),
         "mask_token_id": mask,
         "num_depths": proposal_tokens(config, where),
         "num_decoder_layers": 1,

