@@ -205,9 +205,11 @@ def read_prompts(e, tokenizer=None) -> list:
     try:
         prompts = load_prompts(e.prompts, tokenizer=tokenizer, fmt=e.format, fields=e.fields)
     except UserError as err:  # the data layer names the data.* keys; eval reads its own
-        raise UserError(
-            str(err).replace("data.format", "eval.format").replace("data.fields", "eval.fields")
-        ) from None
+        own = {"data.path=": "eval.prompts=", "data.format": "eval.format", "data.fields": "eval.fields"}
+        msg = str(err)
+        for theirs, ours in own.items():
+            msg = msg.replace(theirs, ours)
+        raise UserError(msg) from None
     if e.per_category:
         prompts = first_per_category(prompts, e.per_category)
     prompts = prompts[: e.max_prompts] if e.max_prompts else prompts
