@@ -65,7 +65,8 @@ def shared_path(name: str) -> Path:
             return p
     raise UserError(
         f"{name} data is absent: looked for {' and '.join(map(str, candidates))}; "
-        f"pass the path to the file instead (e.g. load_prompts('/path/to/{Path(SHARED[name]).name}'))"
+        f"give the file's path in place of the name {name} (e.g. eval.prompts=/path/to/{Path(SHARED[name]).name}, "
+        f"or speed.sampling_sets=[heldout,/path/to/{Path(SHARED[name]).name}])"
     )
 
 

@@ -202,6 +202,11 @@ def test_boolean_words_are_still_taken(word):
     ).args.decode.cost_aware == (word in ("true", "1"))
 
 
+def test_a_sampling_set_may_be_a_prompt_file_as_the_absent_set_advises(workdir):
+    argv = ["speed", "heads=h", "speed.workloads=true", "speed.sampling_sets=[heldout,a/ok.jsonl]"]
+    assert parse(argv).args.speed.sampling_sets == ["heldout", "a/ok.jsonl"]
+
+
 def test_a_prompt_file_saved_with_a_bom_reads_as_its_text(workdir):
     with_bom = parse(["generate", "heads=h", "prompt_file=bom.txt"]).args.prompt
     assert with_bom == parse(["generate", "heads=h", "prompt_file=hello.txt"]).args.prompt == "Hello"

@@ -360,8 +360,10 @@ def test_an_absent_shared_set_names_each_place_it_looked_once(monkeypatch):
     monkeypatch.chdir(REPO)  # the working directory and the repository give the same place
     with pytest.raises(UserError, match="spec_bench data is absent: looked for ") as e:
         shared_path("spec_bench")
-    # the place looked once, and the file's name once more in the suggested call
-    assert str(e.value).count("no-such-file.jsonl") == 2
+    # the place looked once, and the file's name in the two command-line keys that take it
+    assert str(e.value).count("no-such-file.jsonl") == 3
+    assert "speed.sampling_sets=[heldout,/path/to/no-such-file.jsonl]" in str(e.value)
+    assert "load_prompts(" not in str(e.value)
 
 
 def test_an_absent_mixture_component_fails_unless_optional_and_in_data_dir_resolves(tmp_path, tokenizer):

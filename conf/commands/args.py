@@ -10,6 +10,7 @@ lists exactly these keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from draftheads.conf.commands.checks import cost_cache_writable, decode_fits, something_drafts
 from draftheads.conf.errors import UserError
@@ -232,8 +233,9 @@ class DecodeSpeedOptions:
         at_least("speed.long_prompts", self.long_prompts, 1, 8)
         at_least("speed.copy_per_category", self.copy_per_category, 1, 2)
         check_temperatures("speed.temperatures", list(self.temperatures))
-        for source in self.sampling_sets:
-            one_of("speed.sampling_sets", source, PROMPT_SETS)
+        for source in self.sampling_sets:  # a named set, or a prompt file as eval.prompts reads them
+            if not Path(str(source)).expanduser().is_file():
+                one_of("speed.sampling_sets", source, [*PROMPT_SETS, "or a prompt file (.jsonl, .json, ...)"])
         if self.figures is not None and not self.figures.strip():
             raise UserError(
                 "speed.figures is empty; give the JSON file for the rows (e.g. speed.figures=docs/benchmarks.json), "
