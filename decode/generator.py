@@ -20,6 +20,7 @@ is in progress.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
@@ -31,7 +32,7 @@ from draftheads.decode.context import position_limit
 from draftheads.decode.cost import CostCurve, CostModel
 from draftheads.decode.cost_cache import cached_model
 from draftheads.decode.planner import Planner
-from draftheads.decode.prefill import Prefilling
+from draftheads.decode.prefill import Prefilling, Sampling
 from draftheads.decode.proposers import build_proposer
 from draftheads.decode.proposers.base import Proposer
 from draftheads.decode.stats import DecodeStats
@@ -102,7 +103,30 @@ class SpeculativeGenerator(Streaming, Capturing, Prefilling, Stepping):
         )
         self.limit = position_limit(target.config)
         self.last_stats = DecodeStats()
-        self.last_planner: Planner | None = None  # what the last call learned: the next one's priors
+        # what the last call of each acceptance setting learned: the next one's priors (last_planner)
+        self.planners: dict[tuple, Planner] = {}
+        self.setting: tuple = ("greedy", "exact")  # this call's (or the last call's) acceptance setting
+
+    @property
+    def last_planner(self) -> Planner | None:
+        """What the last call with this call's acceptance setting (greedy, or sampling at its
+        temperature and warpers, and typical acceptance or not) learned, carried into this call's
+        planner: acceptance under greedy says little about acceptance at temperature 1, so each
+        setting starts from its own measurements, never from another's."""
+        return self.planners.get(self.setting)
+
+    @last_planner.setter
+    def last_planner(self, planner: Planner | None) -> None:
+        if planner is None:
+            self.planners.pop(self.setting, None)
+        else:
+            self.planners[self.setting] = planner
+
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor | None, how: Sampling, *args, **kwargs):
+        """:meth:`Prefilling.prefill`, after taking the call's acceptance setting from ``how`` (the
+        key of :attr:`last_planner`, read once the prompts are in)."""
+        self.setting = (*how.processing.setting, "typical" if how.typical else "exact")
+        return super().prefill(input_ids, mask, how, *args, **kwargs)
 
     def make_proposer(self) -> Proposer:
         """A fresh proposer for one call: the drafter's (or lookup alone), with lookup branches."""

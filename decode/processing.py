@@ -141,6 +141,15 @@ def node_paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
     return paths
 
 
+def acceptance_setting(gc: GenerationConfig) -> tuple:
+    """What of a call's settings the drafts' acceptance depends on: greedy, or sampling with the
+    warpers that shape the distribution a draft is accepted from (a draft the target takes at
+    temperature 0.7 it may well not at 1.0), as a key for what the planner learned."""
+    if not gc.do_sample:
+        return ("greedy",)
+    return ("sampling", gc.temperature, gc.top_k, gc.top_p, gc.min_p, gc.typical_p)
+
+
 class Processing:
     """The call's logits processors (one list per prompt length) and their application to a tree."""
 
@@ -153,6 +162,7 @@ class Processing:
         device: torch.device,
     ) -> None:
         self.sample = bool(gc.do_sample)
+        self.setting = acceptance_setting(gc)
         self.prompt_lens = prompt_lens  # per input row: its real prompt tokens
         self.lists = {n: build(target, gc, n, max_new, device) for n in sorted(set(prompt_lens))}
         every = [p for lst in self.lists.values() for p in lst]

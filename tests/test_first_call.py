@@ -85,3 +85,30 @@ def test_a_call_starts_from_what_the_last_call_of_its_decoder_learned(tiny_llama
     ((last, scale, pass_s, trust, rates),) = started
     assert last is first and (scale, pass_s, trust) == (first.scale, first.pass_s, first.trust)
     assert rates == first.rates and gen.last_planner is not first
+
+
+def test_each_acceptance_setting_starts_from_its_own_last_call(tiny_llama, monkeypatch):
+    """Greedy acceptance says little about acceptance at temperature 1: a sampling call starts from
+    the last call at its own temperature (a fresh planner the first time), never from greedy's,
+    and a greedy call after it still starts from the last greedy one."""
+    model, tok, fp = tiny_llama
+    gen = SpeculativeGenerator(model, eagle3(model, fp), tok, DecodeConfig())
+    ids = tok("a b c a b c a b c", return_tensors="pt").input_ids
+    carried = []
+    carry = Planner.carry
+    monkeypatch.setattr(Planner, "carry", lambda self, last: (carried.append(last), carry(self, last)))
+
+    def call(**sampling) -> Planner:
+        gen.generate(ids, max_new_tokens=12, eos_token_id=[], **sampling)
+        return gen.last_planner
+
+    greedy = call()
+    hot = call(do_sample=True, temperature=1.0)
+    assert carried == [] and hot is not greedy  # nothing carried into the first call at T 1.0
+    warm = call(do_sample=True, temperature=0.7)
+    assert carried == []  # nor into the first at T 0.7
+    again = call(do_sample=True, temperature=1.0)
+    assert carried == [hot] and again is not hot
+    assert call() is not greedy and carried == [hot, greedy]  # greedy from greedy
+    call(do_sample=True, temperature=0.7, typical=True)  # typical acceptance is its own setting
+    assert carried == [hot, greedy] and gen.last_planner is not warm
