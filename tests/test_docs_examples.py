@@ -76,6 +76,28 @@ def test_documented_command_line_parses_and_composes(where, example):
         (STUDY_ROWS if study else NO_ROWS).check(inv.args.bench)
 
 
+def readme_chain() -> list[str]:
+    """The README's chain of commands, each step reading what the one before wrote."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("each step reading what the one before wrote", 1)[1].split("```bash", 1)[1]
+    return examples_in(block.split("```", 1)[0])
+
+
+def examples_in(block: str) -> list[str]:
+    """The ``draftheads`` command lines of one fenced block's text."""
+    lines = (re.split(r"\s#\s", line)[0].strip() for line in block.splitlines())
+    return [line for line in lines if line.startswith("draftheads ")]
+
+
+def test_the_readme_chain_trains_on_the_features_it_caches():
+    steps = [parse(shlex.split(e)[1:]) for e in readme_chain()]
+    caches = [s.args.data.features.out_dir for s in steps if s.command == "features"]
+    trains = [s.args.train for s in steps if s.command == "train"]
+    assert caches, "the chain caches no features"
+    for cache in caches:  # a cache no later step reads is wasted minutes
+        assert any(t.features == "offline" and t.feature_cache == cache for t in trains), cache
+
+
 WORK_LABELS = re.compile(r"\bsession \d|\bsessions\b|\bissue \d|\bticket|/work/|shared/reference", re.I)
 
 
