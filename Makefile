@@ -49,7 +49,7 @@ test: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=10 tests
 
 # The engine tests: vLLM serves draftheads' exports (see docs/hub.md). Skipped, with the
-# reason, where `make engine` has not been run.
+# reason, where `make engine` has not been run; with CI=true (.ci/run) a skip fails the run.
 test-engine: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -rs -m engine tests
 

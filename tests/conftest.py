@@ -21,6 +21,7 @@ torch.set_num_threads(1)
 from draftheads.conf.schema.heads import TargetConfig  # noqa: E402
 from draftheads.heads.target.fingerprint import fingerprint  # noqa: E402
 from draftheads.heads.target.load import load_target  # noqa: E402
+from tests.engine_skips import pytest_runtest_makereport  # noqa: E402, F401  (CI: an engine skip fails)
 
 TINY_KINDS = ["llama", "mistral", "qwen2", "gpt2"]
 _cache: dict[str, tuple] = {}
