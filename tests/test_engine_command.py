@@ -132,3 +132,12 @@ def test_steps_are_counted_as_vllm_counts_them():
     assert count_steps([1, 1], new_tokens=1) == []
     assert mean_acceptance_length({"num_drafts": 4, "num_accepted_tokens": 6}) == 2.5
     assert mean_acceptance_length({"num_drafts": 0, "num_accepted_tokens": 0}) == 1.0
+
+
+@pytest.mark.parametrize(
+    "given,used", [([], "eager"), (["decode.backend=auto"], "eager"), (["decode.backend=onednn"], "onednn")]
+)
+def test_draftheads_side_skips_the_backend_timing_unless_a_backend_is_named(given, used):
+    from draftheads.conf.cli import parse
+
+    assert parse(["engine", "heads=h", *given]).args.decode.backend == used

@@ -9,7 +9,7 @@ lists exactly these keys.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from draftheads.conf.commands.checks import cost_cache_writable, decode_fits, something_drafts
@@ -368,6 +368,12 @@ class EngineArgs:
     heads: str | None = None
     revision: str | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
+
+    def __post_init__(self) -> None:
+        """``decode.backend=auto`` decodes with ``eager``: auto times both backends first (minutes on
+        a busy CPU), and the run compares acceptance counts, which the backend does not change."""
+        if self.decode.backend == "auto":
+            self.decode = replace(self.decode, backend="eager")
 
 
 def distill_backend_fits(target: TargetConfig, data: DataConfig) -> None:
