@@ -1,5 +1,7 @@
 """The planner's floor: with a drafter that does not pay, decoding falls back to the better of
-plain and lookup-only steps, at batch 1, 4 and 8, on short and long prompts.
+plain and lookup-only steps, at batch 1, 4 and 8, on short and long prompts, greedy and sampling
+(where a drafter whose drafts the target never samples is left out on measured acceptance alone,
+and the output keeps the target's exact distribution).
 
 The drafter here is random (its drafts are almost never accepted) and each of its passes is made
 to cost five target steps on a synthetic clock, so the test checks the planner's decisions, not
@@ -15,7 +17,9 @@ import torch
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import SpeculativeGenerator
 from draftheads.decode.cost import CostCurve
+from draftheads.decode.proposers.combined import WithLookup
 from draftheads.decode.stats import DecodeStats
+from draftheads.decode.tree import Tree
 from tests.test_decode import drafter
 
 PASS_S, VERIFY_S = 5.0, 1.0  # a drafter pass costs five verify forwards
@@ -92,3 +96,129 @@ def test_a_drafter_that_pays_keeps_drafting_against_lookup(tiny_llama, monkeypat
     gen.generate(ids, attention_mask=mask, max_new_tokens=48, eos_token_id=[])
     s = gen.last_stats
     assert s.undrafted_steps <= 0.5 * s.steps
+
+
+# ---- under sampling: a drafter whose drafts the target never takes ------------------------------
+SUPPRESSED = 5  # a token every sampling call here suppresses: the target gives it no probability
+
+
+class NeverTaken:
+    """A real proposer whose every drafted token is :data:`SUPPRESSED`: at any temperature the
+    target samples it with probability 0, so no draft is ever accepted (the drafter still runs,
+    and its passes still cost)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.hidden_layers = inner.hidden_layers
+
+    @property
+    def passes(self) -> int:
+        return getattr(self.inner, "passes", 0)
+
+    def prefill(self, batch) -> None:
+        self.inner.prefill(batch)
+
+    def propose(self, root, pos, plan=None) -> Tree:
+        tree = self.inner.propose(root, pos, plan)
+        tokens = tree.tokens.clone()
+        tokens[:, 1:] = SUPPRESSED
+        return Tree(tokens, tree.parents, tree.depths, tree.scores, tree.valid)
+
+    def update(self, step) -> None:
+        self.inner.update(step)
+
+    def select_rows(self, rows) -> None:
+        self.inner.select_rows(rows)
+
+
+class NeverTakenGenerator(SpeculativeGenerator):
+    """The decoder with :class:`NeverTaken` drafts (lookup branches, when on, left as they are)."""
+
+    def make_proposer(self):
+        proposer = super().make_proposer()
+        if isinstance(proposer, WithLookup):
+            proposer.proposer = NeverTaken(proposer.proposer)
+            return proposer
+        return NeverTaken(proposer)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_under_sampling_a_drafter_that_is_never_taken_gives_way_to_plain_steps(
+    tiny_llama, monkeypatch, batch, temperature
+):
+    """Drafting is cheap here (a pass a fifth of a verify forward, verifying more nodes free), so
+    drafting stops paying for one reason only: at this temperature nothing drafted is accepted.
+    The planner measures that and falls back to plain sampling steps, probing the drafter now
+    and then."""
+    model, tok, fp = tiny_llama
+    d = drafter("eagle", model, fp, version=3)
+    synthetic_clock(monkeypatch, d)
+    monkeypatch.setattr("tests.test_planner_floor.PASS_S", 0.2)
+    gen = NeverTakenGenerator(model, d, tok, DecodeConfig(lookup=False))
+    ids, mask = prompts(tok, batch, False)
+    kw = dict(do_sample=True, temperature=temperature, suppress_tokens=[SUPPRESSED], eos_token_id=[])
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=64, **kw)
+    s = gen.last_stats
+    assert SUPPRESSED not in out[:, ids.shape[1] :].tolist()
+    assert s.tau == 1.0  # no draft was ever taken
+    drafted = s.steps - s.undrafted_steps
+    assert s.steps >= 60 and drafted <= 0.2 * s.steps  # plain sampling steps, mostly
+    assert drafted >= 2  # the drafter is still probed: one that starts paying is noticed
+    assert s.tree_tokens.count(1) >= 0.8 * s.steps  # plain steps verify the root alone
+    assert drafted == 1 + sum(1 for n in s.tree_tokens[1:] if n > 1)  # each probe verified a draft
+
+
+def test_under_sampling_with_lookup_the_floor_is_lookup_or_plain_steps(tiny_llama, monkeypatch):
+    """With lookup branches on, the steps without the never-taken drafter still verify the
+    branches where the text repeats the prompt."""
+    model, tok, fp = tiny_llama
+    d = drafter("eagle", model, fp, version=3)
+    synthetic_clock(monkeypatch, d)
+    monkeypatch.setattr("tests.test_planner_floor.PASS_S", 0.2)
+    gen = NeverTakenGenerator(model, d, tok, DecodeConfig(lookup=True))
+    ids, mask = prompts(tok, 4, True)
+    kw = dict(do_sample=True, temperature=0.7, suppress_tokens=[SUPPRESSED], eos_token_id=[])
+    gen.generate(ids, attention_mask=mask, max_new_tokens=64, **kw)
+    s = gen.last_stats
+    drafted = s.steps - s.undrafted_steps
+    assert s.steps >= 20 and drafted <= 0.2 * s.steps and drafted >= 2
+
+
+def test_the_fallback_under_sampling_keeps_the_exact_distribution(monkeypatch):
+    """The joint distribution of the first three new tokens over 4000 rows (one batch) while the
+    planner drops a never-taken drafter for a plain sampling step (the first step drafts, the
+    second is plain, the third probes the drafter again), against the exact product of the
+    target's warped conditionals."""
+    from draftheads.decode.verify import warp
+    from draftheads.heads import fingerprint
+    from tests.test_decode import SMALL, small_vocab_target
+
+    model = small_vocab_target()
+    V, N = 6, 4000
+    d = drafter("eagle", model, fingerprint(model, None), **SMALL["eagle"])
+    synthetic_clock(monkeypatch, d)
+    monkeypatch.setattr("tests.test_planner_floor.PASS_S", 0.2)
+    warp_kw = dict(temperature=0.9, top_k=4, top_p=0.95)
+    prompt = torch.tensor([[0, 3, 1, 4, 0, 3]])
+    grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))
+    with torch.no_grad():
+        lg = model(torch.cat([prompt.expand(V * V, -1), grid], 1)).logits
+    lg[..., SUPPRESSED] = float("-inf")  # as suppress_tokens leaves it
+    P = prompt.shape[1]
+    p1, p2, p3 = warp(lg[0, P - 1], **warp_kw), warp(lg[:, P], **warp_kw), warp(lg[:, P + 1], **warp_kw)
+    exact = p1[:, None, None] * p2[torch.arange(V) * V][:, :, None] * p3.reshape(V, V, V)
+    cfg = DecodeConfig(top_k_draft=3, depth=3, total_tokens=6, lookup=False)
+    gen = NeverTakenGenerator(model, d, None, cfg)
+    torch.manual_seed(5)
+    out = gen.generate(
+        prompt.expand(N, -1), max_new_tokens=4, do_sample=True, suppress_tokens=[SUPPRESSED], **warp_kw
+    )
+    x = out[:, P : P + 3]
+    freq = torch.zeros(V, V, V)
+    freq.index_put_((x[:, 0], x[:, 1], x[:, 2]), torch.ones(N), accumulate=True)
+    freq /= N
+    tol = 5 * (exact * (1 - exact) / N).sqrt() + 2 / N
+    assert ((freq - exact).abs() <= tol).all(), float((freq - exact).abs().max())
+    s = gen.last_stats
+    assert s.steps == 3 and s.undrafted_steps == 1 and s.tree_tokens[1] == 1 < s.tree_tokens[0]
