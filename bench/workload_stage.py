@@ -103,20 +103,20 @@ def workload_lines(record: dict[str, Any]) -> list[str]:
     lines = []
     for r in record.get("batches", []):
         lines.append(
-            f"workloads batch {r['batch']}: τ {r['tau']:.2f}  {r['speedup']:.2f}× vs batched greedy, "
+            f"workloads batch {r['batch']}: τ {r['tau']:.2f}  {r['speedup']:.2f}× vs plain {r.get('baseline', 'generate')}, "
             f"{r.get('speedup_vs_stock', 0.0):.2f}× vs stock"
         )
     if "long" in record:
         r = record["long"]
         lines.append(
-            f"workloads long: τ {r['tau']:.2f}  {r['speedup']:.2f}× vs same-backend greedy  "
+            f"workloads long: τ {r['tau']:.2f}  {r['speedup']:.2f}× vs plain {r.get('baseline', 'generate')}  "
             f"| prompt lookup τ {r['pld']['tau']:.2f} {r['pld']['speedup']:.2f}×"
         )
     for name, r in record.get("copy", {}).items():
         for cat, c in {"all": r, **r.get("per_category", {})}.items():
             pld = c.get("pld") or {}
             lines.append(
-                f"workloads copy {cat:<9} {name:<6}: τ {c['tau']:.2f}  {c['speedup']:.2f}× vs same-backend greedy  "
+                f"workloads copy {cat:<9} {name:<6}: τ {c['tau']:.2f}  {c['speedup']:.2f}× vs plain {c.get('baseline', 'generate')}  "
                 f"| prompt lookup τ {pld.get('tau', 0.0):.2f} {pld.get('speedup', 0.0):.2f}×"
             )
     for p in record.get("first_call", {}).get("pairs", []):

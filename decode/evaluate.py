@@ -6,7 +6,10 @@ run and back to back, we decode
 
 * with the target's stock greedy ``generate`` (eager PyTorch: what a user has without us),
 * with the same greedy ``generate`` on the decoder's backend (e.g. pre-packed oneDNN weights):
-  the reference output, and the fair baseline for the decoding method itself,
+  the reference output,
+* with the project's plain loop on that backend (:func:`draftheads.decode.batched.generate_retiring`):
+  the faster of the two plain loops is the baseline for the decoding method itself
+  (:mod:`draftheads.decode.baseline`),
 * with each speculative generator (target + a drafter, on that backend): several drafters share
   one loop, so the greedy runs above are paid once per turn and every ratio comes from one run,
 * with each requested baseline: transformers' prompt lookup decoding (``pld``) and, when
@@ -31,6 +34,7 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import backend as backends
+from draftheads.decode.baseline import timed_retiring
 from draftheads.decode.context import fit_new_tokens, position_limit
 from draftheads.decode.prompting import encode_prompt
 
@@ -53,6 +57,7 @@ class TurnResult:
     backend: str = "eager"
     stock_time_s: float = 0.0  # the target's stock (eager) greedy generate
     identical_stock: bool = True  # the output also equals stock generate's
+    retiring_time_s: float | None = None  # the plain retiring loop on the same backend (None: not run)
     tree_tokens: list[int] = field(default_factory=list)  # nodes verified per step
     # spec_time_s in parts (decode/stats.py), with ``outside``: the call's time outside its stream
     # (building generate's output); the parts add up to spec_time_s
@@ -133,11 +138,14 @@ def evaluate_prompts(
             stock, stock_s = timed(target.generate, ids, attention_mask=mask, **turn_kw)
             stock_new = _trim(stock[0, n_prompt:], tokenizer.pad_token_id, eos)
             refs: dict[str, tuple[torch.Tensor, float]] = {}  # backend -> (reference answer, seconds)
+            plain: dict[str, float | None] = {}  # backend -> the retiring loop's seconds
             for gen in generators.values():
                 if gen.backend not in refs:
                     with backends.applied(gen.backend, target, cache=gen.packs):
                         ref, base_s = timed(target.generate, ids, attention_mask=mask, **turn_kw)
                     refs[gen.backend] = (_trim(ref[0, n_prompt:], tokenizer.pad_token_id, eos), base_s)
+                    run = timed_retiring(target, gen.backend, gen.packs, ids, mask, **turn_kw)
+                    plain[gen.backend] = run.seconds if run is not None else None
             decoded = {}
             for name, gen in generators.items():
                 out, spec_s = timed(gen.generate, ids, max_new_tokens=new, do_sample=False, eos_token_id=eos)
@@ -166,6 +174,7 @@ def evaluate_prompts(
                         backend=gen.backend,
                         stock_time_s=stock_s,
                         identical_stock=torch.equal(stock_new, out_new),
+                        retiring_time_s=plain[gen.backend],
                         tree_tokens=list(stats.tree_tokens),
                         time_split={**stats.split(), "outside": spec_s - stats.total_time_s},
                     )
@@ -282,6 +291,7 @@ def run_eval(
                     do_sample=False,
                     pad_token_id=tokenizer.pad_token_id,
                 )
+            timed_retiring(target, name, None, ids, torch.ones_like(ids), max_new_tokens=8, do_sample=False)
         for generator in generators.values():
             generator.generate(ids, max_new_tokens=8)
     with torch.inference_mode():

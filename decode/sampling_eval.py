@@ -2,10 +2,11 @@
 
 Most chat deployments sample (temperature 0.7-1.0), and there a drafted token is accepted with
 the rejection-sampling rule, less often than under greedy. Per temperature, each prompt's first
-turn is decoded, back to back, with the target's sampling ``generate`` on the decoder's backend
-(the fair baseline) and with the speculative generator; both are seeded alike. The two draw
-their samples differently, so their texts differ and there is no identity check here: that the
-speculative text follows the target's distribution exactly is what the sampling-distribution
+turn is decoded, back to back, with the two plain sampling loops on the decoder's backend (the
+target's ``generate`` and the retiring batched loop; the faster is the baseline,
+:mod:`draftheads.decode.baseline`) and with the speculative generator; all are seeded alike. They
+draw their samples differently, so their texts differ and there is no identity check here: that
+the speculative text follows the target's distribution exactly is what the sampling-distribution
 tests prove. Tokens per second count each method's own new tokens.
 """
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.schema.decode import DecodeConfig
-from draftheads.decode import backend as backends
+from draftheads.decode.baseline import fastest, timed_generate, timed_retiring
 from draftheads.decode.context import fit_new_tokens, position_limit
 from draftheads.decode.evaluate import timed
 from draftheads.decode.prompting import encode_prompt
@@ -41,41 +42,53 @@ def sample_rows(
     temperatures: list[float],
     seed: int = 0,
 ) -> list[dict]:
-    """One row per temperature: τ, speculative and same-backend sampling tokens/s, the speedup."""
+    """One row per temperature: τ, speculative and both plain loops' tokens/s (same backend), the
+    speedup against the faster plain loop."""
     device = next(target.parameters()).device
     limit = position_limit(target.config)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     rows = []
     for temperature in temperatures:
         kw = dict(do_sample=True, temperature=temperature, eos_token_id=eos)
-        spec_s = base_s = 0.0
-        spec_n = base_n = 0
+        spec_s = base_s = retire_s = 0.0
+        spec_n = base_n = retire_n = 0
+        retired = True  # the retiring loop samples this distribution (every prompt)
         lengths: list[int] = []
         for i, p in enumerate(prompts):
             ids = encode_prompt(tokenizer, [{"role": "user", "content": p.turns[0]}]).to(device)
             new, _ = fit_new_tokens(ids.shape[1], max_new_tokens, limit)
+            mask = torch.ones_like(ids)
             torch.manual_seed(seed + i)
-            with backends.applied(gen.backend, target, cache=gen.packs):
-                ref, s = timed(
-                    target.generate,
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=new,
-                    pad_token_id=pad,
-                    **kw,
-                )
-            base_s, base_n = base_s + s, base_n + new_tokens(ref[0, ids.shape[1] :], eos, pad)
+            ref = timed_generate(
+                target, gen.backend, gen.packs, ids, mask, max_new_tokens=new, pad_token_id=pad, **kw
+            )
+            base_s, base_n = (
+                base_s + ref.seconds,
+                base_n + new_tokens(ref.output[0, ids.shape[1] :], eos, pad),
+            )
+            torch.manual_seed(seed + i)
+            run = timed_retiring(
+                target, gen.backend, gen.packs, ids, mask, max_new_tokens=new, pad_token_id=pad, **kw
+            )
+            retired &= run is not None
+            if run is not None:
+                retire_s, retire_n = retire_s + run.seconds, retire_n + run.new_tokens
             torch.manual_seed(seed + i)
             _, s = timed(gen.generate, ids, max_new_tokens=new, **kw)
             spec_s, spec_n = spec_s + s, spec_n + gen.last_stats.new_tokens
             lengths += gen.last_stats.accepted_lengths
-        spec_rate, base_rate = spec_n / max(spec_s, 1e-9), base_n / max(base_s, 1e-9)
+        spec_rate, generate_rate = spec_n / max(spec_s, 1e-9), base_n / max(base_s, 1e-9)
+        retiring_rate = retire_n / max(retire_s, 1e-9) if retired else None
+        baseline, base_rate = fastest(generate_rate, retiring_rate)
         rows.append(
             {
                 "temperature": temperature,
                 "tau": sum(lengths) / max(len(lengths), 1),
                 "tokens_per_s": spec_rate,
                 "baseline_tokens_per_s": base_rate,
+                "baseline": baseline,
+                "generate_tokens_per_s": generate_rate,
+                "retiring_tokens_per_s": retiring_rate,
                 "speedup": spec_rate / base_rate if base_rate else 0.0,
                 "num_prompts": len(prompts),
                 "num_new_tokens": spec_n,
@@ -101,18 +114,24 @@ def run_sampling(
     gen = SpeculativeGenerator(target, drafter, tokenizer=tokenizer, config=decode)
     ids = encode_prompt(tokenizer, "Hello").to(next(target.parameters()).device)
     gen.generate(ids, max_new_tokens=4, do_sample=True, temperature=temperatures[0])  # one-off costs
+    timed_retiring(
+        target, gen.backend, gen.packs, ids, torch.ones_like(ids), max_new_tokens=4, do_sample=True
+    )
     return sample_rows(gen, target, tokenizer, prompts, decode.max_new_tokens, temperatures, decode.seed)
 
 
 def format_rows(rows: list[dict]) -> str:
     """The rows as a Markdown table."""
     lines = [
-        "| temperature | τ | tok/s | sampling tok/s (backend) | speedup | new tokens |",
-        "|---|---|---|---|---|---|",
+        "| temperature | τ | tok/s | generate tok/s (backend) | retiring loop tok/s (backend) "
+        "| speedup vs fastest plain | new tokens |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r['temperature']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {r['baseline_tokens_per_s']:.1f} "
-        f"| {r['speedup']:.2f}× | {r['num_new_tokens']} |"
+        f"| {r['temperature']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} "
+        f"| {r.get('generate_tokens_per_s', r['baseline_tokens_per_s']):.1f} "
+        f"| {'-' if r.get('retiring_tokens_per_s') is None else format(r['retiring_tokens_per_s'], '.1f')} "
+        f"| {r['speedup']:.2f}× ({r.get('baseline', 'generate')}) | {r['num_new_tokens']} |"
         for r in rows
     ]
     return "\n".join(lines)

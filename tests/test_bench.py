@@ -314,7 +314,7 @@ def test_the_measured_section_is_results_first_and_tables_only(tmp_path):
     rows = [line for line in section.splitlines() if line.startswith("| ") and "heldout" in line]
     assert [r.split(" | ")[0] for r in rows] == ["| medusa", "| eagle3", "| prompt lookup"]
     assert "| prompt lookup | spec_bench | 3 | 1.70 |  | 1.10× | 17.6 |" in section
-    assert "| category | medusa: τ / vs greedy | eagle3: τ / vs greedy | prompt lookup vs stock |" in section
+    assert "| category | medusa: τ / vs plain | eagle3: τ / vs plain | prompt lookup vs stock |" in section
     assert "| coding | 2.00 / 1.20× | 2.00 / 1.20× | 0.90× |" in section
     # blank in every row: the scaling points' steps and minutes, the ablation row's simulated figures
     assert "| answer tokens | epochs | τ |" in section and "| 50 | 2.00 | 1.50 |" in section
@@ -426,7 +426,7 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
     assert again["data"] == teacher and teacher["seconds"] > 0 and "Teacher-forced feature cache" in text
     heldout = record["drafters"]["eagle3"]["heldout"]
     assert heldout["speedup_vs_stock"] == again["drafters"]["eagle3"]["heldout"]["speedup_vs_stock"] > 0
-    assert "| turns | τ | vs greedy | vs stock |" in text
+    assert "| turns | τ | vs plain | vs stock |" in text
 
 
 @pytest.mark.slow

@@ -77,6 +77,22 @@ def test_summary_arithmetic_matches_a_hand_computed_example():
     ] == pytest.approx(2.0)
 
 
+def test_the_speedup_is_against_the_faster_plain_loop_with_both_rates_reported():
+    rs = [turn("a", "math", [1, 3, 2], 1.0, 3.0), turn("b", "code", [4, 1], 2.0, 2.0)]
+    for r, s in zip(rs, (2.0, 2.0)):
+        r.retiring_time_s = s
+    rep = summarize(rs, [])
+    # 11 tokens: generate took 5 s, the retiring loop 4 s; the speculative runs 3 s
+    assert rep["baseline"] == "retiring" and rep["speedup"] == pytest.approx(4.0 / 3.0)
+    assert rep["generate_tokens_per_s"] == pytest.approx(11 / 5.0)
+    assert rep["retiring_tokens_per_s"] == rep["baseline_tokens_per_s"] == pytest.approx(11 / 4.0)
+    rs[0].retiring_time_s = 4.0  # now 6 s: slower than generate, which stays the baseline
+    rep = summarize(rs, [])
+    assert rep["baseline"] == "generate" and rep["speedup"] == pytest.approx(5.0 / 3.0)
+    rs[1].retiring_time_s = None  # a turn without it: generate alone
+    assert summarize(rs, [])["retiring_tokens_per_s"] is None
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle3"])
 def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind, capsys):
     model, tok, fp = tiny_llama
@@ -102,12 +118,16 @@ def test_eval_end_to_end_on_a_tiny_target(tmp_path, tiny_llama, kind, capsys):
     assert [r["temperature"] for r in on_disk["sampling"]] == [0.7, 1.0]
     for r in on_disk["sampling"]:
         assert r["tau"] >= 1.0 and r["tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0
+        # both plain sampling loops ran; the speedup is against the faster
+        assert r["baseline_tokens_per_s"] == max(r["generate_tokens_per_s"], r["retiring_tokens_per_s"])
         assert r["backend"] == on_disk["backend"] and r["num_new_tokens"] > 0
     choice = on_disk["environment"]["backend_choice"]
     if choice is not None:  # a float32 CPU with oneDNN: the target's backend was timed, and printed
         assert choice["name"] == on_disk["backend"] and set(choice["seconds"]) == {"eager", "onednn"}
         assert "backend for the target:" in printed.err
     assert on_disk["greedy_identical"] == 1.0 and on_disk["num_prompts"] == 2 and on_disk["tau"] >= 1.0
+    rates = (on_disk["generate_tokens_per_s"], on_disk["retiring_tokens_per_s"])
+    assert on_disk["baseline_tokens_per_s"] == pytest.approx(max(rates)) and min(rates) > 0
     assert on_disk["environment"]["versions"]["torch"] and "pld" in on_disk
     for key in (
         "tau",
