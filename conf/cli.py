@@ -25,7 +25,14 @@ from typing import Any
 
 from draftheads.conf.commands import COMMANDS, OLD_SPELLINGS, SCHEMA_NAMES, USER_NAMES, Command
 from draftheads.conf.commands.args import ROOT_FIELDS, from_config, own_keys
-from draftheads.conf.commands.compose import GROUPS, check_booleans, compose, config_error_line, group_options
+from draftheads.conf.commands.compose import (
+    GROUPS,
+    check_booleans,
+    check_nested_lists,
+    compose,
+    config_error_line,
+    group_options,
+)
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.checks import finite
 
@@ -231,6 +238,7 @@ def own_options(c: Command, options: list[str]) -> dict[str, Any]:
             if o.split(".")[0] == f.name
         ]
         check_booleans(type(f.default_factory()), mine, prefix=f"{f.name}.")
+        check_nested_lists(type(f.default_factory()), mine, prefix=f"{f.name}.")
         try:
             base = OmegaConf.structured(f.default_factory())
             merged = OmegaConf.merge(base, OmegaConf.from_dotlist(mine))

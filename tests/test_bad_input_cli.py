@@ -168,6 +168,12 @@ REFUSED = [
      "draft.down_sample_ratio_min=0.5 is above draft.down_sample_ratio=0.2"),
     (["train", "draft=peagle", "draft.init_from_eagle3=missing_dir", "train.out_dir=run", "data.max_rows=4",
       "train.max_steps=1", "train.eval_every=0"], "draft.init_from_eagle3=missing_dir: no such checkpoint directory"),
+    # speed's batches and settings
+    (["speed", "heads=h", "speed.batch_sizes=[2,2]"], "speed.batch_sizes=[2, 2] lists a batch size twice"),
+    (["speed", "heads=h", "speed.dynamic=[4,4,8]"], "put each entry in its own brackets: 'speed.dynamic=[[4,4,8]]'"),
+    (["speed", "heads=h", "speed.dynamic=[[4,4]]"], "speed.dynamic entry [4, 4]: give [top_k_draft,depth,total_tokens]"),
+    (["speed", "heads=h", "speed.batch_sizes=[0]"], "speed.batch_sizes=[0] needs batch sizes >= 1"),
+    (["speed", "heads=h", "speed.batch_sizes=[16]"], "use speed.prompts=16 or speed.batch_sizes=[8]"),
     # the workload rows of speed
     (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[nan]"], "speed.temperatures[0]=nan is not a finite"),
     (["speed", "heads=h", "speed.workloads=true", "speed.temperatures=[0]"], "speed.temperatures has 0.0"),

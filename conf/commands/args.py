@@ -222,6 +222,12 @@ class DecodeSpeedOptions:
             raise UserError(
                 f"speed.batch_sizes={sizes} needs batch sizes >= 1; use e.g. speed.batch_sizes=[1,4,8]"
             )
+        if len(set(sizes)) != len(sizes):
+            once = sorted(set(sizes))
+            raise UserError(
+                f"speed.batch_sizes={sizes} lists a batch size twice, which would be measured twice; "
+                f"use speed.batch_sizes=[{','.join(map(str, once))}]"
+            )
         if max(sizes) > self.prompts:
             fit = [b for b in sizes if b <= self.prompts] or [self.prompts]
             raise UserError(

@@ -29,6 +29,7 @@ def compose(overrides: list[str]):
 
     register()
     check_booleans(Config, overrides)
+    check_nested_lists(Config, overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="draftheads.conf", version_base="1.3"):
@@ -69,6 +70,25 @@ def check_booleans(root: type, overrides: list[str], prefix: str = "") -> None:
         word = value.strip().strip("'\"").lower()
         if word not in BOOLEAN_WORDS and not (kind is not bool and word in ("null", "none", "")):
             raise UserError(typed_value_line(f"{prefix}{key}", value, "is not a valid bool"))
+
+
+def check_nested_lists(root: type, overrides: list[str], prefix: str = "") -> None:
+    """Refuse ``key=[1,2,3]`` for a key of ``root`` that holds a list of lists (OmegaConf's error
+    names no key); ``prefix`` as in :func:`check_booleans`."""
+    for item in overrides:
+        key, eq, value = item.lstrip("+~").partition("=")
+        kind = field_type(root, key)
+        inner = (
+            typing.get_args(kind)[0] if typing.get_origin(kind) is list and typing.get_args(kind) else None
+        )
+        if not eq or typing.get_origin(inner) is not list:
+            continue
+        text = value.strip()
+        if text.startswith("[") and text[1:].lstrip()[:1] not in ("[", "]"):
+            raise UserError(
+                f"{prefix}{key}={text} is a list of lists; put each entry in its own brackets: "
+                f"'{prefix}{key}=[{text}]'"
+            )
 
 
 def missing_option_line(msg: str) -> str | None:
