@@ -86,7 +86,9 @@ def read_config(directory: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(cfg, dict) or "kind" not in cfg or "spec" not in cfg:
         raise UserError(
-            f"{path} is not a draftheads drafter config (no 'kind'/'spec'); official Medusa/EAGLE layouts load through Drafter.from_pretrained(dir, target=...)"
+            f"{path} is not a draftheads drafter config (no 'kind'/'spec'), and no official Medusa, EAGLE, "
+            "DFlash or speculators weights lie beside it; give a folder `draftheads train` wrote, or a "
+            "published drafter's folder with its weights (loaded with target=...)"
         )
     if int(cfg.get("format_version", 0)) > FORMAT_VERSION:
         raise UserError(

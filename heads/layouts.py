@@ -86,7 +86,9 @@ def _load_pickle(path: Path) -> dict[str, torch.Tensor]:
         except RuntimeError:  # legacy (non-zip) pickles cannot be memory-mapped
             sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # unpickling raises many types; all mean the same thing to the user
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = str(e).split("WeightsUnpickler error:", 1)[-1]  # torch's own detail, not its advice
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(e).__name__]
+        first = lines[0][:200]
         raise UserError(
             f"{path}: cannot read it as a weights-only torch checkpoint ({first}); it is corrupt or holds code"
         ) from None

@@ -41,6 +41,8 @@ def workdir(tmp_path, monkeypatch) -> Path:
     for folder in ("a", "b"):  # two prompt files of one name, and the report on the first
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "ok.jsonl").write_text('{"text": "Hello"}\n')
+    (tmp_path / "garbage").mkdir()  # a download that is no torch file
+    (tmp_path / "garbage" / "pytorch_model.bin").write_bytes(b"garbage\n")
     (tmp_path / "h" / "eval-ok").mkdir()
     (tmp_path / "h" / "eval-ok" / "report.json").write_text(
         json.dumps({"tau": 2, "heads": "h", "prompts": "a/ok.jsonl"})
@@ -168,6 +170,9 @@ REFUSED = [
      "draft.down_sample_ratio_min=0.5 is above draft.down_sample_ratio=0.2"),
     (["train", "draft=peagle", "draft.init_from_eagle3=missing_dir", "train.out_dir=run", "data.max_rows=4",
       "train.max_steps=1", "train.eval_every=0"], "draft.init_from_eagle3=missing_dir: no such checkpoint directory"),
+    # folders that hold no drafter: named without Python advice, nor torch's
+    (["info", "heads=h"], "give a folder `draftheads train` wrote"),
+    (["info", "heads=garbage"], "cannot read it as a weights-only torch checkpoint (Unsupported operand"),
     # speed's batches and settings
     (["speed", "heads=h", "speed.batch_sizes=[2,2]"], "speed.batch_sizes=[2, 2] lists a batch size twice"),
     (["speed", "heads=h", "speed.dynamic=[4,4,8]"], "put each entry in its own brackets: 'speed.dynamic=[[4,4,8]]'"),
@@ -192,6 +197,7 @@ def test_a_mistake_stops_with_one_line_and_changes_nothing(workdir, capsys, argv
     assert main([*argv, "target=tiny-llama"]) == 1
     line = one_line_error(capsys)
     assert needle in line and (argv[0] != "eval" or "data.path" not in line), line
+    assert "from_pretrained(" not in line and "weights_only` set to `False`" not in line, line
     assert snapshot(workdir) == before
 
 
