@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,31 @@ def test_tree_command_measures_picks_and_saves_a_tree_the_generator_uses(medusa_
     d = Drafter.from_pretrained(medusa_dir, target=model, tokenizer=tok)
     gen = SpeculativeGenerator(model, d, tok, tree_dir=str(medusa_dir))  # decode.tree=auto
     assert [list(c) for c in gen.static.choices] == rec["choices"]
+
+
+def test_an_interrupted_tree_write_keeps_the_tree_before_it(medusa_dir, monkeypatch, capsys):
+    args = [
+        "tree",
+        "target=tiny-llama",
+        f"heads={medusa_dir}",
+        "decode.tree_prompts=2",
+        "decode.tree_new_tokens=8",
+    ]
+    assert main([*args, "decode.tree_size=4"]) == 0
+    before = (medusa_dir / "tree.json").read_text()
+    real = Path.write_text
+
+    def torn(self, text, *a, **kw):  # half the tree written, then Ctrl-C
+        if "tree.json" not in self.name:
+            return real(self, text, *a, **kw)
+        real(self, text[: len(text) // 2], *a, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    assert main([*args, "decode.tree_size=6"]) == 130
+    monkeypatch.undo()
+    assert (medusa_dir / "tree.json").read_text() == before
+    assert not [p.name for p in medusa_dir.iterdir() if p.name.startswith(".tree.json")]
 
 
 def test_generate_command_streams_then_prints_tau(medusa_dir, capsys):

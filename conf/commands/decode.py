@@ -124,6 +124,7 @@ def tree(args: TreeArgs) -> None:
     """Measure per-head top-k accuracies on held-out prompts and save the best tree as tree.json."""
     from draftheads.data.prompts import load_prompts
     from draftheads.decode.tree_select import select_tree
+    from draftheads.heads.files import atomic_write
 
     dc = args.decode
     if dc.tree_size < 0 or dc.tree_topk < 1 or dc.tree_prompts < 1 or dc.tree_new_tokens < 1:
@@ -136,7 +137,8 @@ def tree(args: TreeArgs) -> None:
     rows = load_prompts("heldout", max_prompts=dc.tree_prompts, tokenizer=tok)
     with claimed(out.parent, "file", "out_dir"):  # one writer at a time (checked above)
         record = select_tree(target, drafter, tok, [r.turns[0] for r in rows], dc)
-        out.write_text(json.dumps(record, indent=1) + "\n")
+        text = json.dumps(record, indent=1) + "\n"
+        atomic_write(out, lambda p: p.write_text(text))  # an interrupt leaves the old tree or the new
     print(f"tree of {record['size']} tokens (expected tau {record['expected_tau']:.2f}) saved to {out}")
     if not Path(str(args.heads)).expanduser().is_dir() and not args.out:
         print(f"(heads= is a hub id; pass decode.tree={out} to use it)")
