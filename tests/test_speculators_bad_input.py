@@ -13,6 +13,7 @@ from draftheads.heads.export import export_drafter
 from tests.test_bad_input import one_line_error
 from tests.test_dflash_formats import dflash
 from tests.test_export import eagle
+from tests.test_peagle_draft import peagle
 from tests.test_speculators_format import read, write_config
 
 
@@ -49,13 +50,23 @@ CASES = [
         lambda c: c.update(aux_hidden_state_layer_ids=[1, 2, 9]),
         "aux_hidden_state_layer_ids=[1, 2, 9] reach outside 1..3",
     ),
+    ("peagle", layer(model_type="qwen9"), "transformer_layer_config.model_type='qwen9' is not a transformers"),
+    ("peagle", lambda c: c.pop("transformer_layer_config"), "config.json has no transformer_layer_config"),
+    (
+        "peagle",
+        lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 1, 2]),
+        "eagle_aux_hidden_state_layer_ids=[0, 1, 2]: layer 0 is the embedding output",
+    ),
 ]  # fmt: skip
 
 
 def write_export(kind: str, folder, tiny_llama):
-    """An EAGLE-3 or DFlash drafter for tiny-llama exported in speculators' format to ``folder``."""
+    """An EAGLE-3, DFlash or P-EAGLE drafter for tiny-llama exported in speculators' format to ``folder``."""
     model, _, fp = tiny_llama
-    drafter = eagle(model, fp, 3, feature_layers=[1, 2, 3]) if kind == "eagle3" else dflash(model, fp)
+    if kind == "peagle":
+        drafter = peagle(model, fp)
+    else:
+        drafter = eagle(model, fp, 3, feature_layers=[1, 2, 3]) if kind == "eagle3" else dflash(model, fp)
     return export_drafter(drafter, "speculators", folder)
 
 
