@@ -71,6 +71,7 @@ def one_line_error(capsys) -> str:
         ("eval.baselines=[assisted]", ["eval.assistant_model"]),
         ("eval.prompts=heldot", ["eval.prompts=heldot", ", ".join(PROMPT_SETS)]),
         ("eval.prompts=./missing.jsonl", ["eval.prompts=./missing.jsonl", "does not exist"]),
+        ("eval.prompts=", ["eval.prompts is empty", ", ".join(PROMPT_SETS)]),
         ("data.heldout_fraction=1.5", ["data.heldout_fraction=1.5", "[0, 1)"]),
         ("data.heldout_fraction=-0.1", ["data.heldout_fraction=-0.1", "[0, 1)"]),
         ("data.max_length=1", ["data.max_length=1", ">= 2"]),

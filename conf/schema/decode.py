@@ -34,6 +34,8 @@ def check_prompt_source(key: str, source: str) -> None:
     """
     if source in PROMPT_SETS or source == "embedded" or source.startswith("embedded:"):
         return
+    if not str(source).strip():  # Path("") is the working folder, which exists
+        raise UserError(f"{key} is empty; give a prompt set ({', '.join(PROMPT_SETS)}), a file, or ORG/NAME")
     p = Path(source).expanduser()
     if p.exists():
         return
