@@ -209,6 +209,7 @@ class DecodeSpeedOptions:
     long_prompts: int = 8
     copy_per_category: int = 2
     temperatures: list[float] = field(default_factory=lambda: [0.7, 1.0])
+    # the sampling rows' prompts: prompt set names or prompt files (a named set absent here is left out)
     sampling_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench"])
     # with workloads: the JSON file (docs/benchmarks.json) whose ``workloads`` key gets the rows
     figures: str | None = None
