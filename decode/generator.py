@@ -39,6 +39,7 @@ from draftheads.decode.stats import DecodeStats
 from draftheads.decode.step import Stepping
 from draftheads.decode.stream import Streaming
 from draftheads.decode.tree import drafter_tree
+from draftheads.heads.masks import recurrent_kinds
 
 MASKABLE_ATTENTION = ("sdpa", "eager")
 
@@ -76,6 +77,13 @@ class SpeculativeGenerator(Streaming, Capturing, Prefilling, Stepping):
             raise UserError(
                 f"the target's attention implementation {impl!r} cannot take a tree attention mask; "
                 f"load it with attn_implementation='sdpa' (or 'eager')"
+            )
+        recurrent = recurrent_kinds(target.config)
+        if recurrent:
+            raise UserError(
+                f"the target ({target.config.model_type}) has {', '.join(recurrent)} layers, whose recurrent state "
+                "cannot be rolled back past a rejected draft, so this decoder verifies attention-only targets; "
+                "its drafters still train and export: serve them with vLLM (draftheads export format=vllm)"
             )
         # the drafter sits with the lm_head (a sharded target's outputs come back where its inputs are)
         head = target.get_output_embeddings().weight

@@ -63,6 +63,18 @@ def layer_kinds(config) -> list[str]:
     return ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"] * n
 
 
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def recurrent_kinds(config) -> list[str]:
+    """The target's layer kinds that carry a recurrent state instead of keys and values
+    (Qwen3-Next's and Qwen3.5's ``linear_attention``, LFM2's ``conv``, Jamba's ``mamba``): a
+    state that advanced over a rejected draft cannot be cut back as a KV cache is."""
+    kinds = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None) or []
+    named = {"attention": "full_attention"}
+    return sorted({k for k in kinds if named.get(k, k) not in ATTENTION_KINDS})
+
+
 def kind_allowed(
     config, kind: str, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
 ) -> torch.Tensor:

@@ -44,11 +44,13 @@ def figure(text: str, label: str) -> float:
     return float(m.group(1).replace(",", ""))
 
 
-def test_the_recipes_are_the_five_real_targets():
+def test_the_recipes_are_the_seven_real_targets():
     assert RECIPES == [
+        "gpt-oss-20b-eagle3",
         "llama3.1-8b-dflash",
         "llama3.1-8b-eagle3",
         "llama3.3-70b-eagle3-offline",
+        "qwen3-30b-a3b-eagle3",
         "qwen3-8b-dflash",
         "qwen3-8b-eagle3",
     ]
@@ -73,6 +75,16 @@ def test_dry_run_trains_two_steps_and_sizes_the_real_run(dry_run, name):
     ):
         assert figure(text, label) > 0, label
     assert ("feature cache on disk" in text) == (cfg.train.features == "offline")
+
+
+def test_moe_recipes_size_every_expert_in_memory_and_the_routed_ones_in_flops(dry_run):
+    """Qwen3-30B-A3B holds 30.5B weights but runs about 3.3B a token; gpt-oss-20b 20.9B and 3.6B."""
+    for name, total, active in (("qwen3-30b-a3b-eagle3", 30.5e9, 3.3e9), ("gpt-oss-20b-eagle3", 20.9e9, 3.6e9)):
+        code, text = dry_run(name)
+        assert code == 0, text
+        assert abs(figure(text, "target parameters") - total) < 0.05e9
+        target_gflop = float(re.search(r"target forward ([\d.]+)\)", text).group(1))
+        assert 2 * active / 1e9 < target_gflop < 2 * active / 1e9 * 1.25  # 2 x active, plus attention
 
 
 def test_llama_eagle3_figures_equal_the_hand_computed_ones(dry_run):

@@ -18,28 +18,60 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.heads.checkpoint import ADAPTER_DIR
 from draftheads.heads.files import follow_umask
+from draftheads.heads.target.layers import decoder_layers
+
+ALL_LINEAR = "all-linear"
+
+
+def decoder_linears(target: nn.Module) -> list[str]:
+    """The full names of every plain ``nn.Linear`` inside the target's decoder layers: Llama's
+    q/k/v/o and gate/up/down, Phi-3's fused qkv_proj, DeepSeek's latent projections, an MoE's shared
+    experts; not a subclass with its own forward (Llama-4's router returns a tuple LoRA cannot
+    wrap), and by full name, so that fused expert weights that share a short name (``down_proj``)
+    are not taken for layers."""
+    layers = decoder_layers(target)
+    prefix = next(name for name, m in target.named_modules() if m is layers)
+    return [
+        f"{prefix}.{name}"
+        for name, m in layers.named_modules()
+        if isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward
+    ]
 
 
 def add_lora(target: nn.Module, cfg: DraftConfig) -> nn.Module:
-    """Wrap the (frozen) target in a peft LoRA model; only the adapter weights train."""
+    """Wrap the (frozen) target in a peft LoRA model; only the adapter weights train.
+    ``draft.lora_target_modules=[all-linear]`` (the default) adapts :func:`decoder_linears`."""
     from peft import LoraConfig, get_peft_model
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in target.named_modules()}
-    missing = [m for m in cfg.lora_target_modules if m not in present]
-    if missing:
+    modules = list(cfg.lora_target_modules)
+    if modules == [ALL_LINEAR]:
+        modules = decoder_linears(target)
+    names = [name for name, _ in target.named_modules()]
+    present = {*names, *(name.rsplit(".", 1)[-1] for name in names)}
+    missing = [m for m in modules if m not in present]
+    if missing or not modules:
+        names = sorted({n.rsplit(".", 1)[-1] for n in decoder_linears(target)})
         raise UserError(
-            f"draft.lora_target_modules: the target has no module named {missing}; "
-            f"pick from its linear layers (e.g. q_proj, v_proj)"
+            f"draft.lora_target_modules: the target has no module named {missing or modules}; "
+            f"pick from its decoder layers' linear layers ({', '.join(names)}) or use [all-linear]"
         )
     config = LoraConfig(
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.lora_target_modules),
+        target_modules=modules,
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(target, config)
+    try:
+        return get_peft_model(target, config)
+    except ValueError as e:
+        if "does not work with lora_dropout" not in str(e):
+            raise
+        raise UserError(
+            f"peft adapts this target's fused expert weights ({target.config.model_type}) as parameters, which take "
+            f"no dropout; set draft.lora_dropout=0 (it is {cfg.lora_dropout})"
+        ) from None
 
 
 def save_adapters(adapted: nn.Module, checkpoint_dir: str | os.PathLike) -> Path:

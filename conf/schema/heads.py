@@ -193,9 +193,8 @@ class DraftConfig:
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
+    # ["all-linear"]: every plain linear layer of the target's decoder layers, whatever their names
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     head_lr_multiplier: float = 4.0
     head_warmup: str = "sine"
     head_warmup_steps: int = 100

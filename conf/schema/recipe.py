@@ -10,6 +10,7 @@ memory per rank, FLOPs per token) without downloading the target.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.checks import at_least
@@ -34,6 +35,9 @@ class TargetShape:
     # null: hidden_size // num_attention_heads
     head_dim: int | None = None
     tie_word_embeddings: bool = False
+    # the family's other config.json keys that size it: experts (num_experts, num_experts_per_tok,
+    # moe_intermediate_size, ...), sliding windows, layer types
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def given(self) -> bool:
@@ -47,10 +51,10 @@ class TargetShape:
 
     def config_dict(self) -> dict:
         """The keys a transformers config of ``model_type`` takes (no model_type itself)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model_type"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("model_type", "extra")}
         if out["head_dim"] is None:
             out.pop("head_dim")
-        return out
+        return {**out, **dict(self.extra)}
 
     def __post_init__(self) -> None:
         """A shape is all there or not at all: a dry run cannot size a run from half of one."""

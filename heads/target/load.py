@@ -142,7 +142,6 @@ def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
     a placement that names a missing device, leaves a module nowhere or fits nothing is refused
     before any weight is read.
     """
-    from transformers import AutoModelForCausalLM
 
     dtype = resolve_dtype(cfg.dtype)
     device = resolve_device(cfg.device) if cfg.device_map is None else None
@@ -150,7 +149,7 @@ def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
     tok = load_tokenizer(cfg)
     if cfg.tiny:
         model = build_tiny(cfg.tiny, tok, cfg.seed).to(dtype)
-        model.config._attn_implementation = cfg.attn_implementation
+        model.config._attn_implementation = attention_for(model.config, cfg.attn_implementation)
         if cfg.device_map is not None:
             model = dispatch_tiny(model, device_map_for(model, cfg), cfg)
     else:
@@ -162,13 +161,7 @@ def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
             dm = device_map_for(empty_model(path, cfg, dtype), cfg)
             placement = {"device_map": dm, "offload_folder": cfg.offload_folder}
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                path,
-                dtype=dtype,
-                revision=cfg.revision,
-                attn_implementation=cfg.attn_implementation,
-                **placement,
-            )
+            model = from_pretrained_attention(path, cfg, dtype, placement)
         except OSError as e:
             raise UserError(
                 f"cannot load target {path!r} ({str(e).splitlines()[0]}); check target.name_or_path"
@@ -184,6 +177,62 @@ def load_target(cfg: TargetConfig) -> tuple[nn.Module, object]:
     model.eval()
     model.requires_grad_(False)
     return model, tok
+
+
+def attention_for(config, asked: str) -> str:
+    """The attention implementation to run ``config``'s model with: ``asked``, except sdpa for a
+    model whose attention soft-caps its logits (Gemma-2), which sdpa cannot: eager, said in one line."""
+    if asked == "sdpa" and getattr(config, "attn_logit_softcapping", None):
+        note_eager(f"{config.model_type} soft-caps its attention logits, which sdpa cannot")
+        return "eager"
+    return asked
+
+
+_NOTED: set[str] = set()
+
+
+def note_eager(why: str) -> None:
+    """Say once per process (a command loads its target several times) why the target runs eager."""
+    import sys
+
+    if why not in _NOTED:
+        _NOTED.add(why)
+        print(
+            f"target: {why}; running it with eager attention (target.attn_implementation=eager)",
+            file=sys.stderr,
+        )
+
+
+def from_pretrained_attention(path, cfg: TargetConfig, dtype: torch.dtype, placement: dict) -> nn.Module:
+    """``from_pretrained`` with the configured attention; a model with no sdpa implementation
+    (transformers refuses it) or soft-capped attention runs eager instead, said in one line."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def load(impl: str) -> nn.Module:
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, revision=cfg.revision, attn_implementation=impl, **placement
+        )
+
+    config = AutoConfig.from_pretrained(path, revision=cfg.revision)
+    if (
+        getattr(config, "is_encoder_decoder", False)
+        or type(config) not in AutoModelForCausalLM._model_mapping
+    ):
+        kind = (
+            "an encoder-decoder model" if config.is_encoder_decoder else "not a causal LM transformers knows"
+        )
+        raise UserError(
+            f"target {path!r} ({config.model_type}) is {kind}; draftheads drafts for decoder-only causal LMs "
+            "(Llama, Qwen, Gemma, Mistral, GPT-OSS, DeepSeek, ...): give one with target.name_or_path"
+        )
+    impl = attention_for(config, cfg.attn_implementation)
+    try:
+        return load(impl)
+    except ValueError as e:
+        if impl != "sdpa" or "sdpa" not in str(e).lower():
+            raise
+        note_eager(f"transformers has no sdpa attention for this model ({str(e).splitlines()[0][:120]})")
+        return load("eager")
 
 
 GENERATION_FILE = "generation_config.json"

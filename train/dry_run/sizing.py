@@ -117,9 +117,26 @@ def meta_drafter(d: DraftConfig, shape: TargetShape, name: str) -> Drafter:
         return drafter_kind(d.kind).build(d, fp, config.to_dict(), None)
 
 
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERTS_PER_TOKEN = ("num_experts_per_tok", "experts_per_token", "top_k_experts")
+
+
+def active_params(target: nn.Module, config: PretrainedConfig) -> int:
+    """The parameters a token runs through: all of them, except that a mixture of E routed
+    experts of which each token takes k counts k / E of its expert weights (shared experts whole)."""
+    E = next((getattr(config, k) for k in EXPERTS if getattr(config, k, None)), None)
+    k = next((getattr(config, k) for k in EXPERTS_PER_TOKEN if getattr(config, k, None)), None)
+    total = 0.0
+    for name, p in target.named_parameters():
+        routed = E and k and ".experts." in name and "shared_expert" not in name
+        total += p.numel() * (k / E if routed else 1)
+    return int(total)
+
+
 def target_flops(shape: TargetShape, params: int, S: int, logits: bool) -> float:
-    """The target's forward per token: 2 x its layer weights, causal attention 2 S A per layer,
-    and its lm_head when its logits are the labels."""
+    """The target's forward per token: 2 x the layer weights it runs (``params``: active ones,
+    :func:`active_params`), causal attention 2 S A per layer, and its lm_head when its logits
+    are the labels."""
     V, H = shape.vocab_size, shape.hidden_size
     body = params - V * H * (1 if shape.tie_word_embeddings else 2)
     return 2 * body + 2 * shape.num_hidden_layers * S * shape.attention_dim + (2 * H * V if logits else 0)
@@ -166,7 +183,9 @@ def real_needs(cfg: Config) -> Needs:
         activation_bytes=t.micro_batch_size * S * cost.activation,
         target_bytes=target_element * target_params / (cfg.recipe.devices if sharded else 1),
         drafter_flops=cost.flops,
-        target_flops=target_flops(shape, target_params, S, cost.target_logits) if online else 0.0,
+        target_flops=target_flops(shape, active_params(target, target.config), S, cost.target_logits)
+        if online
+        else 0.0,
         cache_bytes_per_token=0.0 if online else cache_bytes(cfg),
     )
 

@@ -20,9 +20,11 @@ from draftheads.conf.schema import Config
 from draftheads.conf.schema.data import DataConfig
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.conf.schema.recipe import TargetShape
+from draftheads.conf.schema.tiny import TINY_CONFIGS
 from draftheads.conf.schema.train import LoggerConfig
 
-# the tiny stand-in: the family's own classes at toy widths
+# the tiny stand-in: the family's own classes at toy widths (the tested families' tiny configs, with
+# their experts and windows; these widths for any other)
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 # rows per embedded component, their length, and DFlash blocks per row in the tiny run
 TINY_ROWS, TINY_LENGTH, TINY_ANCHORS = 8, 128, 8
@@ -51,12 +53,14 @@ def save_tiny_target(shape: TargetShape, layers: int, out: Path, seed: int) -> N
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": tok.pad_token_id,
     }
+    family = {k: v for k, v in TINY_CONFIGS.get(shape.model_type, TINY).items() if k != "model_type"}
+    if len(family.get("layer_types") or [None] * layers) != layers:  # the family's pattern, at this depth
+        family.pop("layer_types")
     config = AutoConfig.for_model(
         shape.model_type,
-        num_hidden_layers=layers,
+        **{**family, "num_hidden_layers": layers},
         vocab_size=len(tok),
         tie_word_embeddings=False,
-        **TINY,
         **special,
     )
     with torch.random.fork_rng():

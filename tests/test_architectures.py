@@ -1,0 +1,68 @@
+"""The architecture matrix, row by row: every draft config on a tiny random target of every tested
+architecture trains, decodes greedy-identically with a chain and a tree, and exports in every
+format its kind offers (:mod:`draftheads.bench.architectures`).
+
+Each test runs one architecture's row and checks it against ``docs/architectures.md``, which the
+matrix wrote: the page cannot claim what the code does not do. EAGLE-3 must be ✔ everywhere the
+decoder serves the target, and an architecture outside the matrix works or is refused in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from draftheads.bench import architectures as matrix
+from draftheads.conf.errors import UserError
+
+PAGE = matrix.cells_of(matrix.DOC.read_text())
+# the decoder refuses targets with recurrent layers in one line (their drafters train and export)
+RECURRENT = {"qwen3_5_text"}
+
+
+@pytest.mark.parametrize("arch", matrix.architectures())
+def test_each_row_is_what_the_page_says(arch, tmp_path):
+    cells = matrix.row(arch, tmp_path)
+    got = {(c.arch, c.draft): matrix.mark(c) for c in cells}
+    want = {k: v for k, v in PAGE.items() if k[0] == arch}
+    assert got == want, {c.draft: c.notes for c in cells}
+    eagle3 = next(c for c in cells if c.draft == "eagle3")
+    if arch in RECURRENT:
+        assert eagle3.train == matrix.OK and eagle3.chain == matrix.NOT_OFFERED
+        assert "recurrent state" in eagle3.notes["chain"] and "\n" not in eagle3.notes["chain"]
+    else:
+        assert eagle3.all_ok, eagle3.notes
+    assert all(c.formats.get("vllm") != matrix.FAIL for c in cells)
+
+
+def test_the_page_covers_every_architecture_and_draft_config():
+    assert {a for a, _ in PAGE} == set(matrix.architectures())
+    assert {d for _, d in PAGE} == set(matrix.draft_groups())
+
+
+def test_a_sliding_window_is_what_keeps_the_decoder_identical(tmp_path, monkeypatch):
+    """The matrix can fail: the same decode with every layer's window dropped from the mask
+    differs from the target's own output on a windowed architecture."""
+    from draftheads.heads import Drafter, masks
+
+    target, tok = matrix.tiny_target("gemma3_text")
+    assert matrix.run_cell("gemma3_text", "eagle3", tmp_path).chain == matrix.OK
+    drafter = Drafter.from_pretrained(tmp_path / "gemma3_text-eagle3" / "train", target=target, tokenizer=tok)
+    monkeypatch.setattr(masks, "kind_allowed", lambda config, kind, allowed, q, k: allowed)  # no windows
+    assert not matrix.greedy_identical(target, tok, drafter, "chain2")
+
+
+def test_an_encoder_decoder_target_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from draftheads.conf.schema.heads import TargetConfig
+    from draftheads.heads.target.load import load_target
+
+    config = AutoConfig.for_model(
+        "t5", vocab_size=64, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16
+    )
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(tmp_path / "t5")
+    matrix.tiny_target("llama")[1].save_pretrained(tmp_path / "t5")
+    before = sorted(p.name for p in (tmp_path / "t5").iterdir())
+    with pytest.raises(UserError, match="t5.*encoder-decoder.*decoder-only causal LM") as e:
+        load_target(TargetConfig(name_or_path=str(tmp_path / "t5"), device="cpu", dtype="float32"))
+    assert "\n" not in str(e.value) and sorted(p.name for p in (tmp_path / "t5").iterdir()) == before
