@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import os
 import socket
 import sys
@@ -72,8 +73,10 @@ def init_distributed() -> tuple[int, int]:
 
         if not torch.cuda.is_available():
             clear_stale_build_lock()
-
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        # DeepSpeed prints "... op built successfully" on stdout each time it loads the CPU op,
+        # even from the copy `make install` built: a run's output would read as a 40 s build
+        with contextlib.redirect_stdout(io.StringIO()):
+            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(close_distributed)
     return dist.get_rank(), dist.get_world_size()
 
