@@ -25,7 +25,7 @@ ENGINE_PIP_ARGS ?=
 export DRAFTHEADS_ENGINE_PYTHON ?= $(abspath $(ENGINE_PY))
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo test test-fast test-engine engine lint bench study clean
+.PHONY: install demo test test-fast test-engine engine lint bench study architectures clean
 
 install: $(STAMP)
 
@@ -76,6 +76,10 @@ lint: install
 
 bench: install
 	$(VENV)/bin/draftheads bench
+
+# Every draft config on a tiny target of every tested architecture: writes docs/architectures.md
+architectures: install
+	WANDB_MODE=disabled $(PY) -m draftheads.bench.architectures
 
 # The maintainers' study (bench/lab/, run from this checkout, not installed): the bench with its
 # research rows, e.g. make study STUDY="'bench.scaling_tokens=[68000]' 'bench.ablations=[all]'"

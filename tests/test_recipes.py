@@ -79,7 +79,10 @@ def test_dry_run_trains_two_steps_and_sizes_the_real_run(dry_run, name):
 
 def test_moe_recipes_size_every_expert_in_memory_and_the_routed_ones_in_flops(dry_run):
     """Qwen3-30B-A3B holds 30.5B weights but runs about 3.3B a token; gpt-oss-20b 20.9B and 3.6B."""
-    for name, total, active in (("qwen3-30b-a3b-eagle3", 30.5e9, 3.3e9), ("gpt-oss-20b-eagle3", 20.9e9, 3.6e9)):
+    for name, total, active in (
+        ("qwen3-30b-a3b-eagle3", 30.5e9, 3.3e9),
+        ("gpt-oss-20b-eagle3", 20.9e9, 3.6e9),
+    ):
         code, text = dry_run(name)
         assert code == 0, text
         assert abs(figure(text, "target parameters") - total) < 0.05e9
@@ -202,3 +205,23 @@ def test_the_other_steps_of_a_recipe_read_its_target(command):
     args = parse([command, "recipe=llama3.3-70b-eagle3-offline", *extra]).args
     assert args.target.name_or_path == "meta-llama/Llama-3.3-70B-Instruct"
     assert args.target.device_map == "auto" and args.target.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b-eagle3", "qwen3-30b-a3b-eagle3", "gpt-oss-20b-eagle3"])
+def test_the_eagle3_recipes_drafters_at_their_real_shape_pass_the_engines_loader_rules(name):
+    """The drafter each recipe trains (built at the real target's shape on the meta device) is
+    what vLLM's and SGLang's EAGLE-3 loaders read: a Llama layer of the target's width, config and
+    tensors as they build them; speculators' layout is made from the vLLM one."""
+    from draftheads.heads.eagle.export import export_eagle3
+    from draftheads.heads.engine.loaders import config_problems, format_of, tensor_problems
+    from draftheads.train.dry_run.sizing import meta_drafter
+
+    cfg = parse(["train", f"recipe={name}"]).args
+    drafter = meta_drafter(cfg.draft, cfg.recipe.shape, cfg.target.name_or_path)
+    assert drafter.layer_config.model_type == "llama" and drafter.layer_config.hidden_act == "silu"
+    for engine in ("vllm", "sglang"):
+        config, tensors = export_eagle3(drafter, engine)
+        fmt = format_of(config, engine)
+        assert config_problems(config, fmt, cfg.recipe.shape.num_hidden_layers) == []
+        assert tensor_problems(tensors, fmt.tensors(config)) == [], engine
+    assert config["hidden_size"] == cfg.recipe.shape.hidden_size
