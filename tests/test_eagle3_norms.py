@@ -176,6 +176,24 @@ def test_norm_variants_export_unchanged_and_import_back(tmp_path, tiny_llama, fl
     assert "\n" not in str(err.value)
 
 
+def test_a_speculator_without_its_input_norm_loads_it_as_speculators_does(tmp_path, tiny_llama, capsys):
+    """speculators lists ``input_norm.weight`` as optional on load and leaves that norm at ones: a
+    file without it imports with speculators' logits for those weights, and one stderr line says so."""
+    from safetensors.torch import save_file
+
+    model, tok, fp = tiny_llama
+    spec = saved_by_speculators(tmp_path / "spec", model, fp, {"norm_before_fc": True})
+    path = tmp_path / "spec" / "model.safetensors"
+    save_file({k: v for k, v in load_file(str(path)).items() if k != "input_norm.weight"}, str(path))
+    spec.input_norm.weight.data.fill_(1.0)  # what speculators' loader leaves there
+    capsys.readouterr()
+    ours = Drafter.from_pretrained(tmp_path / "spec", target=model, tokenizer=tok).eval()
+    note = capsys.readouterr().err.strip().splitlines()
+    assert len(note) == 1 and "holds no input_norm.weight" in note[0] and "(ones)" in note[0], note
+    assert torch.equal(ours.input_norm.weight, torch.ones(3 * fp.hidden_size))
+    assert_same_chain(our_chain(ours, model, chain_ids()), their_chain(spec, model, chain_ids()))
+
+
 def test_norm_variants_are_draft_keys_that_train(tmp_path, tiny_llama):
     """draft.* keys build the drafter with the variants, every norm gets a gradient from the
     training objective, and the checkpoint keeps them."""

@@ -350,3 +350,17 @@ def test_a_speculator_with_a_bad_mask_token_is_refused_in_one_line(tmp_path, tin
     with pytest.raises(UserError, match="mask_token_id=49152 is not a token id of the target") as err:
         load_speculators(tmp_path / "spec", model, tok)
     assert "\n" not in str(err.value)
+
+
+def test_a_speculator_without_its_input_norm_loads_it_as_speculators_does(tmp_path, tiny_llama, capsys):
+    """``input_norm.weight`` is optional on speculators' load (left at ones): imported the same way."""
+    from safetensors.torch import save_file
+
+    model, tok, fp = tiny_llama
+    oracle(model, fp, norm_before_fc=True).save_pretrained(str(tmp_path / "spec"))
+    path = tmp_path / "spec" / "model.safetensors"
+    save_file({k: v for k, v in load_file(str(path)).items() if k != "input_norm.weight"}, str(path))
+    capsys.readouterr()
+    ours = load_speculators(tmp_path / "spec", model, tok)
+    assert "holds no input_norm.weight" in capsys.readouterr().err
+    assert torch.equal(ours.input_norm.weight, torch.ones(3 * fp.hidden_size))

@@ -9,6 +9,7 @@ config key.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -73,6 +74,21 @@ def eagle3_norm_flags(config: dict[str, Any]) -> dict[str, bool]:
     return {f: True for f, on in flags.items() if on}
 
 
+def default_input_norm(tensors: dict[str, torch.Tensor], flags: dict[str, bool], where: str) -> None:
+    """A speculators EAGLE-3 (or P-EAGLE) with ``norm_before_fc`` but no ``input_norm.weight``:
+    speculators lists that key as optional on load and leaves the norm at its initial weight (ones),
+    so the import does too, and says so in one line on stderr."""
+    if not flags.get("norm_before_fc") or "input_norm.weight" in tensors or "fc.weight" not in tensors:
+        return
+    width = tensors["fc.weight"].shape[1]
+    tensors["input_norm.weight"] = torch.ones(width, dtype=tensors["fc.weight"].dtype)
+    print(
+        f"note: {where} sets norm_before_fc but holds no input_norm.weight; loaded as speculators loads "
+        "it, with the norm's initial weight (ones)",
+        file=sys.stderr,
+    )
+
+
 def eagle_layers(target: nn.Module, official: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """The drafter's constructor arguments for its layers: the target's config, and the Llama
     layers sized from it with the published drafter's own sizes and rope applied (vLLM builds
@@ -116,5 +132,7 @@ def build_eagle(
         **eagle3_norm_flags(ckpt.config),
     }
     tensors = eagle3_tensors(sd, fp.vocab_size)
+    if ckpt.origin == "speculators":
+        default_input_norm(tensors, spec, ckpt.where())
     check_vocab_maps(tensors["d2t"], tensors["t2d"], fp.vocab_size, ckpt.where())
     return "eagle", spec, tensors

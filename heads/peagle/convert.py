@@ -37,6 +37,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.eagle.convert import (
+    default_input_norm,
     eagle3_feature_layers,
     eagle3_norm_flags,
     eagle3_tensors,
@@ -177,6 +178,7 @@ def from_speculators(
             f"{where}: a reduced-vocabulary peagle speculator needs d2t; the checkpoint is incomplete"
         )
     tensors = {**eagle3_tensors(sd, fp.vocab_size), **embedding}
+    default_input_norm(tensors, eagle3_norm_flags(engine), where)
     check_vocab_maps(tensors["d2t"], tensors["t2d"], fp.vocab_size, where)
     spec = {
         **eagle_layers(target, engine, 1),
