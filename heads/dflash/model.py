@@ -39,44 +39,28 @@ from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
 from draftheads.conf.schema.layers import dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.attention import foldable, grouped_attention
 from draftheads.heads.base import Drafter
+from draftheads.heads.draft_layers import llama_layers
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size, frozen_rows
+from draftheads.heads.rotary import Float32Rotary
 from draftheads.heads.target.fingerprint import TargetFingerprint
 
-# GPT-2-style names of the same shapes.
-ALIASES = {
-    "num_attention_heads": "n_head",
-    "intermediate_size": "n_inner",
-    "rms_norm_eps": "layer_norm_epsilon",
-}
 
-
-def layer_shape(target_config: dict[str, Any], hidden: int, given: dict[str, Any] | None) -> dict[str, Any]:
-    """The drafter layers' shape: ``given`` keys first, then the target's, then Llama defaults."""
+def layer_shape(target_config: dict[str, Any], given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The drafter layers' shape: ``given`` keys first, then the sizes any target's config gives
+    a drafter's own layers (:func:`~draftheads.heads.draft_layers.llama_layers`: heads, head size,
+    MLP width, eps, a flat rope, SiLU)."""
     given = dict(given or {})
-    out: dict[str, Any] = {}
-    for key in LAYER_KEYS:
-        value = given.get(key, target_config.get(key, target_config.get(ALIASES.get(key, ""), None)))
-        if value is not None:
-            out[key] = value
-    heads = int(out.setdefault("num_attention_heads", max(1, hidden // 64)))
-    out.setdefault("num_key_value_heads", heads)
+    base = llama_layers(target_config, 1)
+    out = {
+        key: given.get(key, base.get(key)) for key in LAYER_KEYS if given.get(key, base.get(key)) is not None
+    }
+    heads = int(out["num_attention_heads"])
     if heads % int(out["num_key_value_heads"]):
         raise UserError(
             f"draft.kv_heads={out['num_key_value_heads']} does not divide the {heads} query heads; "
             f"use a divisor of {heads}, or null for the target's"
         )
-    out.setdefault("head_dim", hidden // heads)
-    out.setdefault("intermediate_size", 4 * hidden)
-    out.setdefault("rms_norm_eps", 1e-6)
-    out.setdefault("hidden_act", "silu")
-    out.setdefault("attention_bias", False)
-    out.setdefault("max_position_embeddings", int(target_config.get("n_positions", 0) or 8192))
-    if "rope_parameters" not in out:
-        theta = target_config.get("rope_theta", 10000.0)
-        out["rope_parameters"] = {"rope_type": "default", "rope_theta": float(theta)}
-    if out["hidden_act"] in ("gelu_new", "gelu_pytorch_tanh"):  # GPT-2 names; the drafter MLP is gated
-        out["hidden_act"] = "silu"
     return json.loads(json.dumps(out))
 
 
@@ -167,7 +151,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
-class DFlashDrafter(ReducedVocab, Drafter):
+class DFlashDrafter(Float32Rotary, ReducedVocab, Drafter):
     """A block drafter: ``num_decoder_layers`` non-causal layers over the fused target features of
     ``feature_layers``, drafting ``block_size - 1`` tokens after an anchor in one pass."""
 
@@ -211,33 +195,15 @@ class DFlashDrafter(ReducedVocab, Drafter):
             raise UserError(problem)
         cfg = json.loads(json.dumps(dict(target_config), default=str))
         self.target_config = cfg
-        self.layer_shape = layer_shape(cfg, H, layer_config)
+        self.layer_shape = layer_shape(cfg, layer_config)
         self.layer_config = llama_config(H, self.layer_shape)
         self.draft_vocab_size = check_draft_vocab_size(draft_vocab_size or V, V)
         self.fc = nn.Linear(len(self._feature_layers) * H, H, bias=False)
         self.hidden_norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(self.layer_config) for _ in range(num_decoder_layers))
         self.norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
-        self.rotary = LlamaRotaryEmbedding(self.layer_config)  # inv_freq is not persistent: never saved
-        # float32 copies outside the module tree: no cast reaches them (see _apply)
-        self._inv_freq = (
-            self.rotary.inv_freq.detach().clone(),
-            self.rotary.original_inv_freq.detach().clone(),
-        )
+        self.keep_rotary(LlamaRotaryEmbedding(self.layer_config))
         self.init_reduced_vocab(V)
-
-    def _apply(self, fn, recurse: bool = True):
-        """Every move or cast, then the rotary frequencies back to float32 on the new device.
-
-        ``.to(bfloat16)`` (the decoder casts the drafter to the target's dtype, DeepSpeed's bf16
-        casts it to train) would round them too: a frequency off by up to 2^-9 turns the phase
-        between positions d apart by up to d * f * 2^-9, so an fp32-trained drafter decoded in
-        bfloat16 would rotate by other angles than it learnt. Computed in float32 they are the
-        reference's (transformers keeps ``inv_freq`` float32 when it loads a bfloat16 model)."""
-        super()._apply(fn, recurse)
-        device = self.rotary.inv_freq.device
-        self.rotary.inv_freq, self.rotary.original_inv_freq = (f.to(device) for f in self._inv_freq)
-        return self
 
     # ---- interface -------------------------------------------------------------------
     def spec(self) -> dict[str, Any]:

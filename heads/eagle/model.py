@@ -48,6 +48,7 @@ from draftheads.heads.draft_layers import llama_layers
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size
+from draftheads.heads.rotary import Float32Rotary
 from draftheads.heads.speculators import EAGLE3_FLAGS
 from draftheads.heads.target.fingerprint import TargetFingerprint
 
@@ -67,7 +68,7 @@ def legacy_layers(target_config: dict[str, Any], num_layers: int) -> dict[str, A
     return llama_layers(target_config, num_layers)
 
 
-class EagleDrafter(ReducedVocab, Drafter):
+class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
     """EAGLE-1 or EAGLE-3 (``version``): target decoder layers over the target's features and the
     next token's embedding, run once per drafted token."""
 
@@ -135,7 +136,7 @@ class EagleDrafter(ReducedVocab, Drafter):
             self.fc = nn.Linear(2 * H, H, bias=self.fc_bias)
         lc = self.layer_config
         self.layers = nn.ModuleList(LlamaDecoderLayer(lc, layer_idx=i) for i in range(num_decoder_layers))
-        self.rotary_emb = LlamaRotaryEmbedding(lc)
+        self.keep_rotary(LlamaRotaryEmbedding(lc))
         first = self.layers[0]
         if version == 1:
             first.input_layernorm = nn.Identity()  # EAGLE-1: the first layer has no input norm
@@ -275,7 +276,7 @@ class EagleDrafter(ReducedVocab, Drafter):
         ``input_ids`` [B,T] = the *next* tokens. ``attention_mask`` is an additive 4-D mask
         [B,1,T,S] (None: causal over T with no cache). Returns the output features [B,T,H]."""
         emb = self.embed(input_ids).to(hidden.dtype)
-        pos_emb = self.rotary_emb(hidden, position_ids)
+        pos_emb = self.rotary(hidden, position_ids)
         if attention_mask is None and (cache is None or cache.get_seq_length() == 0):
             attention_mask = additive_mask(causal(input_ids.shape[1], hidden.device)[None], hidden.dtype)
         if self.version == 3:
