@@ -188,6 +188,8 @@ REFUSED = [
     (["speed", "heads=h", "speed.workloads=true", "speed.figures=hello.txt"], "speed.figures=hello.txt is not a .json file"),
     (["speed", "heads=h", "speed.workloads=true", "speed.figures=report/report.json"], "was not written by draftheads bench"),
     (["speed", "heads=h", "speed.figures=x.json"], "speed.figures is written by the workload rows"),
+    # the study's rows: an unknown one is named with the rows, not sent on to the study
+    (["bench", "bench.ablations=[nonsense row]"], "bench.ablations: unknown rows ['nonsense row']; use all or some of ['eagle3', "),
 ]  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftheads.bench import teacher_stages
+from draftheads.bench.extension import check_row_names
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
 
@@ -21,9 +22,7 @@ def ablation_rows(names: list[str], key: str = "bench.ablations") -> dict[str, l
     under ``key``)."""
     if names == ["all"]:
         return dict(ABLATIONS)
-    bad = [n for n in names if n not in ABLATIONS]
-    if bad:
-        raise UserError(f"{key}: unknown rows {bad}; use all or some of {list(ABLATIONS)}")
+    check_row_names(names, key, list(ABLATIONS))
     return {n: ABLATIONS[n] for n in names}
 
 
