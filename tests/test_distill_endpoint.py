@@ -2,10 +2,14 @@
 
 The server runs a tiny target saved to a temporary folder (SmolLM2 would make the test minutes
 long on two CPU cores); the in-process target is the same model, so greedy answers must agree.
+Clients reach it through a loopback relay: closing the relay is, to them, the server dying
+(answers cut off mid-run, the port refusing), and a new relay is the server back on another
+port, without a second start of the server (most of these tests' time).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -54,13 +58,71 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either side ends, then end both."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for side in (src, dst):
+            with contextlib.suppress(OSError):
+                side.shutdown(socket.SHUT_RDWR)
+
+
+class Relay:
+    """A loopback TCP relay on a free port to a server's ``port``."""
+
+    def __init__(self, port: int) -> None:
+        self.target, self.conns, self.open = port, [], True
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                if not self.open:
+                    client.close()
+                    upstream.close()
+                    return
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    def close(self) -> None:
+        """Refuse new connections and cut the open ones: to a client, the server died."""
+        with self.lock:
+            self.open, conns = False, self.conns
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        self.listener.close()
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+
 class Server:
-    """``transformers serve MODEL`` on a free loopback port, started and killed by the test."""
+    """``transformers serve MODEL`` on a free loopback port, started and killed by the test, and
+    reached through a :class:`Relay`."""
 
     def __init__(self, model_dir: Path, log: Path) -> None:
-        self.model_dir, self.log, self.proc, self.url = model_dir, log, None, ""
+        self.model_dir, self.log, self.proc, self.relay = model_dir, log, None, None
 
-    def start(self) -> str:
+    def start(self) -> int:
+        """Start the server; its port, once it answers."""
         port = free_port()
         cmd = [str(Path(sys.executable).with_name("transformers")), "serve", str(self.model_dir)]
         cmd += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32"]
@@ -75,7 +137,7 @@ class Server:
                 pytest.fail(f"transformers serve exited: {self.log.read_text()[-2000:]}")
             try:
                 urllib.request.urlopen(url + "/models", timeout=1).read()
-                return url
+                return port
             except OSError:
                 time.sleep(0.2)
         self.kill()
@@ -84,12 +146,25 @@ class Server:
         )
 
     def running(self) -> str:
-        """The URL of the running server, started when it is not running."""
+        """The URL of the running server (started when it is not running), on a new port after
+        :meth:`drop`."""
         if self.proc is None or self.proc.poll() is not None:
-            self.url = self.start()
-        return self.url
+            self.port = self.start()
+        if self.relay is None or not self.relay.open:
+            self.relay = Relay(self.port)
+        return f"http://127.0.0.1:{self.relay.port}/v1"
+
+    def up(self) -> bool:
+        """Whether clients reach the server."""
+        return self.relay is not None and self.relay.open and self.proc.poll() is None
+
+    def drop(self) -> None:
+        """To every client, the server dies: open requests cut off, its port refusing."""
+        if self.relay is not None:
+            self.relay.close()
 
     def kill(self) -> None:
+        self.drop()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -121,12 +196,12 @@ def lines_in(out: Path) -> int:
 
 
 def kill_after(server: Server, out: Path, rows: int) -> threading.Thread:
-    """Kill the server once ``rows`` rows are in the shards: a server dying mid-run."""
+    """Drop the server once ``rows`` rows are in the shards: a server dying mid-run."""
 
     def watch() -> None:
-        while server.proc.poll() is None and lines_in(out) < rows:
+        while server.up() and lines_in(out) < rows:
             time.sleep(0.002)
-        server.kill()
+        server.drop()
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
