@@ -370,8 +370,17 @@ COARSE: dict[str, object] = {}  # coarse curves by their set-up's key, shared by
 def coarse_curves(monkeypatch) -> None:
     """Generators read a cost curve measured at five sizes, once per set-up and batch size: the
     planner prunes on a measured curve all the same, without the full measurement (at 4000
-    rows, most of a sampling test's time)."""
-    from draftheads.decode.cost import curve_key, measure_curve
+    rows, most of a sampling test's time). The model a generator measures when it is built
+    (read only through ``cost_curve``) is measured as coarsely: on the real target, the full
+    measurement is most of a short test's time."""
+    from draftheads.decode.cost import CONTEXT_BUCKET, CostModel, curve_key, measure_curve
+
+    def coarse_model(target, backend: str, cache_dir=None) -> CostModel:
+        key = json.dumps({**curve_key(target, backend), "batch": "model"}, sort_keys=True)
+        if key not in COARSE:
+            c = measure_curve(target, backend, sizes=(1, 2, 4, 8, 16), repeats=1)
+            COARSE[key] = CostModel(list(c.sizes), list(c.seconds), CONTEXT_BUCKET)
+        return COARSE[key]
 
     def coarse(self, batch=1, context=1):
         key = json.dumps(curve_key(self.target, self.backend, batch), sort_keys=True)
@@ -382,6 +391,7 @@ def coarse_curves(monkeypatch) -> None:
         return COARSE[key]
 
     monkeypatch.setattr(SpeculativeGenerator, "cost_curve", coarse)
+    monkeypatch.setattr("draftheads.decode.generator.cached_model", coarse_model)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "dflash", "peagle"])
