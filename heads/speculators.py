@@ -221,8 +221,8 @@ def read_tensor(folder: Path, name: str) -> torch.Tensor:
 
 def verifier_problem(folder: Path, fp: TargetFingerprint) -> str | None:
     """How the model in ``folder`` differs from the drafter's target ``fp`` (shape, architecture,
-    tokenizer, the embedding's weight sample), or why an engine cannot load it; None when it is
-    the target."""
+    tokenizer, the embedding's weight sample), or why an engine cannot load it (no model class
+    named, no embedding); None when it is the target."""
     from draftheads.conf.schema.heads import TargetConfig
     from draftheads.heads.target.fingerprint import _spread, tokenizer_hash
     from draftheads.heads.target.load import load_tokenizer
@@ -243,6 +243,12 @@ def verifier_problem(folder: Path, fp: TargetFingerprint) -> str | None:
     ]
     if bad:
         return f"it is another model: {', '.join(bad)}"
+    if not config.get("architectures"):
+        return (
+            "its config.json names no architectures, so vLLM resolves its model class by model_type alone "
+            "(LlamaModel, an embedding model, for llama) and the export would name no verifier class; save it "
+            "with transformers' save_pretrained, which names them"
+        )
     embedding = next((n for n in names if n.endswith(EMBEDDING_SUFFIXES)), None)
     if embedding is None:
         return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -250,6 +251,53 @@ def tensors_in(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+def config_in(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def test_a_cached_conversion_without_architectures_gets_them_on_read(tmp_path, capsys):
+    """A conversion cached before its config named the model class is completed in place when
+    it is next used: the config gains ``architectures``, the weights stay, nothing is printed."""
+    from draftheads.heads.target.embedded import save_converted, usable_conversion
+    from tests.conftest import get_target
+
+    cached = tmp_path / "smollm2-135m-instruct"
+    save_converted(tied_llama(), get_target("llama")[1], cached)
+    old = {k: v for k, v in config_in(cached).items() if k != "architectures"}
+    (cached / "config.json").write_text(json.dumps(old))
+    weights = (cached / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert usable_conversion(cached) and capsys.readouterr().err == ""
+    assert config_in(cached) == {**old, "architectures": ["LlamaForCausalLM"]}
+    assert (cached / "model.safetensors").stat().st_mtime_ns == weights
+
+
+def test_a_speculators_export_names_the_architecture_of_a_converted_verifier(tmp_path, tiny_llama):
+    """A verifier folder written as the conversion writes one records its model class in the
+    export's ``verifier.architectures``; a folder whose config names none is refused in one line."""
+    from draftheads.heads.export import export_drafter
+    from draftheads.heads.target.embedded import save_converted
+    from tests.test_dflash_formats import dflash
+
+    model, tok, fp = tiny_llama
+    save_converted(model, tok, tmp_path / "verifier")
+    out = export_drafter(
+        dflash(model, fp), "speculators", tmp_path / "out", verifier=str(tmp_path / "verifier")
+    )
+    verifier = config_in(out)["speculators_config"]["verifier"]
+    assert (
+        verifier["architectures"] == config_in(tmp_path / "verifier")["architectures"] == ["LlamaForCausalLM"]
+    )
+    (tmp_path / "verifier" / "config.json").write_text(
+        json.dumps({k: v for k, v in config_in(tmp_path / "verifier").items() if k != "architectures"})
+    )
+    with pytest.raises(UserError, match="its config.json names no architectures") as err:
+        export_drafter(
+            dflash(model, fp), "speculators", tmp_path / "again", verifier=str(tmp_path / "verifier")
+        )
+    assert "\n" not in str(err.value) and not (tmp_path / "again").exists()
+
+
 def speculators_verifier(folder: Path, config):
     """speculators' own verifier loading (``load_verifier_weights``) of ``folder``, into a
     one-layer EAGLE-3 drafter over the full vocabulary: its embedding, lm_head and final norm."""
@@ -304,6 +352,8 @@ def test_a_converted_tied_target_is_written_as_save_pretrained_writes_it(tmp_pat
     ours, theirs = tensors_in(tmp_path / "ours"), tensors_in(tmp_path / "theirs")
     assert "model.embed_tokens.weight" in ours and "lm_head.weight" not in ours
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert config_in(tmp_path / "ours") == config_in(tmp_path / "theirs")
+    assert config_in(tmp_path / "ours")["architectures"] == ["LlamaForCausalLM"]
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.float32).eval()
     ids = torch.tensor([[1, 50, 245, 14]])
     with torch.no_grad():
@@ -344,4 +394,5 @@ def test_the_embedded_target_folder_is_read_alike_by_transformers_and_speculator
     model, _ = smollm2
     folder = convert_smollm2(TargetConfig())
     assert "model.embed_tokens.weight" in tensors_in(folder)
+    assert config_in(folder)["architectures"] == ["LlamaForCausalLM"]
     agree_with_speculators(folder, model)

