@@ -93,14 +93,13 @@ def synthetic_rows(n: int = 12):
 
 
 def train_config(arch: str, draft: str, out: Path):
-    """The training config of one cell: 2 steps of ``draft=draft`` on ``target.tiny=arch`` into ``out``."""
+    """The training config of one cell: 2 steps of ``draft=draft`` on ``target.tiny=arch`` into
+    ``out`` (composed once per draft config; the architecture is the tiny target's name)."""
     from draftheads.bench.stages import compose
 
     cfg = compose(
         [
             "target=tiny-llama",
-            f"target.tiny={arch}",
-            f"target.name_or_path=tiny-{arch}",
             f"draft={draft}",
             *SMALL.get(draft, []),
             "train.max_steps=2",
@@ -110,6 +109,7 @@ def train_config(arch: str, draft: str, out: Path):
             "train.progress=false",
         ]
     )
+    cfg.target.tiny, cfg.target.name_or_path = arch, f"tiny-{arch}"
     cfg.train.output_dir = str(out)
     return cfg
 
