@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,19 +120,20 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
-_REFERENCES: dict[tuple[int, str], list[int]] = {}
+# target -> prompt -> its greedy continuation (weakly held: a target that goes frees its entries)
+_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def reference(target, tok, prompt: str) -> list[int]:
     """The target's own greedy continuation of ``prompt`` (transformers' ``generate``), once per target."""
-    key = (id(target), prompt)
-    if key not in _REFERENCES:
+    seen = _REFERENCES.setdefault(target, {})
+    if prompt not in seen:
         ids = tok(prompt, return_tensors="pt").input_ids
         ref = target.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
         )
-        _REFERENCES[key] = ref[0, ids.shape[1] :].tolist()
-    return _REFERENCES[key]
+        seen[prompt] = ref[0, ids.shape[1] :].tolist()
+    return seen[prompt]
 
 
 def greedy_identical(target, tok, drafter, tree: str) -> bool:

@@ -66,3 +66,34 @@ def test_an_encoder_decoder_target_is_refused_in_one_line_before_anything_is_wri
     with pytest.raises(UserError, match="t5.*encoder-decoder.*decoder-only causal LM") as e:
         load_target(TargetConfig(name_or_path=str(tmp_path / "t5"), device="cpu", dtype="float32"))
     assert "\n" not in str(e.value) and sorted(p.name for p in (tmp_path / "t5").iterdir()) == before
+
+
+OUTSIDE = {  # decoder-only families the matrix does not list: fused qkv, parallel residual, windows
+    "gpt_neox": dict(intermediate_size=128),
+    "falcon": dict(new_decoder_architecture=True, num_kv_heads=2),
+    "starcoder2": dict(intermediate_size=128, num_key_value_heads=2, sliding_window=8),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(OUTSIDE))
+def test_an_architecture_outside_the_matrix_decodes_identically_and_exports(arch, tmp_path):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from draftheads.heads import EagleDrafter, fingerprint
+    from draftheads.heads.export import export_drafter
+
+    _, tok = matrix.tiny_target("llama")
+    config = AutoConfig.for_model(
+        arch, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, vocab_size=len(tok), **OUTSIDE[arch]
+    )
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(config).eval()
+    target.config._attn_implementation = "sdpa"
+    drafter = EagleDrafter(
+        fingerprint(target, tok), target_config=config.to_dict(), version=3, draft_vocab_size=500
+    )
+    drafter.attach(target).init_lm_head_from_target()
+    for tree in ("chain2", "auto"):
+        assert matrix.greedy_identical(target, tok, drafter, tree), tree
+    export_drafter(drafter, "vllm", tmp_path / "vllm")  # validated against vLLM's loader rules
