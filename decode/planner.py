@@ -91,9 +91,11 @@ class Planner:
         self.step_s = 0.0  # this step's drafting and verify forward, measured
 
     def carry(self, last: Planner) -> None:
-        """Start from what the same decoder's last call learned, as priors that this call's steps
-        soon outweigh: the curve's scale, a draft pass's cost, ``trust`` (kept as about four steps'
-        evidence), every lookup level's duel and the EAGLE-2 depth. The probes' waits start over."""
+        """Start from what the same decoder's last call at this call's acceptance setting learned
+        (the decoder keeps one per setting: greedy, or sampling at its temperature and warpers), as
+        priors that this call's steps soon outweigh: the curve's scale, a draft pass's cost,
+        ``trust`` (kept as about four steps' evidence), every lookup level's duel and the EAGLE-2
+        depth. The probes' waits start over."""
         self.scale, self.pass_s, self.depth = last.scale, last.pass_s, last.depth
         weight = min(1.0, 4.0 / max(last.predicted, 1e-6))
         self.predicted, self.accepted, self.trust = (
