@@ -110,7 +110,7 @@ def train_config(arch: str, draft: str, out: Path):
             "train.progress=false",
         ]
     )
-    cfg.target.tiny, cfg.target.name_or_path = arch, f"tiny-{arch}"
+    cfg.target.tiny, cfg.target.name_or_path = arch, f"tiny-{arch}"  # as target.tiny=arch names it
     cfg.train.output_dir = str(out)
     return cfg
 

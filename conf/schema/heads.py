@@ -75,6 +75,8 @@ class TargetConfig:
             )
         if self.tiny and self.tiny not in TINY_KINDS:
             raise UserError(f"target.tiny={self.tiny} is unknown; use one of {', '.join(TINY_KINDS)}")
+        if self.tiny and str(self.name_or_path).startswith("tiny-"):  # target=tiny-llama target.tiny=qwen3
+            self.name_or_path = f"tiny-{self.tiny}"
         if self.dtype not in DTYPE_NAMES:
             raise UserError(
                 f"target.dtype={self.dtype} is not supported; use one of float32, bfloat16, float16"
