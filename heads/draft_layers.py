@@ -15,6 +15,12 @@ speculators derives them, and nothing else of it:
   speculators does), a partial rotary factor is dropped (the drafter rotates whole heads);
 * the norm epsilon and the context length. The activation is SiLU: vLLM's Llama MLP takes no other.
 
+A published drafter may also bring a sliding window (speculators' trainer writes ``sliding_window``,
+``use_sliding_window`` and ``layer_types``): the layers whose ``layer_types`` entry is
+``sliding_attention`` see only the keys less than ``sliding_window`` positions back, as vLLM and
+speculators apply it (:func:`window_settings`, :func:`window_mask`). The target's own window is not
+the drafter's: a drafter sized from a target attends fully unless its checkpoint says otherwise.
+
 GPT-2-style names (``n_embd``, ``n_head``, ``n_inner``, ...) are read as their Llama twins, and a
 multimodal config's ``text_config`` stands for the whole. A field the drafter cannot do without
 (hidden size, heads, vocabulary) is refused in one line naming it.
@@ -25,7 +31,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import torch
+
 from draftheads.conf.errors import UserError
+from draftheads.heads.masks import kind_allowed
 
 # Llama name -> the other names architectures use for the same size
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -144,4 +153,61 @@ def own_sizes(config: dict[str, Any]) -> dict[str, Any]:
     out = {k: config[k] for k in OWN_KEYS if config.get(k) is not None}
     if any(config.get(k) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta")):
         out["rope_parameters"] = rope(config)
-    return out
+    return {**out, **window_settings(config)}
+
+
+# ---- a published drafter's sliding window ----------------------------------------------------------
+WINDOW_KEYS = ("sliding_window", "use_sliding_window", "layer_types")
+LAYER_KINDS = ("full_attention", "sliding_attention")  # what the drafter's Llama layers run
+
+
+def window_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A published drafter's sliding window, as its layers' config states it: ``sliding_window``
+    and ``layer_types`` with ``use_sliding_window`` (what speculators' trainer writes); empty when no
+    layer slides. A layer slides when its ``layer_types`` entry is ``sliding_attention`` and a
+    window is set, as vLLM's Llama layer and speculators' model read it (``use_sliding_window``
+    alone turns on nothing there, so not here either)."""
+    kinds, size = config.get("layer_types") or [], config.get("sliding_window")
+    if "sliding_attention" not in kinds or not size:
+        return {}
+    return {"sliding_window": int(size), "use_sliding_window": True, "layer_types": list(kinds)}
+
+
+def check_window(layer_config: dict[str, Any], num_layers: int) -> None:
+    """Refuse, in one line, ``layer_types`` that a drafter of ``num_layers`` Llama layers cannot
+    run: another number of entries, or a kind other than full or sliding attention."""
+    kinds = layer_config.get("layer_types")
+    if not kinds:
+        return
+    if len(kinds) != num_layers:
+        raise UserError(
+            f"the drafter's layer config has layer_types={list(kinds)} ({len(kinds)} entries) for "
+            f"num_hidden_layers={num_layers}; give one entry per decoder layer"
+        )
+    odd = [k for k in kinds if k not in LAYER_KINDS]
+    if odd:
+        raise UserError(
+            f"the drafter's layer_types holds {odd[0]!r}; its Llama layers run {' or '.join(LAYER_KINDS)}"
+        )
+
+
+def sliding_layers(layer_config: Any) -> list[int]:
+    """The indices of the drafter's layers that slide (``layer_config``: a ``LlamaConfig``)."""
+    kinds = getattr(layer_config, "layer_types", None) or []
+    if not getattr(layer_config, "sliding_window", None):
+        return []
+    return [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
+
+
+def window_mask(
+    layer_config: Any, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+) -> torch.Tensor:
+    """``mask`` (additive or boolean ``[B, 1, q, k]``) narrowed to a sliding layer's window by
+    token position (``q_pos [B, q]``, ``k_pos [B, k]``): a key p is seen from q when
+    ``q - p < sliding_window``, the target side's rule (:func:`~draftheads.heads.masks.kind_allowed`)."""
+    B, q, k = q_pos.shape[0], q_pos.shape[1], k_pos.shape[1]
+    every = torch.ones(B, q, k, dtype=torch.bool, device=mask.device)
+    ok = kind_allowed(layer_config, "sliding_attention", every, q_pos.to(mask.device), k_pos.to(mask.device))
+    if mask.dtype == torch.bool:
+        return mask & ok[:, None]
+    return torch.where(ok[:, None], mask, torch.finfo(mask.dtype).min)

@@ -212,7 +212,12 @@ def test_decode_time_drafter_equals_the_training_unroll(version, tree):
     accept 0..4 drafts and where one row leaves early, equals the training unroll to 1e-5."""
     model, tok = get_target(ARCH)
     assert next(model.parameters()).dtype == torch.float32
-    drafter = make_drafter(model, tok, version)
+    decodes_as_it_trains(model, tok, make_drafter(model, tok, version), tree)
+
+
+def decodes_as_it_trains(model, tok, drafter: EagleDrafter, tree: str) -> None:
+    """Decode :data:`PROMPTS` with ``drafter`` and ``tree`` and compare every step's drafter
+    outputs with the training unroll (the test above)."""
     cfg = DecodeConfig(
         tree=tree, backend="eager", cost_aware=False, lookup=False, depth=4, top_k_draft=2, total_tokens=12
     )

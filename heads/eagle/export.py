@@ -52,6 +52,7 @@ def export_eagle1(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[s
                 "or retrain it with draft.fc_bias=false"
             )
         return llama_config(drafter, ["LlamaForCausalLM"]), sd
+    sglang_window_refusal(drafter)
     if "fc.bias" not in sd:
         sd["fc.bias"] = torch.zeros(fp.hidden_size, dtype=sd["fc.weight"].dtype)
     return llama_config(drafter, ["LlamaForCausalLMEagle"]), sd
@@ -87,6 +88,7 @@ def export_eagle3(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[s
         cfg.update(eagle_aux_hidden_state_layer_ids=layers, **drafter.norm_flags)
     else:
         sglang_norm_refusal(drafter.norm_flags)
+        sglang_window_refusal(drafter)
         cfg["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
             "use_aux_hidden_state": True,
@@ -101,4 +103,15 @@ def sglang_norm_refusal(flags: dict[str, bool]) -> None:
         raise UserError(
             f"this EAGLE-3 drafter uses {', '.join(on)}, which SGLang's EAGLE-3 loader is not known to read; "
             "export it with format=vllm or format=speculators"
+        )
+
+
+def sglang_window_refusal(drafter: Drafter) -> None:
+    """SGLang's Llama draft layer attends fully (its attention takes no window from the config):
+    refuse a drafter whose layers slide rather than serve it otherwise than it drafts."""
+    if getattr(drafter, "window_layers", None):
+        raise UserError(
+            f"this drafter's layers slide (sliding_window={drafter.layer_config.sliding_window}, layer_types "
+            f"{drafter.layer_config.layer_types}), but SGLang's Llama draft layer attends fully; export it with "
+            "format=vllm or format=speculators, which apply the window"
         )

@@ -31,6 +31,13 @@ one layer vLLM, SGLang and speculators serve for every target. ``layer_config`` 
 (an imported checkpoint's own); drafters saved before it held them were built from the target's
 layer class, and load when that class computes as Llama's does. The embedding is the target's,
 shared at run time and not saved unless ``save_shared`` is set.
+
+A checkpoint's sliding window (``layer_types``, ``sliding_window``) narrows its sliding layers'
+mask by token position. The keys' positions are kept in the drafter's own cache, as one more
+layer after the decoder's (:meth:`EagleDrafter.key_positions`), so the decoder's cache surgery
+(compaction, truncation, dropped rows) moves them with the keys they belong to. The training
+unroll keeps them the same way, so a training-time-test step sees the window a decoded chain
+sees (vLLM's, by position), where speculators' trainer counts the window from the row instead.
 """
 
 from __future__ import annotations
@@ -44,7 +51,13 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
 from draftheads.heads.base import Drafter
-from draftheads.heads.draft_layers import llama_layers
+from draftheads.heads.draft_layers import (
+    WINDOW_KEYS,
+    check_window,
+    llama_layers,
+    sliding_layers,
+    window_mask,
+)
 from draftheads.heads.layer_init import copy_layer, last_layers
 from draftheads.heads.masks import additive_mask, causal
 from draftheads.heads.reduced_vocab import ReducedVocab, check_draft_vocab_size
@@ -109,6 +122,7 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
         )  # as config.json holds it
         if layer_config is None:
             layer_config = llama_layers(self.target_config, num_decoder_layers)
+        check_window(layer_config, num_decoder_layers)
         self.layer_config = LlamaConfig(**{**layer_config, "num_hidden_layers": num_decoder_layers})
         self.layer_config._attn_implementation = "sdpa"
         if self.layer_config.hidden_size != H:
@@ -135,6 +149,7 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
             self.draft_vocab_size = V
             self.fc = nn.Linear(2 * H, H, bias=self.fc_bias)
         lc = self.layer_config
+        self.window_layers = sliding_layers(lc)
         self.layers = nn.ModuleList(LlamaDecoderLayer(lc, layer_idx=i) for i in range(num_decoder_layers))
         self.keep_rotary(LlamaRotaryEmbedding(lc))
         first = self.layers[0]
@@ -185,7 +200,7 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
             "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads "
             "head_dim hidden_act max_position_embeddings rms_norm_eps rope_parameters attention_bias mlp_bias "
             "tie_word_embeddings bos_token_id eos_token_id pad_token_id"
-        ).split()
+        ).split() + list(WINDOW_KEYS if self.window_layers else ())
         lc = self.layer_config
         return json.loads(
             json.dumps({k: getattr(lc, k, None) for k in keys if getattr(lc, k, None) is not None})
@@ -279,6 +294,7 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
         pos_emb = self.rotary(hidden, position_ids)
         if attention_mask is None and (cache is None or cache.get_seq_length() == 0):
             attention_mask = additive_mask(causal(input_ids.shape[1], hidden.device)[None], hidden.dtype)
+        masks = self.layer_masks(attention_mask, position_ids, cache, hidden.dtype)
         if self.version == 3:
             first = self.layers[0]
             normed = self.hidden_norm(hidden)
@@ -286,20 +302,43 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
             attn_out = first.self_attn(
                 hidden_states=x,
                 position_embeddings=pos_emb,
-                attention_mask=attention_mask,
+                attention_mask=masks[0],
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=cache is not None,
             )[0]
             h = (normed if self.norm_flags["norm_before_residual"] else hidden) + attn_out
             h = h + first.mlp(first.post_attention_layernorm(h))
-            rest = self.layers[1:]
+            start = 1
         else:
             h = self.fc(torch.cat([emb, hidden], dim=-1))
-            rest = self.layers
-        for layer in rest:
-            h = _call_layer(layer, h, attention_mask, position_ids, pos_emb, cache)
+            start = 0
+        for i in range(start, len(self.layers)):
+            h = _call_layer(self.layers[i], h, masks[i], position_ids, pos_emb, cache)
         return self.norm(h) if self.norm_flags["norm_output"] else h
+
+    def layer_masks(
+        self, mask: torch.Tensor | None, position_ids: torch.Tensor, cache, dtype: torch.dtype
+    ) -> list[torch.Tensor | None]:
+        """Each decoder layer's mask: ``mask`` as given, and for the sliding layers narrowed to
+        their window by the positions of the queries and the keys (:func:`window_mask`)."""
+        if not self.window_layers:
+            return [mask] * len(self.layers)
+        k_pos = self.key_positions(position_ids, cache)
+        if mask is None:  # a cache and no mask: every key is seen, save what the window hides
+            B, T = position_ids.shape
+            mask = torch.zeros(B, 1, T, k_pos.shape[1], dtype=dtype, device=position_ids.device)
+        narrow = window_mask(self.layer_config, mask, position_ids, k_pos)
+        return [narrow if i in self.window_layers else mask for i in range(len(self.layers))]
+
+    def key_positions(self, position_ids: torch.Tensor, cache) -> torch.Tensor:
+        """``[B, S]`` the position of every key this pass attends over: the new tokens' own
+        without a cache; with one, those the cache holds (one layer after the decoder's, written
+        alongside its keys, so it is cut, compacted and row-selected with them), then the new."""
+        if cache is None:
+            return position_ids
+        slot = position_ids[:, None, :, None]
+        return cache.update(slot, slot, self.num_decoder_layers)[0][:, 0, :, 0]
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft logits: over the draft vocabulary (EAGLE-3) or the full vocabulary (EAGLE-1).
