@@ -14,6 +14,8 @@ import torch
 from draftheads.conf.errors import UserError
 from draftheads.heads import Drafter, EagleDrafter
 from draftheads.heads.export import export_drafter
+from tests.conftest import get_target
+from tests.test_drafter_equivalence import ARCH
 from tests.test_speculators_format import share_target
 
 WINDOW, LENGTH = 4, 12  # the window, and positions 0..11: most of them see past it
@@ -191,16 +193,11 @@ def test_layer_types_that_do_not_fit_the_drafter_are_refused_or_ignored(
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("tree", ["chain4", "auto"])
-def test_a_windowed_drafter_decodes_as_it_trains(tree):
-    """Every root and tree node the decoder drafts (its cache compacted per row, rows left-padded,
-    one row leaving early; positions up to 3x past the window) equals the training unroll."""
+def windowed_drafter(model, tok) -> EagleDrafter:
+    """A random EAGLE-3 drafter for ``model`` whose layer slides, over a scattered draft vocabulary."""
     from draftheads.heads import fingerprint
     from draftheads.heads.draft_layers import llama_layers
-    from tests.conftest import get_target
-    from tests.test_drafter_equivalence import ARCH, decodes_as_it_trains
 
-    model, tok = get_target(ARCH)
     torch.manual_seed(3)
     layers = {**llama_layers(model.config.to_dict(), 1), **SETTINGS}
     fp = fingerprint(model, tok)
@@ -208,7 +205,17 @@ def test_a_windowed_drafter_decodes_as_it_trains(tree):
     d.attach(model).set_vocab(torch.randperm(fp.vocab_size)[:2000])
     d.init_lm_head_from_target()
     assert d.window_layers == [0]
-    decodes_as_it_trains(model, tok, d, tree)
+    return d
+
+
+@pytest.mark.parametrize("tree", ["chain4", "auto"])
+def test_a_windowed_drafter_decodes_as_it_trains(tree):
+    """Every root and tree node the decoder drafts (its cache compacted per row, rows left-padded,
+    one row leaving early; positions up to 3x past the window) equals the training unroll."""
+    from tests.test_drafter_equivalence import decodes_as_it_trains
+
+    model, tok = get_target(ARCH)
+    decodes_as_it_trains(model, tok, windowed_drafter(model, tok), tree)
 
 
 def test_a_peagle_speculator_keeps_its_window_both_ways(tmp_path, tiny_llama):
@@ -227,3 +234,47 @@ def test_a_peagle_speculator_keeps_its_window_both_ways(tmp_path, tiny_llama):
     assert ours.window_layers == [0]
     again = json.loads((write_speculators(ours, tmp_path / "again") / "config.json").read_text())
     assert {k: again["transformer_layer_config"][k] for k in SETTINGS} == SETTINGS
+
+
+def recording(generator: type) -> type:
+    """``generator`` whose EAGLE proposer keeps every tree it drafts, at the full depth (no plan)."""
+    from draftheads.decode.proposers import WithLookup
+
+    class Recording(generator):
+        def make_proposer(self):
+            oracle = super().make_proposer()
+            inner = oracle.inner.proposer if isinstance(oracle.inner, WithLookup) else oracle.inner
+            self.trees, propose = [], inner.propose
+            inner.propose = lambda root, pos, plan=None: (
+                self.trees.append(propose(root, pos)) or self.trees[-1]
+            )
+            return oracle
+
+    return Recording
+
+
+def test_fixed_shape_drafting_keeps_the_window_on_static_buffers():
+    """The drafter's cache moved into fixed-capacity buffers (``decode.backend=cuda-graphs``, here
+    without capture) keeps its keys' positions: every tree equals the dynamic cache's."""
+    from draftheads.conf.schema.decode import DecodeConfig
+    from draftheads.decode.static import StaticVerifier
+    from tests.test_decode import PROMPTS, OracleGenerator, batch, reference
+    from tests.test_static_cache import FixedDrafting
+
+    model, tok = get_target(ARCH)
+    d = windowed_drafter(model, tok)
+    prompts = PROMPTS[:2]
+    cont, plen = [reference(ARCH, p, 30) for p in prompts], [len(tok(p).input_ids) for p in prompts]
+    cfg = DecodeConfig(tree="auto", cost_aware=False, lookup=False, depth=4, top_k_draft=3, total_tokens=10)
+    enc, trees = batch(tok, prompts), []
+    for kind in (FixedDrafting, OracleGenerator):
+        gen = recording(kind)(model, d, tok, cfg, continuations=cont, prompt_lens=plen)
+        if kind is FixedDrafting:
+            gen.static_verifier = StaticVerifier(model, capture=False)
+        gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=30)
+        trees.append(gen.trees)
+    assert len(trees[0]) == len(trees[1]) > 5
+    for fixed, dynamic in zip(*trees):
+        assert torch.equal(fixed.tokens, dynamic.tokens) and torch.allclose(
+            fixed.scores, dynamic.scores, atol=1e-6
+        )
