@@ -245,9 +245,12 @@ def recording(generator: type) -> type:
             oracle = super().make_proposer()
             inner = oracle.inner.proposer if isinstance(oracle.inner, WithLookup) else oracle.inner
             self.trees, propose = [], inner.propose
-            inner.propose = lambda root, pos, plan=None: (
-                self.trees.append(propose(root, pos)) or self.trees[-1]
-            )
+
+            def keep(root, pos, plan=None):
+                self.trees.append(propose(root, pos))
+                return self.trees[-1]
+
+            inner.propose = keep
             return oracle
 
     return Recording
