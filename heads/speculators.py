@@ -157,9 +157,11 @@ def full_layer_config(given: dict[str, Any], where: str) -> dict[str, Any]:
     model_type = given.get("model_type", "qwen3")
     try:
         full = AutoConfig.for_model(model_type, **{k: v for k, v in given.items() if k != "model_type"})
-    except (ValueError, TypeError, KeyError) as e:
+    except Exception as e:  # transformers' and huggingface_hub's validators raise many types
+        detail = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
         raise UserError(
-            f"{where}: transformer_layer_config is not a valid {model_type} config ({e}); it is damaged"
+            f"{where}: transformer_layer_config is not a valid {model_type} config ({detail[-1][:200]}); "
+            "it is damaged"
         ) from None
     return full.to_dict()
 

@@ -281,3 +281,22 @@ def test_fixed_shape_drafting_keeps_the_window_on_static_buffers():
         assert torch.equal(fixed.tokens, dynamic.tokens) and torch.allclose(
             fixed.scores, dynamic.scores, atol=1e-6
         )
+
+
+def test_a_peagle_layer_types_of_another_length_is_one_line_from_python(tmp_path, tiny_llama):
+    """``load_speculators`` reads the file without the folder checks of the command line: a
+    layer_types longer than the layer count is still named in one line, not transformers' traceback."""
+    from draftheads.heads.peagle.convert import load_speculators
+    from tests.test_peagle_oracle import oracle
+
+    model, tok, fp = tiny_llama
+    oracle(model, fp).save_pretrained(str(tmp_path / "spec"))
+    path = tmp_path / "spec" / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["transformer_layer_config"].update(SETTINGS, layer_types=["sliding_attention"] * 2)
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(
+        UserError, match=r"must be equal to the number of `layer_types` \(2\)\); it is damaged"
+    ) as e:
+        load_speculators(tmp_path / "spec", model, tok)
+    assert "\n" not in str(e.value)
