@@ -35,14 +35,16 @@ PAIRS = 2  # cold and warm calls, alternated: two pairs show the machine's drift
 
 def speed_args(cfg: BenchArgs, b: BenchConfig, heads: Path) -> SpeedArgs:
     """The ``draftheads speed speed.workloads=true`` settings this stage runs: batches 1/4/8 over
-    8 held-out prompts, 4 long prompts, 2 of each copy category, no sampling rows."""
+    8 held-out prompts, 4 long prompts, 2 of each copy category, and the long prompts sampled at
+    temperatures 0.7 and 1.0 (where the planner must hold its floor against plain sampling)."""
     options = DecodeSpeedOptions(
         batch_sizes=[1, 4, 8],
         prompts=8,
         workloads=True,
         long_prompts=4,
         copy_per_category=2,
-        sampling_sets=[],
+        temperatures=[0.7, 1.0],
+        sampling_sets=["long"],
     )
     return SpeedArgs(target=cfg.target, decode=cfg.decode, heads=str(heads), speed=options)
 
@@ -118,6 +120,12 @@ def workload_lines(record: dict[str, Any]) -> list[str]:
             lines.append(
                 f"workloads copy {cat:<9} {name:<6}: τ {c['tau']:.2f}  {c['speedup']:.2f}× vs plain {c.get('baseline', 'generate')}  "
                 f"| prompt lookup τ {pld.get('tau', 0.0):.2f} {pld.get('speedup', 0.0):.2f}×"
+            )
+    for source, rows in record.get("sampling", {}).items():
+        for r in rows:
+            lines.append(
+                f"workloads sampling {source} T={r['temperature']}: τ {r['tau']:.2f}  {r['speedup']:.2f}× vs plain "
+                f"{r.get('baseline', 'generate')} sampling"
             )
     for p in record.get("first_call", {}).get("pairs", []):
         lines.append(

@@ -11,9 +11,9 @@ One run, one process, back to back, on the machine it runs on:
 * ``copy``: the copy set (``eval.prompts=copy``, ``speed.copy_per_category`` prompts of each
   category), whose answers copy from their prompts: the drafter and lookup alone, transformers'
   prompt lookup beside them, per category;
-* ``sampling``: speed and τ at each of ``speed.temperatures`` against sampling ``generate`` on
-  the same backend, on each of ``speed.sampling_sets`` (a set whose data is absent is left out,
-  with a note).
+* ``sampling``: speed and τ at each of ``speed.temperatures`` against the faster plain sampling
+  loop on the same backend, on each of ``speed.sampling_sets`` (a set whose data is absent is
+  left out, with a note; the long set takes the prompts its greedy rows take).
 
 With ``speed.figures=PATH`` (``docs/benchmarks.json``) the record is written into that file's
 ``workloads`` key, the rest of the file kept; ``draftheads bench`` keeps it when it rewrites.
@@ -209,7 +209,12 @@ def measure(args, target, tok, drafter, directory: str | None) -> dict[str, Any]
         record["copy"] = copy_rows(target, tok, drafter, copy, dc)
     record["sampling"] = {}
     for source in s.sampling_sets:
-        prompts = texts(source, s.prompts, tok)
+        # the long set as its greedy rows take it: the first speed.long_prompts that fit
+        whole = source == "long"
+        prompts = texts(source, None if whole else s.prompts, tok)
+        prompts = fitting(prompts, tok, position_limit(target.config), source)[
+            : s.long_prompts if whole else None
+        ]
         if prompts:
             print(f"sampling, {source}:", flush=True)
             record["sampling"][source] = sampling_rows(

@@ -34,6 +34,7 @@ from draftheads.decode import backend as backends
 from draftheads.decode.context import position_limit
 from draftheads.decode.cost import device_name
 from draftheads.decode.cost_cache import default_cache_dir, finite_seconds, read_record, write_record
+from draftheads.decode.kv import new_cache
 
 CHOICE_VERSION = 2  # 2: grouped-query attention folded under masks (decode/attention.py)
 STEPS = 5  # timed calls per candidate (after one untimed call that pays one-off costs)
@@ -140,8 +141,6 @@ def _median_seconds(call: Callable[[], object], steps: int = STEPS) -> float:
 def time_target(target: nn.Module, name: str, cache: backends.PackCache | None = None) -> float:
     """Median seconds of a 1-token target forward and its argmax after ``CONTEXT`` cached tokens
     (fewer on a target with fewer positions: the step must stay inside its position table)."""
-    from transformers import DynamicCache
-
     p = next(target.parameters())
     gen = torch.Generator().manual_seed(0)
     vocab = int(target.config.vocab_size)
@@ -149,7 +148,7 @@ def time_target(target: nn.Module, name: str, cache: backends.PackCache | None =
     prompt = torch.randint(0, vocab, (1, context), generator=gen).to(p.device)
     new = torch.randint(0, vocab, (1, 1), generator=gen).to(p.device)
     with backends.applied(name, target, cache=cache):
-        kv = DynamicCache()
+        kv = new_cache(target)
         target(input_ids=prompt, cache=kv, use_cache=True, logits_to_keep=1)
 
         def step() -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from draftheads.decode.kv import new_cache
 from draftheads.decode.static import KVPool, StaticKV
 from draftheads.decode.verify import warp
 from draftheads.heads.masks import additive_mask
@@ -89,7 +90,7 @@ def prefill_prompts(
     """
     B, W = input_ids.shape
     P = shared_prefix(input_ids, mask)
-    cache = DynamicCache()
+    cache = new_cache(model)
     if P < MIN_SHARED:
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
         logits = last_logits(

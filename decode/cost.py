@@ -31,6 +31,7 @@ import torch
 
 from draftheads.decode import backend as backends
 from draftheads.decode.context import position_limit
+from draftheads.decode.kv import new_cache
 from draftheads.heads.masks import additive_mask
 
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -126,8 +127,6 @@ def measure_points(
 ) -> list[float]:
     """Median seconds of a target forward over ``n`` new tokens per row of ``batch`` rows after
     ``context`` cached tokens, then the argmax of its logits, for each ``n`` in ``sizes``."""
-    from transformers import DynamicCache
-
     p = next(target.parameters())
     dev, dtype = p.device, p.dtype
     vocab = int(target.config.vocab_size)
@@ -135,7 +134,7 @@ def measure_points(
     prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(dev)
     out = []
     with backends.applied(backend, target):
-        cache = DynamicCache()
+        cache = new_cache(target, keep=max(sizes))
         target(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
         for n in sizes:
             new = torch.randint(0, vocab, (batch, n), generator=gen).to(dev)

@@ -78,19 +78,19 @@ class SpeculativeGenerator(Streaming, Capturing, Prefilling, Stepping):
                 f"the target's attention implementation {impl!r} cannot take a tree attention mask; "
                 f"load it with attn_implementation='sdpa' (or 'eager')"
             )
-        recurrent = recurrent_kinds(target.config)
-        if recurrent:
-            raise UserError(
-                f"the target ({target.config.model_type}) has {', '.join(recurrent)} layers, whose recurrent state "
-                "cannot be rolled back past a rejected draft, so this decoder verifies attention-only targets; "
-                "its drafters still train and export: serve them with vLLM (draftheads export format=vllm)"
-            )
+        # layers with a recurrent state (Qwen3.5's linear attention): one row, each step's leading chain
+        self.recurrent = recurrent_kinds(target.config)
         # the drafter sits with the lm_head (a sharded target's outputs come back where its inputs are)
         head = target.get_output_embeddings().weight
         self.device, self.dtype = head.device, head.dtype
         self.backend = backends.resolve(self.config.backend, self.device, self.dtype)
         # packed weights kept from call to call (checked unchanged at each); ``packs.clear()`` frees them
         self.packs = backends.PackCache()
+        if self.backend == "cuda-graphs" and self.recurrent:
+            raise UserError(
+                f"decode.backend=cuda-graphs captures attention-only targets; this one has {self.recurrent[0]} "
+                "layers: use decode.backend=auto"
+            )
         if self.backend == "cuda-graphs" and hasattr(target, "_hf_hook"):
             raise UserError(
                 "decode.backend=cuda-graphs cannot capture a target that accelerate spreads or offloads "

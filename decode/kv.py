@@ -5,6 +5,10 @@ included, then its accepted tokens, in order). The cache's physical length is
 ``max_b length[b]``; slots past ``length[b]`` hold garbage that the attention mask hides.
 A verification forward appends the T tree tokens at the physical end; compaction then moves
 each row's accepted path next to its own prefix and drops everything else.
+
+A target whose layers carry a recurrent state (Qwen3.5's linear attention) gets the model's own
+cache (:func:`new_cache`) with its past recorded: a verify pass over a chain advances that state
+over every drafted token, and :func:`roll_back` returns it to the last accepted one.
 """
 
 from __future__ import annotations
@@ -12,7 +16,34 @@ from __future__ import annotations
 import torch
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.masks import additive_mask, target_attention_mask
+from draftheads.heads.masks import additive_mask, recurrent_kinds, target_attention_mask
+
+# drafted tokens a verify pass over a recurrent target may hold: the states recorded to roll back
+RECURRENT_CHAIN = 16
+
+
+def new_cache(target, keep: int = RECURRENT_CHAIN):
+    """An empty cache for ``target``'s forward: a ``DynamicCache`` of full layers (each layer's
+    window is in the mask); for a target with recurrent layers, the model's own layers, with
+    their past recorded for ``keep`` tokens so that many can be rolled back."""
+    from transformers import DynamicCache
+
+    if not recurrent_kinds(target.config):
+        return DynamicCache()
+    cache = DynamicCache(config=target.config)
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording(keep)
+    return cache
+
+
+def roll_back(cache, rejected: int) -> None:
+    """Return every recurrent layer's state to before the last ``rejected`` tokens it read (0:
+    keep all, and drop the recorded past the next pass no longer needs). Key/value layers are
+    compacted apart (:func:`compact`)."""
+    for layer in getattr(cache, "layers", []):
+        if hasattr(layer, "activate_past_recording"):
+            layer.crop(-rejected)
 
 
 def cache_layers(cache) -> list:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from draftheads.decode import static
+from draftheads.decode import kv, static
 from draftheads.decode.planner import Planner
 from draftheads.decode.processing import Processing
 from draftheads.decode.proposers.base import Prefill, Proposer
@@ -83,13 +83,11 @@ class Prefilling:
         stats: DecodeStats,
     ) -> tuple[State, list[list[int]]]:
         """Read the prompts into the cache; the first new token of each row; start the proposer."""
-        from transformers import DynamicCache
-
         B, P = ids.shape
         valid = mask if mask is not None else torch.ones_like(ids, dtype=torch.bool)
         positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
         proposer = self.make_proposer()
-        cache = DynamicCache()
+        cache = kv.new_cache(self.target)
         out = self.target(
             input_ids=ids,
             attention_mask=target_attention_mask(

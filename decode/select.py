@@ -137,3 +137,18 @@ def add_chains(tree: Tree, chains: torch.Tensor, chain_scores: torch.Tensor) -> 
         monotone(scores, parents),
         torch.cat([tree.valid, new], 1),
     )
+
+
+def leading_chain(tree: Tree, cap: int) -> Tree:
+    """A one-row tree cut to its leading chain of at most ``cap`` nodes: from the root, each node's
+    first valid child (the best-ranked, as every proposer orders them). What a target with
+    recurrent layers verifies: those read the tree's tokens in order, as one sequence."""
+    parents, valid = tree.parents[0].tolist(), tree.valid[0].tolist()
+    chain, node = [0], 0
+    while len(chain) < cap:
+        child = next((i for i in range(node + 1, tree.size) if parents[i] == node and valid[i]), None)
+        if child is None:
+            break
+        chain.append(child)
+        node = child
+    return drop_padding(tree, [i in chain for i in range(tree.size)])

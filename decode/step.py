@@ -38,7 +38,7 @@ from draftheads.decode.kv import tree_mask
 from draftheads.decode.planner import Planner
 from draftheads.decode.prefill import Sampling, State
 from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Tree, single_node
-from draftheads.decode.select import drop_padding, prune
+from draftheads.decode.select import drop_padding, leading_chain, prune
 from draftheads.decode.stats import DecodeStats
 from draftheads.decode.stop import Stopper
 from draftheads.decode.tree import path_nodes
@@ -51,6 +51,7 @@ class Stepping:
 
     target: nn.Module
     drafter: nn.Module | None
+    recurrent: list[str]
     config: DecodeConfig
     device: torch.device
     dtype: torch.dtype
@@ -88,6 +89,8 @@ class Stepping:
         else:
             tree = state.proposer.propose(state.root, state.pos, plan)
         tree = cap_depth(tree, self._depth_caps(state, how))  # no node past max_new_tokens or the positions
+        if self.recurrent:  # a recurrent state reads one sequence: verify the leading chain
+            tree = leading_chain(tree, kv.RECURRENT_CHAIN)
         draft_s = stats.lap("draft", self._now())
         if planner is not None:
             planner.draft_s, planner.drafted = draft_s, self.drafter is not None and not skip
@@ -104,6 +107,8 @@ class Stepping:
             "verify", self._now()
         )  # the forward and the acceptance rule: what the curve times
         n_keep, host = self._accept(state, tree, best, bonus, out)
+        if self.recurrent:  # back to the state after the last accepted token
+            kv.roll_back(state.cache, tree.size - host[0][0])
         del out
         if planner is not None:
             passes = 0 if skip else getattr(state.proposer, "passes", 0)

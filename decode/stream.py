@@ -44,6 +44,7 @@ class Streaming:
 
     target: nn.Module
     tokenizer: object
+    recurrent: list[str]
     config: DecodeConfig
     device: torch.device
     backend: str
@@ -123,6 +124,11 @@ class Streaming:
         mask = attention_mask.to(self.device).bool() if attention_mask is not None else None
         check_left_padded(mask)
         B, P = input_ids.shape
+        if B > 1 and self.recurrent:
+            raise UserError(
+                f"the target has {self.recurrent[0]} layers, whose state is rolled back for one row at a time; "
+                f"decode its {B} prompts one call each (batch_size=1)"
+            )
         prompt_lens = mask.sum(-1).tolist() if mask is not None else [P] * B  # real tokens per row
         check_request(self.target.config, max(prompt_lens), max_new)
         sample = bool(gc.do_sample)

@@ -17,6 +17,7 @@ import torch
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import backend as backends
+from draftheads.decode.kv import new_cache
 from draftheads.decode.prompting import encode_prompt
 from draftheads.decode.tree import best_tree, expected_tokens
 from draftheads.heads.masks import additive_mask, causal
@@ -66,8 +67,6 @@ def profile_tree_costs(
     ``prefix`` tokens cached; ``draft`` is drafting one Medusa tree (ResBlocks at one position,
     then every head's logits and top-``topk``).
     """
-    from transformers import DynamicCache
-
     p = next(target.parameters())
     dev, dtype = p.device, p.dtype
 
@@ -86,7 +85,7 @@ def profile_tree_costs(
     vocab = target.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (1, prefix + max(sizes)), generator=gen).to(dev)
-    cache = DynamicCache()
+    cache = new_cache(target, keep=max(sizes))
     allowed = causal(prefix, dev)[None]
     target(ids[:, :prefix], attention_mask=additive_mask(allowed, dtype), cache=cache, use_cache=True)
     verify = {}

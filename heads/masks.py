@@ -104,7 +104,14 @@ def target_attention_mask(
     (causal, padding, tree ancestors), each layer kind with its own window.
 
     One kind in the model: one tensor, which transformers applies to every layer as given. Several
-    (Gemma, GPT-OSS, Cohere2, Llama-4): a dict by kind, which those models read per layer."""
+    (Gemma, GPT-OSS, Cohere2, Llama-4): a dict by kind, which those models read per layer; a
+    recurrent kind's entry is None (those layers read their tokens in order, one row at a time)."""
     kinds = dict.fromkeys(layer_kinds(config))
-    masks = {kind: additive_mask(kind_allowed(config, kind, allowed, q_pos, k_pos), dtype) for kind in kinds}
+    recurrent = recurrent_kinds(config)
+    masks = {
+        kind: None
+        if kind in recurrent
+        else additive_mask(kind_allowed(config, kind, allowed, q_pos, k_pos), dtype)
+        for kind in kinds
+    }
     return next(iter(masks.values())) if len(masks) == 1 else masks

@@ -3,8 +3,8 @@ architecture trains, decodes greedy-identically with a chain and a tree, and exp
 format its kind offers (:mod:`draftheads.bench.architectures`).
 
 Each test runs one architecture's row and checks it against ``docs/architectures.md``, which the
-matrix wrote: the page cannot claim what the code does not do. EAGLE-3 must be ✔ everywhere the
-decoder serves the target, and an architecture outside the matrix works or is refused in one line.
+matrix wrote: the page cannot claim what the code does not do. EAGLE-3 must be ✔ on every
+architecture, and an architecture outside the matrix works or is refused in one line.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from draftheads.bench import architectures as matrix
 from draftheads.conf.errors import UserError
 
 PAGE = matrix.cells_of(matrix.DOC.read_text())
-# the decoder refuses targets with recurrent layers in one line (their drafters train and export)
-RECURRENT = {"qwen3_5_text"}
 
 
 @pytest.mark.parametrize("arch", matrix.architectures())
@@ -26,11 +24,7 @@ def test_each_row_is_what_the_page_says(arch, tmp_path):
     want = {k: v for k, v in PAGE.items() if k[0] == arch}
     assert got == want, {c.draft: c.notes for c in cells}
     eagle3 = next(c for c in cells if c.draft == "eagle3")
-    if arch in RECURRENT:
-        assert eagle3.train == matrix.OK and eagle3.chain == matrix.NOT_OFFERED
-        assert "recurrent state" in eagle3.notes["chain"] and "\n" not in eagle3.notes["chain"]
-    else:
-        assert eagle3.all_ok, eagle3.notes
+    assert eagle3.all_ok, eagle3.notes
     assert all(c.formats.get("vllm") != matrix.FAIL for c in cells)
 
 
@@ -97,3 +91,44 @@ def test_an_architecture_outside_the_matrix_decodes_identically_and_exports(arch
     for tree in ("chain2", "auto"):
         assert matrix.greedy_identical(target, tok, drafter, tree), tree
     export_drafter(drafter, "vllm", tmp_path / "vllm")  # validated against vLLM's loader rules
+
+
+def test_a_recurrent_target_rolls_its_state_back_to_the_last_accepted_draft():
+    """Qwen3.5's linear-attention layers read each verified chain in order; an oracle makes a
+    row-dependent number of drafts right, so steps accept 0 to 4 of them and the state is rolled
+    back by the rest: the output stays the target's own."""
+    from draftheads.conf.schema.decode import DecodeConfig
+    from draftheads.heads import fingerprint
+    from tests.conftest import get_target
+    from tests.test_decode import OracleGenerator, drafter, reference
+
+    arch = "qwen3_5_text"
+    model, tok = get_target(arch)
+    cfg = DecodeConfig(tree="chain4", cost_aware=False, backend="eager", lookup=False)
+    lengths = []
+    for prompt in ("Hello, my name is", "1 2 3 4 5 6 7 8 9 10 11"):
+        cont, ids = reference(arch, prompt, 30), tok(prompt, return_tensors="pt").input_ids
+        gen = OracleGenerator(
+            model,
+            drafter("eagle", model, fingerprint(model, tok), version=3, draft_vocab_size=2000),
+            tok,
+            cfg,
+            continuations=[cont],
+            prompt_lens=[ids.shape[1]],
+        )
+        out = gen.generate(ids, max_new_tokens=30)
+        assert out[0, ids.shape[1] :].tolist() == cont
+        lengths += gen.last_stats.accepted_lengths
+    assert {1, 2, 3, 4, 5} <= set(lengths)  # every number of drafts accepted, and all rejected
+
+
+def test_a_recurrent_target_decodes_one_row_at_a_time():
+    from draftheads.conf.schema.decode import DecodeConfig
+    from draftheads.decode import SpeculativeGenerator
+
+    model, tok = matrix.tiny_target("qwen3_5_text")
+    gen = SpeculativeGenerator(model, None, tok, DecodeConfig(backend="eager", cost_aware=False))
+    enc = tok(["a b", "c d e"], return_tensors="pt", padding=True, padding_side="left")
+    with pytest.raises(UserError, match="linear_attention layers.*one call each") as e:
+        gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=4)
+    assert "\n" not in str(e.value)

@@ -84,8 +84,16 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     assert work["settings"]["heads"] == str(out / "eagle3")
     pairs = work["first_call"]["pairs"]
     assert len(pairs) == 2 and all(p["cold"] > 0 and p["warm"] > 0 for p in pairs)
+    # the long prompts sampled at 0.7 and 1.0, against the faster plain sampling loop
+    sampled = work["sampling"]["long"]
+    assert [r["temperature"] for r in sampled] == [0.7, 1.0] and all(r["tau"] >= 1.0 for r in sampled)
+    assert all(
+        r["baseline_tokens_per_s"] == max(r["generate_tokens_per_s"], r["retiring_tokens_per_s"])
+        for r in sampled
+    )
     lines = summary_lines(first)
     assert "workloads batch 8:" in lines and lines.count("first call: cold") == 2
+    assert "workloads sampling long T=1.0: τ" in lines
     kept = figures(first)
     assert kept["first_call"] == work["first_call"] and "first_call" not in kept["workloads"]
     # scaling points (the study's, from the checkout) at exactly 2 and 4 cached rows' answer tokens
