@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from draftheads.decode.kv import new_cache
+from draftheads.decode.kv import new_cache, slot_positions
 from draftheads.decode.static import KVPool, StaticKV
 from draftheads.decode.verify import warp
-from draftheads.heads.masks import additive_mask
+from draftheads.heads.masks import padded_causal, recurrent_kinds, target_attention_mask
 
 # retired rows are dropped from the batch once they are at least this share of it: at a batch of
 # 32, a retired row wastes a row's forward (~2 ms here) at every step, and dropping rows copies
@@ -56,6 +56,10 @@ def last_only(model) -> dict:
     """``logits_to_keep=1`` where the model accepts it: only the last position's row of the
     vocabulary projection is computed."""
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def dtype_of(model) -> torch.dtype:
+    return next(model.parameters()).dtype
 
 
 def last_logits(model, keep: dict, **inputs) -> torch.Tensor:
@@ -90,11 +94,12 @@ def prefill_prompts(
     """
     B, W = input_ids.shape
     P = shared_prefix(input_ids, mask)
-    cache = new_cache(model)
+    cache = new_cache(model, keep=0)
     if P < MIN_SHARED:
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        causal = target_attention_mask(model.config, padded_causal(mask), pos, pos, dtype_of(model))
         logits = last_logits(
-            model, keep, input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=cache
+            model, keep, input_ids=input_ids, attention_mask=causal, position_ids=pos, cache=cache
         )
         return logits, cache, mask, pos
     start = W - int(mask[0].sum())
@@ -114,8 +119,10 @@ def prefill_prompts(
     own = (cols >= (W - mask.sum(-1) + P)[:, None])[:, P:].to(mask.dtype)
     mask = torch.cat([torch.ones_like(mask[:, :P]), own], 1)
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    own_rows = padded_causal(mask)[:, P:]  # the rows' own tokens over the prefix and themselves
+    causal = target_attention_mask(model.config, own_rows, pos[:, P:], pos, dtype_of(model))
     logits = last_logits(
-        model, keep, input_ids=input_ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], cache=cache
+        model, keep, input_ids=input_ids[:, P:], attention_mask=causal, position_ids=pos[:, P:], cache=cache
     )
     return logits, cache, mask, pos
 
@@ -140,6 +147,10 @@ def generate_retiring(
     B, W = input_ids.shape
     dev = input_ids.device
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.dtype)
+    if recurrent_kinds(model.config):  # recurrent layers keep their own states: transformers' loop
+        return recurrent_generate(
+            model, input_ids, mask, max_new_tokens, do_sample, temperature, top_p, top_k, eos_token_id
+        )
     stops = torch.tensor(
         []
         if eos_token_id is None
@@ -183,13 +194,55 @@ def generate_retiring(
             model,
             keep_last,
             input_ids=tok[:, None],
-            attention_mask=additive_mask(allowed[:, None, : S + 1], dtype),
+            attention_mask=target_attention_mask(
+                model.config,
+                allowed[:, None, : S + 1],
+                nxt[:, None],
+                slot_positions(allowed[:, : S + 1]),
+                dtype,
+            ),
             position_ids=nxt[:, None],
             cache=cache,
         )
         cache.set_length(S + 1)
         nxt = nxt + 1
     return torch.cat([input_ids, out[:, :steps]], dim=1)
+
+
+def recurrent_generate(
+    model,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    max_new_tokens: int,
+    do_sample: bool,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    eos_token_id: int | Sequence[int] | None,
+) -> torch.Tensor:
+    """:func:`generate_retiring`'s result for a target with recurrent layers (Qwen3.5), whose states
+    the static key/value buffers cannot hold: transformers' ``generate``, a row ending at its first
+    stop token, which is then repeated to the end of the row (the same layout)."""
+    stops = (
+        []
+        if eos_token_id is None
+        else [eos_token_id]
+        if isinstance(eos_token_id, int)
+        else list(eos_token_id)
+    )
+    fill = stops[0] if stops else 0
+    out = model.generate(
+        input_ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature if do_sample else None,
+        top_p=top_p if do_sample else None,
+        top_k=top_k if do_sample else None,
+        eos_token_id=stops or None,
+        pad_token_id=fill,
+    )
+    return out
 
 
 def batched_generate(model) -> Callable[..., torch.Tensor]:

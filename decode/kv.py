@@ -25,14 +25,15 @@ RECURRENT_CHAIN = 16
 def new_cache(target, keep: int = RECURRENT_CHAIN):
     """An empty cache for ``target``'s forward: a ``DynamicCache`` of full layers (each layer's
     window is in the mask); for a target with recurrent layers, the model's own layers, with
-    their past recorded for ``keep`` tokens so that many can be rolled back."""
+    their past recorded for ``keep`` tokens so that many can be rolled back (0: none, for a plain
+    loop that never rolls back)."""
     from transformers import DynamicCache
 
     if not recurrent_kinds(target.config):
         return DynamicCache()
     cache = DynamicCache(config=target.config)
     for layer in cache.layers:
-        if hasattr(layer, "activate_past_recording"):
+        if hasattr(layer, "activate_past_recording") and keep:
             layer.activate_past_recording(keep)
     return cache
 
@@ -93,10 +94,14 @@ def truncate(cache, length: int) -> None:
 
 
 def select_rows(cache, rows: torch.Tensor) -> None:
-    """Keep only ``rows`` of the batch (finished rows leave the batch)."""
+    """Keep only ``rows`` of the batch (finished rows leave the batch): keys and values, and a
+    recurrent layer's states (its own row selection)."""
     for layer in cache_layers(cache):
         layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))
         layer.values = layer.values.index_select(0, rows.to(layer.values.device))
+    for layer in getattr(cache, "layers", []):
+        if hasattr(layer, "activate_past_recording"):
+            layer.reorder_cache(rows)
 
 
 def append_valid(

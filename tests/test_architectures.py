@@ -132,3 +132,21 @@ def test_a_recurrent_target_decodes_one_row_at_a_time():
     with pytest.raises(UserError, match="linear_attention layers.*one call each") as e:
         gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=4)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3_text", "llama4_text", "qwen3_5_text"])
+def test_the_plain_batched_loop_keeps_each_targets_windows_and_states(arch):
+    """The project's plain loop (the speed baseline, distillation's generator), left-padded rows
+    past the 8-token windows and chunks, equals the target's own generate row by row."""
+    import torch
+
+    from draftheads.decode.batched import generate_retiring
+
+    model, tok = matrix.tiny_target(arch)
+    enc = tok(list(matrix.PROMPTS), return_tensors="pt", padding=True, padding_side="left")
+    out = generate_retiring(model, enc.input_ids, enc.attention_mask, max_new_tokens=matrix.NEW_TOKENS)
+    width = enc.input_ids.shape[1]
+    for i, prompt in enumerate(matrix.PROMPTS):
+        want = matrix.reference(model, tok, prompt)
+        assert out[i, width : width + len(want)].tolist() == want, prompt
+    assert torch.equal(out[:, :width], enc.input_ids)
