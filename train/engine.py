@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import io
 import os
 import socket
@@ -19,6 +20,7 @@ import time
 from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -59,6 +61,18 @@ def clear_stale_build_lock(name: str = SHM_OP, stale_s: float = STALE_LOCK_S) ->
     return lock
 
 
+def shm_op_left_out(single: bool) -> contextlib.AbstractContextManager:
+    """Where DeepSpeed's CPU backend starts: for a single process (``single``), without its
+    shared-memory all-reduce op, which only reduces across ranks on one machine and costs a 40 s
+    build where it was never built (``make demo`` and ``make bench`` train in one process);
+    processes of a multi-process run load it as DeepSpeed does."""
+    # by its module path: ``deepspeed.comm``'s attribute ``torch`` is torch itself
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
+    if not single or torch.cuda.is_available() or not hasattr(ds_torch, "build_shm_op"):
+        return contextlib.nullcontext()
+    return mock.patch.object(ds_torch, "build_shm_op", lambda: None)
+
+
 def init_distributed() -> tuple[int, int]:
     """Initialise (once) the default process group; returns (rank, world size)."""
     import torch.distributed as dist
@@ -71,11 +85,12 @@ def init_distributed() -> tuple[int, int]:
     if not dist.is_initialized():
         import deepspeed
 
-        if not torch.cuda.is_available():
+        single = int(os.environ.get("WORLD_SIZE", "1")) == 1
+        if not torch.cuda.is_available() and not single:
             clear_stale_build_lock()
         # DeepSpeed prints "... op built successfully" on stdout each time it loads the CPU op,
-        # even from the copy `make install` built: a run's output would read as a 40 s build
-        with contextlib.redirect_stdout(io.StringIO()):
+        # even from the copy `make shm-op` built: a run's output would read as a 40 s build
+        with contextlib.redirect_stdout(io.StringIO()), shm_op_left_out(single):
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(close_distributed)
     return dist.get_rank(), dist.get_world_size()
