@@ -2,8 +2,8 @@
 
 vLLM lives in its own environment (``make engine``: ``.venv-engine``, named by
 ``DRAFTHEADS_ENGINE_PYTHON``); :func:`run_engine` starts :mod:`draftheads.bench.engine_job`
-there by path, once per serve command, and reads back its outputs and speculative-decoding
-counters. :func:`our_counters` runs draftheads' decoder with the same chain on the same ids and
+there by path for one serve command, :func:`run_engines` once for several (one vLLM import, one
+engine after another), and both read back the outputs and speculative-decoding counters. :func:`our_counters` runs draftheads' decoder with the same chain on the same ids and
 counts its steps as vLLM counts them, so that the two records compare key by key. ``draftheads
 engine`` (:mod:`draftheads.bench.engine_compare`) and the engine tests both use these.
 """
@@ -72,30 +72,72 @@ def run_engine(
     """``command`` (a ``vllm serve`` line) run offline by vLLM on ``prompts``, greedily, with
     ``limits`` (this machine's engine arguments) added: its outputs and counters. The run's log
     is ``workdir/engine.log``; a failed run is one line naming the command and that log."""
-    python = check_engine()
     job, result = workdir / "job.json", workdir / "result.json"
     spec = {"command": command, "prompts": prompts, "max_tokens": max_tokens, "engine": limits}
     job.write_text(json.dumps({**spec, "ignore_eos": ignore_eos, "result": str(result)}))
+    status, log = start_job(job, workdir, ENGINE_TIMEOUT_S, f"`{command}`")
+    if status != 0 or not result.is_file():
+        raise UserError(f"vLLM failed on `{command}`: {failure_line(log)} (log: {workdir / 'engine.log'})")
+    return json.loads(result.read_text())
+
+
+def run_engines(
+    jobs: list[tuple[str, list[list[int]]]],
+    max_tokens: int,
+    limits: dict,
+    workdir: Path,
+    ignore_eos: bool = True,
+) -> list[dict]:
+    """Each ``(command, prompts)`` of ``jobs`` run as :func:`run_engine` runs one, but all in one
+    engine process, one engine after another (vLLM imported once): a report per job, in order.
+    A job vLLM failed on reports ``{"error": LINE}`` (what vLLM raised) and the others still run;
+    a process that fails as a whole (or leaves a job without a result) is one line naming the
+    log, ``workdir/engine.log``."""
+    job = workdir / "jobs.json"
+    results = [workdir / f"result-{i}.json" for i in range(len(jobs))]
+    for r in results:
+        r.unlink(missing_ok=True)
+    spec = [
+        {
+            "command": command,
+            "prompts": prompts,
+            "max_tokens": max_tokens,
+            "engine": limits,
+            "ignore_eos": ignore_eos,
+            "result": str(result),
+        }
+        for (command, prompts), result in zip(jobs, results)
+    ]
+    job.write_text(json.dumps({"jobs": spec}))
+    what = f"{len(jobs)} serve commands"
+    status, log = start_job(job, workdir, ENGINE_TIMEOUT_S * max(1, len(jobs)), what)
+    if status != 0 or not all(r.is_file() for r in results):
+        raise UserError(f"vLLM failed on {what}: {failure_line(log)} (log: {workdir / 'engine.log'})")
+    return [json.loads(r.read_text()) for r in results]
+
+
+def start_job(job: Path, workdir: Path, timeout_s: int, what: str) -> tuple[int, str]:
+    """The job runner started on ``job`` in vLLM's environment: its exit status and its log, which
+    it writes to ``workdir/engine.log`` as it goes (a long run of several engines can be watched
+    there); a run past ``timeout_s`` is one line (a hung start ends there)."""
+    python = check_engine()
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false"}
+    log = workdir / "engine.log"
     try:
-        run = subprocess.run(
-            [str(python), str(JOB), str(job)],
-            capture_output=True,
-            text=True,
-            cwd=workdir,
-            env=env,
-            timeout=ENGINE_TIMEOUT_S,
-        )
+        with log.open("w") as out:
+            run = subprocess.run(
+                [str(python), str(JOB), str(job)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+                env=env,
+                timeout=timeout_s,
+            )
     except subprocess.TimeoutExpired:
         raise UserError(
-            f"vLLM ran past {ENGINE_TIMEOUT_S} s on `{command}`; check the machine's load"
+            f"vLLM ran past {timeout_s} s on {what}; check the machine's load (log: {log})"
         ) from None
-    (workdir / "engine.log").write_text(run.stdout + run.stderr)
-    if run.returncode != 0 or not result.is_file():
-        raise UserError(
-            f"vLLM failed on `{command}`: {failure_line(run.stderr)} (log: {workdir / 'engine.log'})"
-        )
-    return json.loads(result.read_text())
+    return run.returncode, log.read_text(errors="replace")
 
 
 def counted(report: dict) -> dict:
