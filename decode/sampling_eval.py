@@ -138,5 +138,8 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    """One line: τ and speedup at each temperature."""
-    return "  ".join(f"T={r['temperature']}: τ {r['tau']:.2f} speedup {r['speedup']:.2f}×" for r in rows)
+    """One line: τ and speedup (against the faster plain sampling loop, named) at each temperature."""
+    return "  ".join(
+        f"T={r['temperature']}: τ {r['tau']:.2f} speedup {r['speedup']:.2f}× vs plain {r.get('baseline', 'generate')}"
+        for r in rows
+    )
