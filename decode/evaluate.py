@@ -291,8 +291,9 @@ def run_eval(
                     do_sample=False,
                     pad_token_id=tokenizer.pad_token_id,
                 )
-            timed_retiring(target, name, None, ids, torch.ones_like(ids), max_new_tokens=8, do_sample=False)
         for generator in generators.values():
+            plain = dict(max_new_tokens=8, do_sample=False)
+            timed_retiring(target, generator.backend, generator.packs, ids, torch.ones_like(ids), **plain)
             generator.generate(ids, max_new_tokens=8)
     with torch.inference_mode():
         return evaluate_prompts(
