@@ -25,6 +25,7 @@ from draftheads.decode.static import shapes
 from draftheads.decode.static.cache import KVPool, StaticKV
 from draftheads.decode.static.graphs import record
 from draftheads.decode.tree import Tree
+from draftheads.heads.masks import layer_kinds
 
 
 def hidden_request(layers: tuple[int, ...] | bool) -> list[int] | bool:
@@ -60,11 +61,27 @@ class Entry:
 
     ids: torch.Tensor
     pos: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | dict[str, torch.Tensor]  # one per layer kind when the kinds differ
     write: torch.Tensor
     graph: object = None
     out: object = None
     runs: int = field(default=0)
+
+
+def mask_buffers(
+    config, shape: tuple[int, ...], dtype: torch.dtype, device
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The static mask input of a verify forward: one buffer, or one per layer kind when the
+    target's kinds differ (:func:`~draftheads.heads.masks.target_attention_mask`'s form)."""
+    kinds = list(dict.fromkeys(layer_kinds(config)))
+    if len(kinds) == 1:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return {kind: torch.zeros(shape, dtype=dtype, device=device) for kind in kinds}
+
+
+def masks_of(mask: torch.Tensor | dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The mask's tensors in kind order (one, or each kind's)."""
+    return list(mask.values()) if isinstance(mask, dict) else [mask]
 
 
 class StaticVerifier:
@@ -116,7 +133,11 @@ class StaticVerifier:
         entry.ids.copy_(padded.tokens)
         entry.pos.copy_(state.pos[:, None] + padded.depths)
         padded_anc = shapes.pad_ancestors(anc, size)
-        entry.mask.copy_(shapes.static_mask(state.kv_valid, padded_anc, cache.capacity, self.dtype))
+        mask = shapes.static_mask(
+            state.kv_valid, padded_anc, cache.capacity, self.dtype, self.target.config, entry.pos
+        )
+        for buffer, value in zip(masks_of(entry.mask), masks_of(mask)):
+            buffer.copy_(value)
         entry.write.copy_(torch.arange(S, S + size, device=self.device))
         cache.write_index = entry.write
         if self.capture:
@@ -135,7 +156,7 @@ class StaticVerifier:
             self.entries[key] = Entry(
                 torch.zeros(B, size, dtype=torch.long, device=dev),
                 torch.zeros(B, size, dtype=torch.long, device=dev),
-                torch.zeros(B, 1, size, capacity, dtype=self.dtype, device=dev),
+                mask_buffers(self.target.config, (B, 1, size, capacity), self.dtype, dev),
                 torch.arange(size, dtype=torch.long, device=dev),
             )
         return self.entries[key]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from draftheads.decode.kv import slot_positions
 from draftheads.decode.tree import Tree
-from draftheads.heads.masks import additive_mask
+from draftheads.heads.masks import additive_mask, target_attention_mask
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MIN_CAPACITY = 256
@@ -74,12 +75,26 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
     return reach
 
 
-def static_mask(kv_valid: torch.Tensor, anc: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+def static_mask(
+    kv_valid: torch.Tensor,
+    anc: torch.Tensor,
+    capacity: int,
+    dtype: torch.dtype,
+    config=None,
+    q_pos: torch.Tensor | None = None,
+) -> torch.Tensor | dict[str, torch.Tensor]:
     """Additive ``[B, 1, T, capacity]``: the row's valid cache slots, then the tree's ancestors
-    at slots ``[S, S + T)``; every other slot is masked."""
+    at slots ``[S, S + T)``; every other slot is masked. With the target's ``config`` and the
+    tree's positions ``q_pos [B, T]``, each layer kind keeps its own window
+    (:func:`~draftheads.heads.masks.target_attention_mask`, as the dynamic path)."""
     B, T, _ = anc.shape
     S = kv_valid.shape[1]
     allowed = torch.zeros(B, T, capacity, dtype=torch.bool, device=anc.device)
     allowed[:, :, :S] = kv_valid[:, None, :]
     allowed[:, :, S : S + T] = anc
-    return additive_mask(allowed, dtype)
+    if config is None or q_pos is None:
+        return additive_mask(allowed, dtype)
+    k_pos = torch.zeros(B, capacity, dtype=torch.long, device=anc.device)
+    k_pos[:, :S] = slot_positions(kv_valid)
+    k_pos[:, S : S + T] = q_pos
+    return target_attention_mask(config, allowed, q_pos, k_pos, dtype)
