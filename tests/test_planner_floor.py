@@ -158,6 +158,7 @@ def test_under_sampling_a_drafter_that_is_never_taken_gives_way_to_plain_steps(
     gen = NeverTakenGenerator(model, d, tok, DecodeConfig(lookup=False))
     ids, mask = prompts(tok, batch, False)
     kw = dict(do_sample=True, temperature=temperature, suppress_tokens=[SUPPRESSED], eos_token_id=[])
+    torch.manual_seed(0)  # the samples, and so the steps the planner sees, are the same every run
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=64, **kw)
     s = gen.last_stats
     assert SUPPRESSED not in out[:, ids.shape[1] :].tolist()
@@ -179,6 +180,7 @@ def test_under_sampling_with_lookup_the_floor_is_lookup_or_plain_steps(tiny_llam
     gen = NeverTakenGenerator(model, d, tok, DecodeConfig(lookup=True))
     ids, mask = prompts(tok, 4, True)
     kw = dict(do_sample=True, temperature=0.7, suppress_tokens=[SUPPRESSED], eos_token_id=[])
+    torch.manual_seed(0)
     gen.generate(ids, attention_mask=mask, max_new_tokens=64, **kw)
     s = gen.last_stats
     drafted = s.steps - s.undrafted_steps
