@@ -137,24 +137,23 @@ def reference(target, tok, prompt: str) -> list[int]:
 
 
 def greedy_identical(target, tok, drafter, tree: str) -> bool:
-    """Whether the speculative decoder's greedy output with ``tree`` is the target's, per prompt,
-    in one left-padded batch."""
+    """Whether the speculative decoder's greedy output with ``tree`` is the target's, per prompt:
+    in one left-padded batch, or one call per prompt on a target decoded a row at a time
+    (recurrent layers)."""
     from draftheads.conf.schema.decode import DecodeConfig
     from draftheads.decode import SpeculativeGenerator
 
     cfg = DecodeConfig(tree=tree, backend="eager", cost_aware=False, lookup=False)
     gen = SpeculativeGenerator(target, drafter, tok, cfg)
-    enc = tok(list(PROMPTS), return_tensors="pt", padding=True, padding_side="left")
-    out = gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=NEW_TOKENS)
-    P = enc.input_ids.shape[1]
-    for i, prompt in enumerate(PROMPTS):
-        ids = tok(prompt, return_tensors="pt").input_ids
-        ref = target.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
-        )
-        want = ref[0, ids.shape[1] :].tolist()
-        if out[i, P : P + len(want)].tolist() != want:
-            return False
+    batches = [list(PROMPTS)] if not gen.recurrent else [[p] for p in PROMPTS]
+    for prompts in batches:
+        enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+        out = gen.generate(enc.input_ids, enc.attention_mask, max_new_tokens=NEW_TOKENS)
+        P = enc.input_ids.shape[1]
+        for i, prompt in enumerate(prompts):
+            want = reference(target, tok, prompt)
+            if out[i, P : P + len(want)].tolist() != want:
+                return False
     return True
 
 
@@ -170,19 +169,23 @@ def same_weights(a, b) -> bool:
 _TARGETS: dict[str, tuple] = {}
 
 
-def tiny_target(arch: str) -> tuple:
-    """(model, tokenizer) of ``target.tiny=arch``, loaded once per process (as the recipe loads it)."""
+def tiny_target(arch: str, fresh: bool = False) -> tuple:
+    """(model, tokenizer) of ``target.tiny=arch`` as the recipe loads it: shared within the process,
+    or ``fresh``, a copy of its own (for a drafter that changes its target: Medusa-2's adapters)."""
     from draftheads.conf.schema.heads import TargetConfig
     from draftheads.heads.target.load import load_target
 
+    if fresh:
+        return load_target(TargetConfig(name_or_path=f"tiny-{arch}", tiny=arch))
     if arch not in _TARGETS:
-        _TARGETS[arch] = load_target(TargetConfig(name_or_path=f"tiny-{arch}", tiny=arch))
+        _TARGETS[arch] = tiny_target(arch, fresh=True)
     return _TARGETS[arch]
 
 
 def run_cell(arch: str, draft: str, work: Path) -> Cell:
     """Train, decode and export one draft group on one tiny architecture (module docstring)."""
     from draftheads.heads import Drafter
+    from draftheads.heads.checkpoint import read_config
     from draftheads.heads.export import export_drafter
     from draftheads.train.recipe import train
 
@@ -195,6 +198,8 @@ def run_cell(arch: str, draft: str, work: Path) -> Cell:
     except (UserError, RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
         cell.notes["train"] = one_line(e)
         return cell
+    if read_config(out / "train").get("requires_adapters"):  # Medusa-2 adapts the target it loads onto
+        target, tok = tiny_target(arch, fresh=True)
     drafter = Drafter.from_pretrained(out / "train", target=target, tokenizer=tok)
     for name, tree in (("chain", "chain2"), ("tree", "auto")):
         try:
