@@ -62,10 +62,27 @@ def test_an_encoder_decoder_target_is_refused_in_one_line_before_anything_is_wri
     assert "\n" not in str(e.value) and sorted(p.name for p in (tmp_path / "t5").iterdir()) == before
 
 
-OUTSIDE = {  # decoder-only families the matrix does not list: fused qkv, parallel residual, windows
+HYBRID = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+OUTSIDE = {  # decoder-only families the matrix does not list: fused qkv, parallel residual, windows,
+    # and recurrent layers (Qwen3-Next's gated delta rule with experts, LFM2's short convolutions)
     "gpt_neox": dict(intermediate_size=128),
     "falcon": dict(new_decoder_architecture=True, num_kv_heads=2),
     "starcoder2": dict(intermediate_size=128, num_key_value_heads=2, sliding_window=8),
+    "qwen3_next": dict(
+        intermediate_size=128,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        layer_types=HYBRID,
+    ),
+    "lfm2": dict(intermediate_size=128, num_key_value_heads=2, layer_types=["conv", "full_attention"] * 2),
 }
 
 
