@@ -1,10 +1,10 @@
 """vLLM, the real engine, serves draftheads' exports: the oracle for every export format.
 
 Run by ``make test-engine`` (marked ``engine``, so ``make test`` leaves them out). vLLM's CPU
-build lives in its own environment (``make engine``: ``.venv-engine``); each test exports with
-draftheads here, then runs the serve command the export printed through the package's job
-runner (``draftheads/bench/engine_job.py``) in that environment, one engine start per command,
-and compares:
+build lives in its own environment (``make engine``: ``.venv-engine``); the module exports with
+draftheads here, then runs every serve command the exports printed through the package's job
+runner (``draftheads/bench/engine_job.py``) in that environment, all in one engine process, one
+engine after another (vLLM is imported once), and the tests compare:
 
 - plain vLLM greedy with the target's greedy here;
 - for EAGLE-3 and DFlash in ``format=vllm`` and ``format=speculators``, P-EAGLE in
@@ -23,6 +23,8 @@ agree with the target often but not always, so the counters say something.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from functools import cache
 from pathlib import Path
@@ -31,8 +33,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftheads.bench import engine_acceptance
-from draftheads.bench.engine_acceptance import counted, engine_missing, engine_python, our_counters
+from draftheads.bench.engine_acceptance import (
+    counted,
+    engine_missing,
+    engine_python,
+    our_counters,
+    run_engines,
+)
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.heads import Drafter
@@ -60,11 +67,6 @@ def needs_engine():
     if reason:
         print(f"skipped: {reason}", file=sys.stderr)
         pytest.skip(reason)
-
-
-def run_engine(command: str, prompts: list[list[int]], workdir: Path) -> dict:
-    """``command`` (a ``vllm serve`` line) run offline by vLLM on ``prompts``: its outputs and counters."""
-    return engine_acceptance.run_engine(command, prompts, NEW, ENGINE, workdir)
 
 
 # ---- the target and its drafters -------------------------------------------------------------------
@@ -184,72 +186,15 @@ def greedy(model) -> list[list[int]]:
     return outs
 
 
-def exported(heads: Path, fmt: str, out: Path, folder: Path, capsys, verifier: Path | None = None) -> str:
+def export_command(heads: Path, fmt: str, out: Path, folder: Path, verifier: Path | None = None) -> str:
     """Export ``heads`` as the command line does; returns the serve command it printed."""
     cfg = Config(heads=str(heads), format=fmt, out=str(out), target=TargetConfig(name_or_path=str(folder)))
     cfg.verifier = str(verifier) if verifier else None
-    capsys.readouterr()
-    export(cfg)
-    printed = capsys.readouterr().out.splitlines()
-    command = printed[printed.index(next(line for line in printed if line.endswith("serve it with:"))) + 1]
-    return command.strip()
-
-
-# ---- the tests --------------------------------------------------------------------------------------
-def test_plain_vllm_greedy_is_the_targets_greedy(target, tmp_path):
-    folder, model, _ = target
-    report = run_engine(f"vllm serve {folder}", PROMPTS, tmp_path)
-    assert report["outputs"] == greedy(model)
-    assert report["outputs"][0][:3] == [PROMPTS[0][-1] + 1, PROMPTS[0][-1] + 2, PROMPTS[0][-1] + 3]
-
-
-def test_vllm_serves_the_embedded_target_folder_with_draftheads_greedy(smollm2, tmp_path):
-    """The embedded SmolLM2, as draftheads converts it into its cache, is what vLLM serves: the
-    same greedy tokens as the target draftheads loads (an embedding vLLM could not find would
-    leave it uninitialised, and the text would be garbage)."""
-    from draftheads.heads.target.embedded import convert_smollm2
-
-    model, tok = smollm2
-    messages = ["What is 12 times 7?", "Name three colours."]
-    chats = [[{"role": "user", "content": m}] for m in messages]
-    prompts = [
-        list(tok.apply_chat_template(c, add_generation_prompt=True, return_dict=True)["input_ids"])
-        for c in chats
-    ]
-    want = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
-        want.append(out[0, len(p) :].tolist())
-    report = run_engine(f"vllm serve {convert_smollm2(TargetConfig())}", prompts, tmp_path)
-    assert report["outputs"] == want
-
-
-@pytest.mark.parametrize(
-    ("kind", "fmt"),
-    [
-        ("eagle3", "vllm"),
-        ("eagle3", "speculators"),
-        ("dflash", "vllm"),
-        ("dflash", "speculators"),
-        ("peagle", "speculators"),  # vLLM drafts its group in one pass (parallel_drafting)
-        ("medusa", "vllm"),  # each head's top token: a chain of num_heads
-        ("eagle1", "vllm"),  # fc without a bias: vLLM's EAGLE-1 layer has none
-    ],
-)
-def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, request, tmp_path, capsys):
-    folder, model, tok = target
-    drafter, heads = request.getfixturevalue(kind)
-    chain = BLOCK - 1 if kind == "dflash" else CHAIN
-    ours = our_counters(drafter, model, tok, PROMPTS, chain, NEW)
-    assert ours["outputs"] == greedy(model)
-    assert 0 < ours["num_accepted_tokens"] < ours["num_draft_tokens"]  # agrees sometimes, not always
-    verifier = folder if fmt == "speculators" else None
-    command = exported(heads, fmt, tmp_path / "export", folder, capsys, verifier)
-    assert command.startswith("vllm serve ")
-    report = run_engine(command, PROMPTS, tmp_path)
-    assert report["outputs"] == greedy(model)
-    assert counted(report) == counted(ours)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        export(cfg)
+    lines = printed.getvalue().splitlines()
+    return next(lines[i + 1] for i, line in enumerate(lines) if line.endswith("serve it with:")).strip()
 
 
 def shift_d2t(export: Path) -> None:
@@ -271,8 +216,104 @@ def edit_weights(export: Path, change) -> None:
     save_file(sd, str(weights))
 
 
-@pytest.mark.parametrize("breakage", [shift_d2t, drop_norm], ids=lambda f: f.__name__)
-def test_a_broken_export_is_caught_by_the_counters(target, eagle3, breakage, tmp_path, capsys):
+# (drafter, format) served by vLLM with counters compared to draftheads'
+CASES = [
+    ("eagle3", "vllm"),
+    ("eagle3", "speculators"),
+    ("dflash", "vllm"),
+    ("dflash", "speculators"),
+    ("peagle", "speculators"),  # vLLM drafts its group in one pass (parallel_drafting)
+    ("medusa", "vllm"),  # each head's top token: a chain of num_heads
+    ("eagle1", "vllm"),  # fc without a bias: vLLM's EAGLE-1 layer has none
+]
+BREAKAGES = {f.__name__: f for f in (shift_d2t, drop_norm)}  # applied to the EAGLE-3 vllm export
+
+
+@pytest.fixture(scope="module")
+def smollm2_chats(smollm2) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, greedy): two chat-templated prompts for the embedded SmolLM2 and its own greedy
+    continuation of each (transformers' generate)."""
+    model, tok = smollm2
+    messages = ["What is 12 times 7?", "Name three colours."]
+    chats = [[{"role": "user", "content": m}] for m in messages]
+    prompts = [
+        list(tok.apply_chat_template(c, add_generation_prompt=True, return_dict=True)["input_ids"])
+        for c in chats
+    ]
+    want = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+        want.append(out[0, len(p) :].tolist())
+    return prompts, want
+
+
+@pytest.fixture(scope="module")
+def served(target, smollm2_chats, request, tmp_path_factory) -> dict[str, dict]:
+    """vLLM's report (outputs and counters, or the error it raised) for every serve command of
+    this module, by name: ``plain`` (the target alone), ``smollm2`` (the embedded target's
+    converted folder), ``KIND-FORMAT`` for each of ``CASES`` and each of ``BREAKAGES``; all run
+    in one engine process (an engine start costs minutes on a CPU, the import a good part of it)."""
+    from draftheads.heads.target.embedded import convert_smollm2
+
+    folder = target[0]
+    work = tmp_path_factory.mktemp("served")
+    jobs = {
+        "plain": (f"vllm serve {folder}", PROMPTS),
+        "smollm2": (f"vllm serve {convert_smollm2(TargetConfig())}", smollm2_chats[0]),
+    }
+    for kind, fmt in CASES:
+        heads = request.getfixturevalue(kind)[1]
+        verifier = folder if fmt == "speculators" else None
+        command = export_command(heads, fmt, work / f"{kind}-{fmt}", folder, verifier)
+        assert command.startswith("vllm serve ")
+        jobs[f"{kind}-{fmt}"] = (command, PROMPTS)
+    heads = request.getfixturevalue("eagle3")[1]
+    for name, breakage in BREAKAGES.items():
+        command = export_command(heads, "vllm", work / name, folder)
+        breakage(work / name)
+        jobs[name] = (command, PROMPTS)
+    reports = run_engines(list(jobs.values()), NEW, ENGINE, work)
+    return dict(zip(jobs, reports))
+
+
+def report_of(served: dict[str, dict], name: str) -> dict:
+    """The report of the serve command ``name``; one vLLM refused fails here with what it said."""
+    report = served[name]
+    assert "error" not in report, f"vLLM failed on {name}: {report['error']}"
+    return report
+
+
+# ---- the tests --------------------------------------------------------------------------------------
+def test_plain_vllm_greedy_is_the_targets_greedy(target, served):
+    _, model, _ = target
+    report = report_of(served, "plain")
+    assert report["outputs"] == greedy(model)
+    assert report["outputs"][0][:3] == [PROMPTS[0][-1] + 1, PROMPTS[0][-1] + 2, PROMPTS[0][-1] + 3]
+
+
+def test_vllm_serves_the_embedded_target_folder_with_draftheads_greedy(smollm2_chats, served):
+    """The embedded SmolLM2, as draftheads converts it into its cache, is what vLLM serves: the
+    same greedy tokens as the target draftheads loads (an embedding vLLM could not find would
+    leave it uninitialised, and the text would be garbage)."""
+    assert report_of(served, "smollm2")["outputs"] == smollm2_chats[1]
+
+
+@pytest.mark.parametrize(("kind", "fmt"), CASES)
+def test_vllm_serves_the_export_with_draftheads_counters(target, kind, fmt, request, served):
+    folder, model, tok = target
+    drafter, _ = request.getfixturevalue(kind)
+    chain = BLOCK - 1 if kind == "dflash" else CHAIN
+    ours = our_counters(drafter, model, tok, PROMPTS, chain, NEW)
+    assert ours["outputs"] == greedy(model)
+    assert 0 < ours["num_accepted_tokens"] < ours["num_draft_tokens"]  # agrees sometimes, not always
+    report = report_of(served, f"{kind}-{fmt}")
+    assert report["outputs"] == greedy(model)
+    assert counted(report) == counted(ours)
+
+
+@pytest.mark.parametrize("breakage", list(BREAKAGES))
+def test_a_broken_export_is_caught_by_the_counters(target, eagle3, breakage, served):
     """An EAGLE-3 export with a shifted d2t or a dropped norm drafts other tokens: vLLM's output
     stays the target's (verification is lossless), but its counters no longer match draftheads'.
 
@@ -281,10 +322,8 @@ def test_a_broken_export_is_caught_by_the_counters(target, eagle3, breakage, tmp
     input is nearly the same and a shift drafts the same tokens. The layer ids an export writes
     are checked against each engine's loader rules instead (tests/test_export.py)."""
     folder, model, tok = target
-    drafter, heads = eagle3
-    command = exported(heads, "vllm", tmp_path / "export", folder, capsys)
-    breakage(tmp_path / "export")
-    report = run_engine(command, PROMPTS, tmp_path)
+    drafter, _ = eagle3
+    report = report_of(served, breakage)
     assert report["outputs"] == greedy(model)
     assert counted(report) != counted(our_counters(drafter, model, tok, PROMPTS, CHAIN, NEW))
 
