@@ -77,8 +77,12 @@ def test_an_asked_backend_that_is_slower_is_used_with_one_line_saying_by_how_muc
 def test_an_asked_backend_times_nothing(tmp_path, monkeypatch):
     model, tok = get_target("llama")
     timed: list[str] = []
-    monkeypatch.setattr(backend_choice, "time_target", lambda target, name, cache=None: timed.append(name) or 1.0)
-    monkeypatch.setattr(backend_choice, "time_layers", lambda layers, name, cache=None: timed.append(name) or 1.0)
+    monkeypatch.setattr(
+        backend_choice, "time_target", lambda target, name, cache=None: timed.append(name) or 1.0
+    )
+    monkeypatch.setattr(
+        backend_choice, "time_layers", lambda layers, name, cache=None: timed.append(name) or 1.0
+    )
     gen = SpeculativeGenerator(model, None, tok, DecodeConfig(backend="eager", cost_cache=str(tmp_path)))
     assert gen.backend_lines() == ["backend for the target: eager (as asked; not timed)"] and timed == []
 
