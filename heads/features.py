@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftheads.heads.masks import additive_mask, packed_causal
+from draftheads.heads.masks import packed_causal, target_attention_mask
 
 
 @torch.no_grad()
@@ -49,11 +49,14 @@ def packed_inputs(
     target: nn.Module, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
 ) -> dict[str, torch.Tensor | None]:
     """The target's mask arguments: the 2-D padding mask, or for packed rows a block-diagonal
-    causal 4-D mask with per-document positions."""
+    causal 4-D mask with per-document positions, each layer kind keeping its own window (as
+    the target sees each document alone). Rows are never packed for a target with recurrent
+    layers, whose state would run on from one document into the next."""
     if position_ids is None:
         return {"attention_mask": attention_mask}
     dtype = next(target.parameters()).dtype
+    allowed = packed_causal(position_ids, attention_mask)
     return {
-        "attention_mask": additive_mask(packed_causal(position_ids, attention_mask), dtype),
+        "attention_mask": target_attention_mask(target.config, allowed, position_ids, position_ids, dtype),
         "position_ids": position_ids,
     }

@@ -167,3 +167,24 @@ def test_the_plain_batched_loop_keeps_each_targets_windows_and_states(arch):
         want = matrix.reference(model, tok, prompt)
         assert out[i, width : width + len(want)].tolist() == want, prompt
     assert torch.equal(out[:, :width], enc.input_ids)
+
+
+def test_packed_training_rows_give_each_document_the_features_it_has_alone():
+    """Packed rows (several documents, positions restarting at 0) on windowed layers: each
+    document's features equal its own forward's, past the 8-token window."""
+    import torch
+
+    from draftheads.heads.features import target_features
+
+    model, _ = matrix.tiny_target("gemma3_text")
+    g = torch.Generator().manual_seed(0)
+    docs = [torch.randint(10, 1000, (n,), generator=g) for n in (14, 11)]
+    packed = torch.cat(docs)[None]
+    position_ids = torch.cat([torch.arange(len(d)) for d in docs])[None]
+    layers = [1, 2, 4]
+    f, _ = target_features(model, packed, None, layers, position_ids=position_ids)
+    start = 0
+    for d in docs:
+        alone, _ = target_features(model, d[None], torch.ones_like(d)[None], layers)
+        torch.testing.assert_close(f[:, start : start + len(d)], alone, rtol=1e-4, atol=1e-5)
+        start += len(d)

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.train import validate
+from draftheads.heads.masks import recurrent_kinds
 from draftheads.heads.target.load import load_target
 from draftheads.train import checkpoint, saving
 from draftheads.train.batching import Layout, RowView, StepSampler, micro_batch, split_heldout
@@ -145,7 +146,9 @@ class TrainRecipe:
     # ---- train -----------------------------------------------------------------------
     def batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         """``rows`` as one micro-batch (packed or padded) on the engine's device."""
-        batch = micro_batch(rows, self.tokenizer.pad_token_id or 0, self.cfg.train.pack_micro_batches)
+        # a recurrent layer's state would run on across packed documents: its rows are padded instead
+        pack = self.cfg.train.pack_micro_batches and not recurrent_kinds(self.target.config)
+        batch = micro_batch(rows, self.tokenizer.pad_token_id or 0, pack)
         return {k: v.to(self.engine.device) for k, v in batch.items()}
 
     def train(self) -> TrainRecipe:
