@@ -117,3 +117,16 @@ def test_a_drafter_saved_with_another_layer_class_is_refused_in_one_line(tmp_pat
     with pytest.raises(UserError, match="qwen2 decoder layers.*retrain it with draftheads train") as e:
         Drafter.from_pretrained(tmp_path, target=model, tokenizer=tok)
     assert "\n" not in str(e.value)
+
+
+def test_init_from_target_copies_what_matches_and_refuses_a_target_with_nothing_to_copy():
+    llama, tok = get_target("llama")
+    d = EagleDrafter(fingerprint(llama, tok), target_config=llama.config.to_dict(), version=3).attach(llama)
+    d.init_from_target(llama)
+    last = llama.model.layers[-1]
+    assert torch.equal(d.layers[0].mlp.down_proj.weight, last.mlp.down_proj.weight)
+    gpt2, gtok = get_target("gpt2")
+    e = EagleDrafter(fingerprint(gpt2, gtok), target_config=gpt2.config.to_dict(), version=3).attach(gpt2)
+    with pytest.raises(UserError, match="GPT2Block shares no tensor.*draft.init_from_target=false") as err:
+        e.init_from_target(gpt2)
+    assert "\n" not in str(err.value)

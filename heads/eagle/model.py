@@ -251,8 +251,12 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
                 return torch.cat([half, w], dim=1)
             return None
 
-        for mine, theirs in zip(self.layers, sources):
-            copy_layer(mine, theirs, widen)
+        copied = [copy_layer(mine, theirs, widen) for mine, theirs in zip(self.layers, sources)]
+        if not any(copied):
+            raise UserError(
+                f"draft.init_from_target=true: the target's {type(sources[0]).__name__} shares no tensor (by name "
+                "and shape) with the drafter's Llama layers; use draft.init_from_target=false"
+            )
         if self.version == 3 and hasattr(sources[0], "input_layernorm"):
             norm = sources[0].input_layernorm
             self.hidden_norm.load_state_dict(
