@@ -228,3 +228,34 @@ def test_kv_compaction_keeps_each_rows_path():
 def test_tolerance_formula_is_sane():
     # guard against a vacuous statistical test: the tolerance at p=0.1 with 40k samples is < 1%
     assert 5 * math.sqrt(0.1 * 0.9 / 40_000) + 1 / 40_000 < 0.01
+
+
+def test_pending_pairs_merged_at_once_equal_them_merged_step_by_step():
+    """The pairs of steps verified without drafting, queued and merged once when the drafter reads
+    them, are those a merge after every step gives: each row's kept pairs in order, then the rest."""
+    from draftheads.decode.proposers.eagle import merge_pending
+
+    g = torch.Generator().manual_seed(0)
+
+    def batch(width: int) -> tuple:
+        n_keep = torch.randint(1, width + 1, (3,), generator=g)
+        j = torch.arange(width)[None]
+        return (
+            torch.randn(3, width, 4, generator=g),
+            torch.randint(0, 50, (3, width), generator=g),
+            j < n_keep[:, None],
+            torch.randint(0, 99, (3, width), generator=g),
+            n_keep,
+            n_keep.tolist(),
+        )
+
+    a, b, c, d = batch(7), batch(3), batch(1), batch(4)
+    once = merge_pending(a, b, c, d)
+    stepwise = merge_pending(merge_pending(merge_pending(a, b), c), d)
+    for x, y in zip(once[:5], stepwise[:5]):
+        assert torch.equal(x, y)
+    assert once[5] == stepwise[5] == (a[4] + b[4] + c[4] + d[4]).tolist()
+    # each row: the kept pairs of a, b, c, d in that order come first
+    for r in range(3):
+        kept = [t[r, : int(t_keep[r])].tolist() for _, t, _, _, t_keep, _ in (a, b, c, d)]
+        assert once[1][r, : once[4][r]].tolist() == [x for k in kept for x in k]

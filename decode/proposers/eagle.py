@@ -39,10 +39,26 @@ from draftheads.heads.masks import additive_mask, padded_causal
 class PendingPairs:
     """The (feature, next token) pairs a drafter has not read yet: the prompt's at prefill, each
     step's accepted path after it. EAGLE's and P-EAGLE's proposers feed them to their drafter at
-    the next proposal (``self.pending``), so a step verified without drafting loses none."""
+    the next proposal (``self.pending``), so a step verified without drafting loses none.
+
+    Steps verified without drafting queue their pairs as they come and the queue is merged once,
+    when the drafter next reads it: merged at every step, a run of plain steps after a long
+    prompt would copy every pair of the prompt again at each of them."""
 
     drafter: nn.Module
-    pending: tuple | None
+    unread: list[tuple]  # batches of pairs queued since the drafter last read them
+
+    @property
+    def pending(self) -> tuple | None:
+        """The unread pairs as one batch (:func:`merge_pending` of the queue), or None."""
+        queue = self.__dict__.setdefault("unread", [])
+        if len(queue) > 1:
+            queue[:] = [merge_pending(*queue)]
+        return queue[0] if queue else None
+
+    @pending.setter
+    def pending(self, pairs: tuple | None) -> None:
+        self.unread = [] if pairs is None else [pairs]
 
     def prefill(self, batch: Prefill) -> None:
         """The prompt's pairs (its tokens shifted by one, then the root), read at the first proposal."""
@@ -67,8 +83,8 @@ class PendingPairs:
         feats = self.drafter.select_features(step.hidden_states)[rows, step.path]
         j = torch.arange(step.path.shape[1], device=step.path.device)[None]
         new = (feats, step.tokens, j < step.n_keep[:, None], step.pos[:, None] + j, step.n_keep, step.n_cpu)
-        # a step verified without drafting left its pairs unread: the next pass reads both
-        self.pending = new if self.pending is None else merge_pending(self.pending, new)
+        # a step verified without drafting left its pairs unread: the next pass reads them all
+        self.__dict__.setdefault("unread", []).append(new)
 
     def select_pending(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` of the batch in the cache bookkeeping and the unread pairs."""
@@ -244,26 +260,25 @@ class EagleProposer(PendingPairs):
         self.select_pending(rows)
 
 
-def merge_pending(a: tuple, b: tuple) -> tuple:
-    """Two batches of pending pairs as one: each row's kept pairs of ``a`` (its first ``n_keep``),
-    then those of ``b``, then the rest (dropped by the feed's compaction)."""
-    fa, ta, va, pa, ka, ca = a
-    fb, tb, vb, pb, kb, cb = b
-    na, nb = ta.shape[1], tb.shape[1]
-    ja = torch.arange(na, device=ta.device)[None]
-    jb = torch.arange(nb, device=tb.device)[None]
-    late = na + nb  # sorts after every kept pair
-    key = torch.cat(
-        [torch.where(ja < ka[:, None], ja, late), torch.where(jb < kb[:, None], ka[:, None] + jb, late)], 1
-    )
-    order = key.argsort(dim=1, stable=True)
+def merge_pending(*batches: tuple) -> tuple:
+    """Batches of pending pairs as one: each row's kept pairs of the first batch (its first
+    ``n_keep``), then those of the next, and so on, then the rest in their order (dropped by the
+    feed's compaction)."""
+    late = sum(t.shape[1] for _, t, *_ in batches)  # sorts after every kept pair
+    keys, before = [], torch.zeros_like(batches[0][4])
+    for _, t, _, _, n_keep, _ in batches:
+        j = torch.arange(t.shape[1], device=t.device)[None]
+        keys.append(torch.where(j < n_keep[:, None], before[:, None] + j, late))
+        before = before + n_keep
+    order = torch.cat(keys, 1).argsort(dim=1, stable=True)
 
-    def take(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        both = torch.cat([x, y], 1)
+    def take(field: int) -> torch.Tensor:
+        both = torch.cat([b[field] for b in batches], 1)
         index = order.view(*order.shape, *([1] * (both.dim() - 2))).expand(-1, -1, *both.shape[2:])
         return both.gather(1, index)
 
-    return (take(fa, fb), take(ta, tb), take(va, vb), take(pa, pb), ka + kb, [x + y for x, y in zip(ca, cb)])
+    counts = [sum(row) for row in zip(*(b[5] for b in batches))]
+    return (take(0), take(1), take(2), take(3), before, counts)
 
 
 def fixed_tree(
