@@ -16,6 +16,7 @@ grouped heads, it is transformers' own SDPA call.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -27,6 +28,7 @@ from draftheads.heads.attention import foldable, grouped_attention
 NAME = "draftheads_grouped_sdpa"
 _LOCK = threading.Lock()
 _HELD: dict[int, list] = {}  # id(config) -> [config, blocks inside, its implementation before]
+_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its head_configs
 
 
 def grouped_sdpa(
@@ -71,15 +73,28 @@ def register() -> None:
         AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
-def sdpa_configs(*modules: nn.Module) -> list:
-    """The distinct model configs inside ``modules`` whose attention is transformers' ``sdpa``."""
-    found: dict[int, object] = {}
-    for module in modules:
+def head_configs(module: nn.Module) -> list:
+    """The distinct configs with attention heads among ``module``'s submodules, found once per
+    module: walking every submodule cost a few milliseconds, and :func:`grouped` is entered
+    around every decoding step (a loaded model's layers stay the same while it decodes)."""
+    found = _FOUND.get(module)
+    if found is None:
+        seen: dict[int, object] = {}
         for m in module.modules():
             c = getattr(m, "config", None)
-            if getattr(c, "_attn_implementation", None) in ("sdpa", NAME) and hasattr(
-                c, "num_attention_heads"
-            ):
+            if hasattr(c, "num_attention_heads"):
+                seen.setdefault(id(c), c)
+        found = _FOUND[module] = list(seen.values())
+    return found
+
+
+def sdpa_configs(*modules: nn.Module) -> list:
+    """The distinct model configs inside ``modules`` whose attention is transformers' ``sdpa``
+    (read now: an implementation may change between calls)."""
+    found: dict[int, object] = {}
+    for module in modules:
+        for c in head_configs(module):
+            if getattr(c, "_attn_implementation", None) in ("sdpa", NAME):
                 found.setdefault(id(c), c)
     return list(found.values())
 

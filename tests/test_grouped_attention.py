@@ -72,3 +72,22 @@ def test_every_backend_block_runs_grouped_attention(tiny_llama) -> None:
         with backends.applied(name, model):
             assert model.config._attn_implementation == NAME
         assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_block_reads_each_configs_implementation_when_it_is_entered(tiny_llama) -> None:
+    """A model's attention configs are found once, but whether each is SDPA is read at every
+    block: a model switched to eager attention between two blocks is left as it is."""
+    from draftheads.decode.attention import head_configs
+
+    model = tiny_llama[0]
+    with grouped(model):
+        pass
+    assert head_configs(model) is head_configs(model) and model.config in head_configs(model)
+    model.config._attn_implementation = "eager"
+    try:
+        with grouped(model):
+            assert model.config._attn_implementation == "eager"
+    finally:
+        model.config._attn_implementation = "sdpa"
+    with grouped(model):
+        assert model.config._attn_implementation == NAME
