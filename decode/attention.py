@@ -29,6 +29,7 @@ NAME = "draftheads_grouped_sdpa"
 _LOCK = threading.Lock()
 _HELD: dict[int, list] = {}  # id(config) -> [config, blocks inside, its implementation before]
 _FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its head_configs
+_CAUSAL: tuple = (lambda: None, False)  # the last mask plain_causal checked (weakly), its answer
 
 
 def grouped_sdpa(
@@ -47,6 +48,8 @@ def grouped_sdpa(
     docstring); otherwise transformers' ``sdpa_attention_forward``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if attention_mask is not None and plain_causal(attention_mask, query.shape[2], key.shape[2]):
+        attention_mask, is_causal = None, True  # a prompt read whole: transformers' causal call
     if not foldable(query, key, attention_mask) or (dropout and module.training):
         return sdpa_attention_forward(
             module,
@@ -61,6 +64,25 @@ def grouped_sdpa(
         )
     out = grouped_attention(query, key, value, attention_mask, scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def plain_causal(mask: torch.Tensor, n: int, S: int) -> bool:
+    """Whether ``mask [B or 1, 1, n, S]`` (additive or boolean) is plain causal attention over
+    keys that are the queries themselves (``n == S``: prompts read whole into an empty cache, no
+    row padded): then SDPA's own causal kernel serves it, as it serves ``generate``'s prefill,
+    without the ``g·n × S`` mask a folded call copies per layer. The answer for the last mask
+    checked is kept while that tensor lives: every layer of a forward gets the same mask."""
+    global _CAUSAL
+    if n != S or n < 2:
+        return False
+    last, answer = _CAUSAL
+    if last() is mask:
+        return answer
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    want = torch.ones(n, S, dtype=torch.bool, device=mask.device).tril()
+    answer = bool((allowed == want).all())
+    _CAUSAL = (weakref.ref(mask), answer)
+    return answer
 
 
 def register() -> None:

@@ -91,3 +91,24 @@ def test_a_block_reads_each_configs_implementation_when_it_is_entered(tiny_llama
         model.config._attn_implementation = "sdpa"
     with grouped(model):
         assert model.config._attn_implementation == NAME
+
+
+def test_a_prompt_read_whole_takes_sdpas_causal_call_and_a_padded_one_keeps_its_mask(tiny_llama) -> None:
+    from draftheads.decode.attention import plain_causal
+
+    model = tiny_llama[0]
+    n = 9
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    causal = additive_mask(allowed[None], torch.float32)[:, None]
+    padded = allowed.clone()
+    padded[1:, 0] = False  # a left-padded row: its first slot is padding
+    assert plain_causal(causal, n, n) and plain_causal(allowed[None, None], n, n)
+    assert not plain_causal(additive_mask(padded[None], torch.float32)[:, None], n, n)
+    assert not plain_causal(causal[..., :4, :], 4, n)  # queries after cached keys: a step, not a prompt
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(2))
+    mask = additive_mask(allowed[None], torch.float32)  # as the decoder's prefill passes it
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        with grouped(model):
+            got = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(got, want, atol=1e-5)
