@@ -73,8 +73,8 @@ def plain_causal(mask: torch.Tensor, n: int, S: int) -> bool:
     without the ``g·n × S`` mask a folded call copies per layer. The answer for the last mask
     checked is kept while that tensor lives: every layer of a forward gets the same mask."""
     global _CAUSAL
-    if n != S or n < 2:
-        return False
+    if n != S or n < 2 or (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False  # a captured graph replays later masks through the same buffer: keep the mask
     last, answer = _CAUSAL
     if last() is mask:
         return answer
