@@ -117,9 +117,8 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
             raise UserError(f"draft.num_decoder_layers={num_decoder_layers}: need at least one layer")
         self.version, self.num_decoder_layers, self.save_shared = version, num_decoder_layers, save_shared
         H, V, L = target.hidden_size, target.vocab_size, target.num_layers
-        self.target_config = json.loads(
-            json.dumps(dict(target_config), default=str)
-        )  # as config.json holds it
+        # the target's config exactly as config.json will hold it
+        self.target_config = json.loads(json.dumps(dict(target_config), default=str))
         if layer_config is None:
             layer_config = llama_layers(self.target_config, num_decoder_layers)
         check_window(layer_config, num_decoder_layers)
