@@ -45,7 +45,16 @@ from draftheads.bench.engine_acceptance import counted, our_counters, run_engine
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
 from draftheads.heads.export import export
-from tests.test_engine import CHAIN, ENGINE, NEW, PROMPTS, greedy, needs_engine, trained  # noqa: F401
+from tests.test_engine import (  # noqa: F401  (needs_engine: skip without vLLM, as there)
+    CHAIN,
+    ENGINE,
+    NEW,
+    PROMPTS,
+    every_position_decides,
+    greedy,
+    needs_engine,
+    trained,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -169,7 +178,7 @@ def test_vllm_serves_the_eagle3_export_with_draftheads_counters(served, arch):
     ours, theirs = run["ours"], run["vllm"]
     assert run["greedy"][0][:3] == [PROMPTS[0][-1] + 1, PROMPTS[0][-1] + 2, PROMPTS[0][-1] + 3]
     assert ours["outputs"] == run["greedy"]
-    assert 0 < ours["num_accepted_tokens"] < ours["num_draft_tokens"]  # agrees sometimes, not always
+    assert every_position_decides(ours)  # each depth accepted sometimes, rejected sometimes
     assert "error" not in theirs, theirs.get("error")
     assert theirs["outputs"] == run["greedy"]
     assert counted(theirs) == counted(ours)
