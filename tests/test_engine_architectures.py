@@ -5,10 +5,10 @@ architecture below, a tiny random target of head size 32 (vLLM's CPU attention n
 32; the project's ``target.tiny`` configs have 16) is steered to the wide-margin greedy text of
 ``tests/test_engine.py`` (token t -> t + 1) and saved as a user would serve it; an EAGLE-3
 drafter (Llama layers sized from the target's config) is trained on that text by draftheads'
-own objective, exported with ``format=vllm``, and vLLM serves it. vLLM's greedy output must be
-the target's, and its acceptance counters (drafting steps, drafted and accepted tokens,
-accepted per chain position) must equal those of draftheads' decoder running the same chain on
-the same token ids. All the architectures' engines run in one engine process, one after
+own objective and exported with ``format=vllm`` and with ``format=speculators``, and vLLM
+serves each export. vLLM's greedy output must be the target's, and its acceptance counters
+(drafting steps, drafted and accepted tokens, accepted per chain position) must equal those of
+draftheads' decoder running the same chain on the same token ids. All the architectures' engines run in one engine process, one after
 another (:func:`~draftheads.bench.engine_acceptance.run_engines`): one vLLM import, not one per
 architecture.
 
@@ -32,8 +32,6 @@ which then applies to the drafter's layer too, where draftheads' drafter attends
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +40,14 @@ import torch
 import torch.nn.functional as F
 
 from draftheads.bench.engine_acceptance import counted, our_counters, run_engines
-from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig, TargetConfig
-from draftheads.heads.export import export
 from tests.test_engine import (  # noqa: F401  (needs_engine: skip without vLLM, as there)
     CHAIN,
     ENGINE,
     NEW,
     PROMPTS,
     every_position_decides,
+    export_command,
     greedy,
     needs_engine,
     trained,
@@ -104,6 +101,7 @@ EAGER = {"gpt_oss"}
 # what a served architecture adds to its serve command: vLLM's chunked attention needs chunks that
 # are a multiple of the KV block, whose CPU default (128) is longer than the test's text
 FLAGS = {"llama4_text": f" --block-size {CHUNK}"}
+FORMATS = ("vllm", "speculators")  # speculators' is exported with verifier=the target's folder
 
 
 def steered_target(arch: str, tok, folder: Path) -> tuple[Path, Any, Any]:
@@ -136,46 +134,41 @@ def steered_target(arch: str, tok, folder: Path) -> tuple[Path, Any, Any]:
     return folder, loaded, tok
 
 
-def vllm_command(heads: Path, out: Path, folder: Path) -> str:
-    """The serve command ``draftheads export format=vllm`` prints for ``heads``."""
-    cfg = Config(heads=str(heads), format="vllm", out=str(out), target=TargetConfig(name_or_path=str(folder)))
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        export(cfg)
-    lines = printed.getvalue().splitlines()
-    return next(lines[i + 1] for i, line in enumerate(lines) if line.endswith("serve it with:")).strip()
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> dict[str, dict[str, Any]]:
-    """Per architecture: the target's greedy text, draftheads' counters, and vLLM's report (its
-    outputs and counters, or the one-line error it raised) on the EAGLE-3 export; all the
-    architectures' engines started in one engine process."""
+    """Per architecture: the target's greedy text, draftheads' counters, and per format vLLM's
+    report (its outputs and counters, or the one-line error it raised) on the EAGLE-3 export; all
+    the engines started one after another in one engine process."""
     from draftheads.heads.target.load import load_tokenizer
 
     tok = load_tokenizer(TargetConfig(name_or_path="tiny-llama", tiny="llama"))
     draft = DraftConfig(
         kind="eagle", version=3, draft_vocab_size=1024, ttt_steps=CHAIN, feature_loss_weight=0.0
     )
-    runs, jobs = {}, []
+    runs, jobs, names = {}, [], []
     for arch in ARCHITECTURES:
         work = tmp_path_factory.mktemp(arch)
         target = steered_target(arch, tok, work / "target")
         folder, model, tok = target
         drafter, heads = trained(target, draft, steps=60, lr=3e-3, out=work / "drafter")
         ours = our_counters(drafter, model, tok, PROMPTS, CHAIN, NEW)
-        runs[arch] = {"greedy": greedy(model), "ours": ours}
-        jobs.append((vllm_command(heads, work / "export", folder) + FLAGS.get(arch, ""), PROMPTS))
+        runs[arch] = {"greedy": greedy(model), "ours": ours, "vllm": {}}
+        for fmt in FORMATS:
+            verifier = folder if fmt == "speculators" else None
+            command = export_command(heads, fmt, work / fmt, folder, verifier) + FLAGS.get(arch, "")
+            jobs.append((command, PROMPTS))
+            names.append((arch, fmt))
     reports = run_engines(jobs, NEW, ENGINE, tmp_path_factory.mktemp("vllm"))
-    for arch, report in zip(ARCHITECTURES, reports):
-        runs[arch]["vllm"] = report
+    for (arch, fmt), report in zip(names, reports):
+        runs[arch]["vllm"][fmt] = report
     return runs
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_vllm_serves_the_eagle3_export_with_draftheads_counters(served, arch):
+def test_vllm_serves_the_eagle3_export_with_draftheads_counters(served, arch, fmt):
     run = served[arch]
-    ours, theirs = run["ours"], run["vllm"]
+    ours, theirs = run["ours"], run["vllm"][fmt]
     assert run["greedy"][0][:3] == [PROMPTS[0][-1] + 1, PROMPTS[0][-1] + 2, PROMPTS[0][-1] + 3]
     assert ours["outputs"] == run["greedy"]
     assert every_position_decides(ours)  # each depth accepted sometimes, rejected sometimes
