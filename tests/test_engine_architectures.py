@@ -24,10 +24,12 @@ vLLM 0.32 (CPU) said:
 - deepseek_v3: "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])": the
   target's latent attention and the drafter's Llama attention cannot share a KV cache on a CPU.
 
-Mistral runs with its default window (4096, beyond the text). With a window the text crosses
-(8), vLLM accepts fewer tokens than draftheads (48 of 144 against 54 of 132): vLLM gives a
-model whose every layer slides that window as the engine-wide one (``CacheConfig.sliding_window``),
-which then applies to the drafter's layer too, where draftheads' drafter attends to the whole text.
+Mistral runs with its default window (4096, beyond the text), where its tiny target counts as
+the Llama one does (the same counters): what it adds is vLLM's Mistral class and config path.
+With a window the text crosses (8), vLLM's counters differ from draftheads' (the last test):
+when every layer of a target slides, vLLM makes that window the engine's
+(``CacheConfig.sliding_window``), which then reaches the drafter's layer too, while draftheads'
+drafter attends to the whole text.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         layer_types=["chunked_attention"] * 3 + ["full_attention"],
     ),
 }
+# (name -> architecture, what it adds to BASE): served too, to show where vLLM and draftheads
+# part (module docstring); compared in the vllm format only
+APART = {"mistral_window8": ("mistral", dict(sliding_window=WINDOW))}
 # The embedding is scaled so far above what any layer adds to the residual stream (post-norm
 # layers such as OLMo-2's add a whole normed vector each) that the stream stays the embedding.
 EMBEDDING_SCALE = 1000.0
@@ -104,8 +109,9 @@ FLAGS = {"llama4_text": f" --block-size {CHUNK}"}
 FORMATS = ("vllm", "speculators")  # speculators' is exported with verifier=the target's folder
 
 
-def steered_target(arch: str, tok, folder: Path) -> tuple[Path, Any, Any]:
-    """(folder, model, tokenizer): a tiny random target of ``arch`` whose greedy text is t -> t + 1
+def steered_target(arch: str, extra: dict[str, Any], tok, folder: Path) -> tuple[Path, Any, Any]:
+    """(folder, model, tokenizer): a tiny random target of ``arch`` (``extra`` added to ``BASE``)
+    whose greedy text is t -> t + 1
     by a wide margin (lm_head row t + 1 reads the scaled embedding of t), saved in ``folder`` as a
     user would serve it and loaded back from there as draftheads loads a target."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -119,7 +125,7 @@ def steered_target(arch: str, tok, folder: Path) -> tuple[Path, Any, Any]:
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        **{**BASE, **ARCHITECTURES[arch]},
+        **{**BASE, **extra},
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -146,21 +152,23 @@ def served(tmp_path_factory) -> dict[str, dict[str, Any]]:
         kind="eagle", version=3, draft_vocab_size=1024, ttt_steps=CHAIN, feature_loss_weight=0.0
     )
     runs, jobs, names = {}, [], []
-    for arch in ARCHITECTURES:
-        work = tmp_path_factory.mktemp(arch)
-        target = steered_target(arch, tok, work / "target")
+    cases = {name: (name, extra, FORMATS) for name, extra in ARCHITECTURES.items()}
+    cases.update({name: (arch, extra, ("vllm",)) for name, (arch, extra) in APART.items()})
+    for name, (arch, extra, formats) in cases.items():
+        work = tmp_path_factory.mktemp(name)
+        target = steered_target(arch, extra, tok, work / "target")
         folder, model, tok = target
         drafter, heads = trained(target, draft, steps=60, lr=3e-3, out=work / "drafter")
         ours = our_counters(drafter, model, tok, PROMPTS, CHAIN, NEW)
-        runs[arch] = {"greedy": greedy(model), "ours": ours, "vllm": {}}
-        for fmt in FORMATS:
+        runs[name] = {"greedy": greedy(model), "ours": ours, "vllm": {}}
+        for fmt in formats:
             verifier = folder if fmt == "speculators" else None
             command = export_command(heads, fmt, work / fmt, folder, verifier) + FLAGS.get(arch, "")
             jobs.append((command, PROMPTS))
-            names.append((arch, fmt))
+            names.append((name, fmt))
     reports = run_engines(jobs, NEW, ENGINE, tmp_path_factory.mktemp("vllm"))
-    for (arch, fmt), report in zip(names, reports):
-        runs[arch]["vllm"][fmt] = report
+    for (name, fmt), report in zip(names, reports):
+        runs[name]["vllm"][fmt] = report
     return runs
 
 
@@ -175,3 +183,14 @@ def test_vllm_serves_the_eagle3_export_with_draftheads_counters(served, arch, fm
     assert "error" not in theirs, theirs.get("error")
     assert theirs["outputs"] == run["greedy"]
     assert counted(theirs) == counted(ours)
+
+
+def test_vllm_gives_an_all_sliding_targets_window_to_the_drafter(served):
+    """Mistral with a window the text crosses (module docstring): vLLM serves the target as
+    transformers runs it (the same greedy text), but its drafter sees only the window, so it
+    accepts other drafts than draftheads' drafter, which sees the whole text."""
+    run = served["mistral_window8"]
+    theirs = run["vllm"]["vllm"]
+    assert "error" not in theirs, theirs.get("error")
+    assert theirs["outputs"] == run["greedy"]
+    assert counted(theirs) != counted(run["ours"])
