@@ -188,3 +188,24 @@ def test_packed_training_rows_give_each_document_the_features_it_has_alone():
         alone, _ = target_features(model, d[None], torch.ones_like(d)[None], layers)
         torch.testing.assert_close(f[:, start : start + len(d)], alone, rtol=1e-4, atol=1e-5)
         start += len(d)
+
+
+def test_a_target_folder_without_sdpa_runs_eager_said_in_one_line(tmp_path, capsys):
+    """transformers refuses sdpa for a saved GPT-OSS (its attention sinks): the target loads
+    with eager attention instead, and one line says so and names the key."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from draftheads.conf.schema.heads import TargetConfig
+    from draftheads.conf.schema.tiny import TINY_CONFIGS
+    from draftheads.heads.target.load import load_target
+
+    _, tok = matrix.tiny_target("llama")
+    spec = {k: v for k, v in TINY_CONFIGS["gpt_oss"].items() if k != "model_type"}
+    AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("gpt_oss", vocab_size=len(tok), **spec)
+    ).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model, _ = load_target(TargetConfig(name_or_path=str(tmp_path), device="cpu", dtype="float32"))
+    assert model.config._attn_implementation == "eager"
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("target:")]
+    assert len(said) == 1 and "target.attn_implementation=eager" in said[0]

@@ -229,7 +229,8 @@ def from_pretrained_attention(path, cfg: TargetConfig, dtype: torch.dtype, place
     try:
         return load(impl)
     except ValueError as e:
-        if impl != "sdpa" or "sdpa" not in str(e).lower():
+        said = str(e).lower()
+        if impl != "sdpa" or not any(name in said for name in ("sdpa", "scaled_dot_product_attention")):
             raise
         note_eager(f"transformers has no sdpa attention for this model ({str(e).splitlines()[0][:120]})")
         return load("eager")
