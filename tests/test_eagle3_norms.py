@@ -32,9 +32,18 @@ VARIANTS = [
 IDS = ["residual", "before_fc", "fc_norm", "output", "trainer_defaults"]
 
 
-def saved_by_speculators(out, model, fp, flags: dict[str, bool]):
-    """A random-weight EAGLE-3 speculator with ``flags``, built and saved by speculators itself
-    (every norm's gain moved off 1, so that each norm shows)."""
+def saved_by_speculators(
+    out,
+    model,
+    fp,
+    flags: dict[str, bool],
+    layer_settings: dict | None = None,
+    seed: int = 2,
+    norm_noise: float = 0.3,
+):
+    """A random-weight EAGLE-3 speculator with ``flags`` (and ``layer_settings`` in its layer
+    config), built and saved by speculators itself: every weight moved by N(0, 0.05), every norm's
+    gain by N(0, ``norm_noise``) so that each norm shows."""
     pytest.importorskip(
         "speculators", reason="speculators is not installed (see the interop extra in pyproject.toml)"
     )
@@ -44,7 +53,7 @@ def saved_by_speculators(out, model, fp, flags: dict[str, bool]):
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import LlamaConfig
 
-    layers = LlamaConfig(**{**model.config.to_dict(), "num_hidden_layers": 1})
+    layers = LlamaConfig(**{**model.config.to_dict(), "num_hidden_layers": 1, **(layer_settings or {})})
     layers._attn_implementation = "eager"
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layers,
@@ -64,11 +73,11 @@ def saved_by_speculators(out, model, fp, flags: dict[str, bool]):
     t2d[ids] = True
     spec.load_vocab_mappings(t2d, ids - torch.arange(300))
     share_target(spec, model)
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in spec.named_parameters():
             if not name.startswith(("embed_tokens", "verifier_")):
-                p.copy_(p + torch.randn(p.shape, generator=g) * (0.3 if "norm" in name else 0.05))
+                p.copy_(p + torch.randn(p.shape, generator=g) * (norm_noise if "norm" in name else 0.05))
     spec.eval().save_pretrained(str(out))
     return spec
 

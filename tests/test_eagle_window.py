@@ -16,7 +16,7 @@ from draftheads.heads import Drafter, EagleDrafter
 from draftheads.heads.export import export_drafter
 from tests.conftest import get_target
 from tests.test_drafter_equivalence import ARCH
-from tests.test_speculators_format import share_target
+from tests.test_eagle3_norms import saved_by_speculators
 
 WINDOW, LENGTH = 4, 12  # the window, and positions 0..11: most of them see past it
 SETTINGS = {"sliding_window": WINDOW, "use_sliding_window": True, "layer_types": ["sliding_attention"]}
@@ -24,41 +24,7 @@ SETTINGS = {"sliding_window": WINDOW, "use_sliding_window": True, "layer_types":
 
 def windowed_speculator(out, model, fp):
     """A random-weight EAGLE-3 speculator with a sliding draft layer, built and saved by speculators."""
-    pytest.importorskip(
-        "speculators", reason="speculators is not installed (see the interop extra in pyproject.toml)"
-    )
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.models.eagle3 import Eagle3SpeculatorConfig
-    from speculators.models.eagle3.core import Eagle3DraftModel
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import LlamaConfig
-
-    layers = LlamaConfig(**{**model.config.to_dict(), "num_hidden_layers": 1, **SETTINGS})
-    layers._attn_implementation = "eager"
-    config = Eagle3SpeculatorConfig(
-        transformer_layer_config=layers,
-        draft_vocab_size=300,
-        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=fp.name, architectures=[fp.architecture]),
-        ),
-    )
-    spec = Eagle3DraftModel(config)
-    ids = torch.arange(0, 3000, 10)
-    t2d = torch.zeros(fp.vocab_size, dtype=torch.bool)
-    t2d[ids] = True
-    spec.load_vocab_mappings(t2d, ids - torch.arange(300))
-    share_target(spec, model)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in spec.named_parameters():
-            if not name.startswith(("embed_tokens", "verifier_")):
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    spec.eval().save_pretrained(str(out))
-    return spec
+    return saved_by_speculators(out, model, fp, {}, SETTINGS, seed=5, norm_noise=0.05)
 
 
 def sequence() -> torch.Tensor:
