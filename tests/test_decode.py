@@ -323,6 +323,17 @@ SMALL = {
 SMALL_LAYERS = {"peagle": 3}
 
 
+def assert_trigram_frequencies(x: torch.Tensor, exact: torch.Tensor) -> None:
+    """The first three sampled tokens of ``x [N, 3]`` follow ``exact [V, V, V]``: every trigram's
+    frequency within five standard errors (plus 2/N) of its probability."""
+    N, V = x.shape[0], exact.shape[0]
+    freq = torch.zeros(V, V, V)
+    freq.index_put_((x[:, 0], x[:, 1], x[:, 2]), torch.ones(N), accumulate=True)
+    freq /= N
+    tol = 5 * (exact * (1 - exact) / N).sqrt() + 2 / N
+    assert ((freq - exact).abs() <= tol).all(), float((freq - exact).abs().max())
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "dflash", "peagle"])
 def test_sampling_matches_the_targets_exact_distribution(kind):
     """Joint distribution of the first three new tokens (1 from the prefill, 2 from the first
@@ -420,12 +431,7 @@ def test_sampling_distribution_with_dynamic_trees_lookup_and_cost_aware_pruning(
     gen = SpeculativeGenerator(model, d, None, cfg)
     torch.manual_seed(5)
     out = gen.generate(prompt.expand(N, -1), max_new_tokens=3, do_sample=True, **warp_kw)
-    x = out[:, P : P + 3]
-    freq = torch.zeros(V, V, V)
-    freq.index_put_((x[:, 0], x[:, 1], x[:, 2]), torch.ones(N), accumulate=True)
-    freq /= N
-    tol = 5 * (exact * (1 - exact) / N).sqrt() + 2 / N
-    assert ((freq - exact).abs() <= tol).all(), float((freq - exact).abs().max())
+    assert_trigram_frequencies(out[:, P : P + 3], exact)
     assert max(gen.last_stats.tree_tokens) > 1  # drafts were verified, not only plain steps
 
 

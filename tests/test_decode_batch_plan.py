@@ -13,7 +13,15 @@ from draftheads.decode.cost import CostCurve
 from draftheads.decode.planner import MAX_WAIT, Planner
 from draftheads.heads import fingerprint
 from tests.conftest import get_target
-from tests.test_decode import PROMPTS, SMALL, check_rows, coarse_curves, drafter, small_vocab_target
+from tests.test_decode import (
+    PROMPTS,
+    SMALL,
+    assert_trigram_frequencies,
+    check_rows,
+    coarse_curves,
+    drafter,
+    small_vocab_target,
+)
 
 ROWS = [*PROMPTS[:3], "a b c d a b c d a b c d a b c"]  # the last one gives lookup something
 
@@ -120,10 +128,5 @@ def test_sampling_keeps_the_exact_distribution_on_every_planner_path(path, monke
     gen = SpeculativeGenerator(model, d, None, cfg)
     torch.manual_seed(5)
     out = gen.generate(prompt.expand(N, -1), max_new_tokens=3, do_sample=True, **warp_kw)
-    x = out[:, P : P + 3]
-    freq = torch.zeros(V, V, V)
-    freq.index_put_((x[:, 0], x[:, 1], x[:, 2]), torch.ones(N), accumulate=True)
-    freq /= N
-    tol = 5 * (exact * (1 - exact) / N).sqrt() + 2 / N
-    assert ((freq - exact).abs() <= tol).all(), float((freq - exact).abs().max())
+    assert_trigram_frequencies(out[:, P : P + 3], exact)
     check_path(path, gen.last_stats)
