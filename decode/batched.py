@@ -96,7 +96,7 @@ def prefill_prompts(
     P = shared_prefix(input_ids, mask)
     cache = new_cache(model, keep=0)
     if P < MIN_SHARED:
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        pos = slot_positions(mask)
         causal = target_attention_mask(model.config, padded_causal(mask), pos, pos, dtype_of(model))
         logits = last_logits(
             model, keep, input_ids=input_ids, attention_mask=causal, position_ids=pos, cache=cache
@@ -118,7 +118,7 @@ def prefill_prompts(
     cols = torch.arange(W, device=mask.device)
     own = (cols >= (W - mask.sum(-1) + P)[:, None])[:, P:].to(mask.dtype)
     mask = torch.cat([torch.ones_like(mask[:, :P]), own], 1)
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    pos = slot_positions(mask)
     own_rows = padded_causal(mask)[:, P:]  # the rows' own tokens over the prefix and themselves
     causal = target_attention_mask(model.config, own_rows, pos[:, P:], pos, dtype_of(model))
     logits = last_logits(
@@ -147,20 +147,19 @@ def generate_retiring(
     B, W = input_ids.shape
     dev = input_ids.device
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.dtype)
-    if recurrent_kinds(model.config):  # recurrent layers keep their own states: transformers' loop
-        return recurrent_generate(
-            model, input_ids, mask, max_new_tokens, do_sample, temperature, top_p, top_k, eos_token_id
-        )
-    stops = torch.tensor(
+    stop_ids = (
         []
         if eos_token_id is None
         else [eos_token_id]
         if isinstance(eos_token_id, int)
-        else list(eos_token_id),
-        dtype=torch.long,
-        device=dev,
+        else list(eos_token_id)
     )
-    fill = int(stops[0]) if len(stops) else 0
+    fill = int(stop_ids[0]) if stop_ids else 0
+    if recurrent_kinds(model.config):  # recurrent layers keep their own states: transformers' loop
+        return recurrent_generate(
+            model, input_ids, mask, max_new_tokens, do_sample, temperature, top_p, top_k, stop_ids
+        )
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=dev)
     out = torch.full((B, max_new_tokens), fill, dtype=torch.long, device=dev)
     keep_last = last_only(model)  # checked once, not per step
     logits, prefill, mask, pos = prefill_prompts(model, keep_last, input_ids, mask)
@@ -168,7 +167,7 @@ def generate_retiring(
     del prefill
     allowed = torch.zeros(B, cache.capacity, dtype=torch.bool, device=dev)  # cache slots a row sees
     allowed[:, :W] = mask.bool()
-    dtype = next(model.parameters()).dtype
+    dtype = dtype_of(model)
     rows = torch.arange(B, device=dev)  # which output row each batch row writes
     live = torch.ones(B, dtype=torch.bool, device=dev)  # not yet ended (batch rows)
     nxt = pos[:, -1] + 1
@@ -218,20 +217,12 @@ def recurrent_generate(
     temperature: float,
     top_p: float,
     top_k: int,
-    eos_token_id: int | Sequence[int] | None,
+    stops: list[int],
 ) -> torch.Tensor:
     """:func:`generate_retiring`'s result for a target with recurrent layers (Qwen3.5), whose states
     the static key/value buffers cannot hold: transformers' ``generate``, a row ending at its first
     stop token, which is then repeated to the end of the row (the same layout)."""
-    stops = (
-        []
-        if eos_token_id is None
-        else [eos_token_id]
-        if isinstance(eos_token_id, int)
-        else list(eos_token_id)
-    )
-    fill = stops[0] if stops else 0
-    out = model.generate(
+    return model.generate(
         input_ids,
         attention_mask=mask,
         max_new_tokens=max_new_tokens,
@@ -240,9 +231,8 @@ def recurrent_generate(
         top_p=top_p if do_sample else None,
         top_k=top_k if do_sample else None,
         eos_token_id=stops or None,
-        pad_token_id=fill,
+        pad_token_id=stops[0] if stops else 0,
     )
-    return out
 
 
 def batched_generate(model) -> Callable[..., torch.Tensor]:

@@ -85,7 +85,7 @@ class Prefilling:
         """Read the prompts into the cache; the first new token of each row; start the proposer."""
         B, P = ids.shape
         valid = mask if mask is not None else torch.ones_like(ids, dtype=torch.bool)
-        positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+        positions = kv.slot_positions(valid)
         proposer = self.make_proposer()
         cache = kv.new_cache(self.target)
         out = self.target(

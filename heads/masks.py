@@ -48,10 +48,6 @@ def packed_causal(position_ids: torch.Tensor, attention_mask: torch.Tensor | Non
 
 
 # ---- a target's own attention pattern per layer kind --------------------------------------------------
-# transformers' layer kinds (``config.layer_types``) that restrict which earlier keys a query sees
-WINDOWED_KINDS = ("sliding_attention", "chunked_attention")
-
-
 def layer_kinds(config) -> list[str]:
     """Each decoder layer's attention kind, as transformers names it: ``config.layer_types`` where
     the model has them; else every layer slides when the config sets a ``sliding_window``
