@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import datasets
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -25,15 +24,9 @@ def rows():
 
 def make_rows():
     """24 rows: a 4-token random prompt, then a random 3-token pattern repeated (the assistant part)."""
-    g = torch.Generator().manual_seed(0)
-    ids, mask = [], []
-    for i in range(24):
-        prompt = torch.randint(0, 2000, (4,), generator=g).tolist()
-        pattern = torch.randint(0, 2000, (3,), generator=g).tolist()
-        n = 16 + i % 5
-        ids.append(prompt + (pattern * 7)[:n])
-        mask.append([0] * 4 + [1] * n)
-    return datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": mask})
+    from draftheads.bench.architectures import synthetic_rows
+
+    return synthetic_rows(24)
 
 
 def config(tmp_path, *overrides: str, name: str = "run"):
