@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.kinds import BUILTIN_KINDS
 
 LOCK = ".draftheads.lock"
 # An unreadable lock this old is a writer that died between creating and filling it.
@@ -68,15 +69,13 @@ def is_tree_record(path: Path) -> bool:
 
 
 # The stage folders ``draftheads bench`` writes under ``bench.out_dir`` (bench/pipeline.py, study.py).
+# The drafters' folders are their kinds' (one per bench row, declared in each kind's record).
 BENCH_FOLDERS = (
     "distill",
     "teacher",
     "features",
     "mixture",
-    "medusa",
-    "eagle",
-    "eagle3",
-    "dflash",
+    *(folder for kind in BUILTIN_KINDS for folder in kind.folders),
     "scaling",
     "ablations",
 )

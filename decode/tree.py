@@ -266,7 +266,7 @@ def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> St
 
     The drafter says what shapes its trees (``Drafter.tree_width``, ``draft_depth``,
     ``dynamic_trees``); its kind is never tested by name here."""
-    drafter_kind(getattr(drafter, "kind", ""))  # a registered kind, or one clear error
+    drafter_kind(getattr(drafter, "kind", ""))  # a known kind, or one clear error
     num_heads = drafter.tree_width()  # Medusa: the tree's nodes index its heads
     block = drafter.draft_depth()  # the most tokens one draft reaches (DFlash: a block's)
     choices = parse_tree(cfg.tree, num_heads or block)

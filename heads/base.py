@@ -3,7 +3,7 @@
 A drafter is an ``nn.Module`` that reads some of the frozen target's hidden states and
 proposes future tokens. Training and decoding only rely on this small surface:
 
-* ``kind``: the registered kind (``"medusa"``, ``"eagle"``, ``"dflash"``; see
+* ``kind``: the kind's name (``"medusa"``, ``"eagle"``, ``"dflash"``; see
   :mod:`draftheads.heads.kinds`, which holds what each kind is beside its model);
 * ``feature_layers()`` / ``select_features(hidden_states)``: which entries of the target's
   ``output_hidden_states`` tuple the drafter reads (index ``i`` is the input of layer ``i``;
@@ -78,8 +78,8 @@ class Drafter(
 ):
     """Base class of every drafter (:class:`MedusaHeads`, :class:`EagleDrafter`, :class:`DFlashDrafter`).
 
-    A subclass sets ``kind``; its folder registers the kind's other facts with
-    :func:`~draftheads.heads.kinds.register_kind`.
+    A subclass sets ``kind``; the kind's other facts are its record's
+    (:class:`~draftheads.conf.schema.kinds.record.KindRecord`).
     """
 
     kind: ClassVar[str] = ""

@@ -198,7 +198,7 @@ def sglang_refusal(conf: dict[str, Any]) -> str | None:
 
 
 def kind_of(conf: dict[str, Any]) -> DrafterKind:
-    """The registered kind of the drafter with config ``conf``."""
+    """The kind of the drafter with config ``conf``."""
     return drafter_kind(conf["kind"])
 
 

@@ -1,4 +1,4 @@
-"""The drafter-kind registry: what each kind of drafter is, beside its model, in one place.
+"""The heads facts of each drafter kind: what each kind of drafter is, beside its model, in one place.
 
 A kind (``medusa``, ``eagle``, ``dflash``) lives in its own folder, ``heads/<kind>/``:
 
@@ -7,18 +7,18 @@ A kind (``medusa``, ``eagle``, ``dflash``) lives in its own folder, ``heads/<kin
 * ``engine.py``: what vLLM's and SGLang's loaders read (``FORMATS``, ``RULES``, see
   :mod:`~draftheads.heads.engine.spec`);
 * ``export.py``: the engines' layout of the drafter (config and tensors);
-* ``kind.py``: a :class:`DrafterKind` subclass decorated with :func:`register_kind`, holding the
-  facts generic code asks for: how to build the drafter from a ``DraftConfig``, its published
-  layouts, its engine formats and rules, its export, its model-card lines;
-* ``__init__.py``: re-exports the model and imports ``kind`` (the registration).
+* ``kind.py``: a :class:`DrafterKind` subclass holding the facts generic code asks for: how to
+  build the drafter from a ``DraftConfig``, its published layouts and how a checkpoint of them is
+  recognised, its engine formats and rules, its export, its model-card lines;
+* ``__init__.py``: re-exports the model and the kind.
 
-:mod:`draftheads.heads` imports every kind folder, so importing anything under it fills the
-registry. Generic code never tests a kind's name: it calls :func:`drafter_kind` (one clear
+The kind's record (:class:`~draftheads.conf.schema.kinds.record.KindRecord`, in
+``conf/schema/kinds/<kind>.py``) names that class by dotted path, beside the kind's config
+section, objective, proposer and bench rows; :data:`KINDS` is read from the records of
+:data:`~draftheads.conf.schema.kinds.BUILTIN_KINDS` when first asked, so nothing registers by
+being imported. Generic code never tests a kind's name: it calls :func:`drafter_kind` (one clear
 :class:`~draftheads.conf.errors.UserError` for an unknown kind, naming the known ones) and asks
-the facts. The other layers keep their own registries, by the same pattern: the config keys and
-checks per kind (:mod:`draftheads.conf.schema.kinds`), the training objective per kind
-(:func:`draftheads.train.modules.register_objective`) and the decoding proposer per kind
-(:func:`draftheads.decode.proposers.register_proposer`). ``docs/kinds.md`` walks through adding one.
+the facts. ``docs/kinds.md`` walks through adding one.
 
 The card and export facts read a checkpoint's ``config.json`` dict (``conf``: ``kind``, ``spec``,
 ``target``, ``requires_adapters``), so they answer without building the drafter.
@@ -26,13 +26,14 @@ The card and export facts read a checkpoint's ``config.json`` dict (``conf``: ``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.kinds import BUILTIN_KINDS, kind_record
 
 if TYPE_CHECKING:  # named in annotations only: the registry imports no other heads module
     from draftheads.conf.schema.heads import DraftConfig
@@ -46,11 +47,9 @@ Converted = tuple[str, dict[str, Any], dict[str, torch.Tensor]]  # (kind, spec, 
 Converter = Callable[[Any, nn.Module, Any], Converted]
 Export = tuple[dict[str, Any], dict[str, torch.Tensor]]  # (config.json, tensors)
 
-KINDS: dict[str, DrafterKind] = {}
-
 
 class DrafterKind:
-    """The facts of one drafter kind; subclass it in ``heads/<kind>/kind.py`` with :func:`register_kind`.
+    """The facts of one drafter kind; subclass it in ``heads/<kind>/kind.py`` and name it in the kind's record.
 
     Class attributes name the kind and its pieces; methods answer for one drafter (built, or
     its ``config.json`` dict ``conf``). Defaults suit a kind that no engine serves.
@@ -147,19 +146,38 @@ class DrafterKind:
         raise NotImplementedError
 
 
-def register_kind(cls: type[DrafterKind]) -> type[DrafterKind]:
-    """Class decorator: register one instance of ``cls`` under ``cls.name`` (a name is taken once)."""
-    if not cls.name or cls.name in KINDS:
-        raise ValueError(f"drafter kind {cls.name!r} is empty or registered twice")
-    KINDS[cls.name] = cls()
-    return cls
+class BuiltinKinds(Mapping[str, "DrafterKind"]):
+    """Kind name -> its :class:`DrafterKind`, one instance per record of ``BUILTIN_KINDS``, loaded on
+    first use (the kinds' modules import this one, so they cannot be loaded while it is)."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, DrafterKind] | None = None
+
+    def _loaded(self) -> dict[str, DrafterKind]:
+        if self._kinds is None:
+            kinds = {record.name: record.heads_facts()() for record in BUILTIN_KINDS}
+            wrong = [name for name, kind in kinds.items() if kind.name != name]
+            if wrong:
+                raise ValueError(f"the heads facts of kind(s) {wrong} name another kind")
+            self._kinds = kinds
+        return self._kinds
+
+    def __getitem__(self, name: str) -> DrafterKind:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+
+KINDS: Mapping[str, DrafterKind] = BuiltinKinds()
 
 
 def drafter_kind(name: str, where: str = "drafter kind") -> DrafterKind:
-    """The registered kind ``name``; one clear error naming the known kinds otherwise."""
-    if name not in KINDS:
-        raise UserError(f"{where} {name!r} is unknown; draftheads knows {', '.join(sorted(KINDS))}")
-    return KINDS[name]
+    """The heads facts of kind ``name``; one clear error naming the known kinds otherwise."""
+    return KINDS[kind_record(name, where).name]
 
 
 def layout_kind(layout: str) -> tuple[DrafterKind, Converter]:
@@ -167,6 +185,4 @@ def layout_kind(layout: str) -> tuple[DrafterKind, Converter]:
     for kind in KINDS.values():
         if layout in kind.layouts:
             return kind, kind.layouts[layout]
-    raise UserError(
-        f"no drafter kind reads the layout {layout!r}; draftheads knows {', '.join(sorted(KINDS))}"
-    )
+    raise UserError(f"no drafter kind reads the layout {layout!r}; draftheads knows {', '.join(KINDS)}")

@@ -26,7 +26,7 @@ The embedding (and a full-vocabulary DFlash lm_head) is the verifier's, never st
 This module translates between that layout and the engine layouts the rest of
 :mod:`draftheads.heads` already writes (:mod:`~draftheads.heads.export`) and reads
 (:mod:`~draftheads.heads.convert.official`), so an import checks every tensor exactly as those paths
-do. Which types draftheads reads is the kind registry's to say (``DrafterKind.speculators_type``):
+do. Which types draftheads reads is the kinds' to say (``DrafterKind.speculators_type``):
 a kind whose speculators layout is an engine layout's tensors under other names says which
 (``DrafterKind.speculators_engine_layout``: EAGLE-3's and DFlash's), a kind that reads
 speculators' own layout converts it under its type (``peagle``). Types that
@@ -99,7 +99,7 @@ def is_speculators_config(config: dict[str, Any]) -> bool:
 
 
 def readable_types() -> list[str]:
-    """The speculators types draftheads reads: those of the registered kinds."""
+    """The speculators types draftheads reads: those of the kinds."""
     return sorted(k.speculators_type for k in KINDS.values() if k.speculators_type)
 
 
@@ -109,7 +109,7 @@ def speculators_layout(config: dict[str, Any], where: str) -> tuple[str, dict[st
     ``speculators_engine_layout``), else the
     type itself and the speculators config, which the kind registered for it converts.
 
-    Refused in one line: a type no registered kind reads (named, with why where known), a
+    Refused in one line: a type no kind reads (named, with why where known), a
     ``speculators_config`` whose default proposal method it does not define, and drafter
     options draftheads lacks.
     """

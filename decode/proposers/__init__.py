@@ -1,8 +1,8 @@
 """Drafting methods behind one protocol (base.py): Medusa, EAGLE, DFlash, P-EAGLE, lookup, and a drafter with lookup.
 
-Each drafter kind's proposer registers itself with ``@register_proposer("<kind>")`` in its own
-module here; importing this package registers them all, and :func:`build_proposer` builds the
-registered one (an unknown kind is one clear error, see docs/kinds.md).
+Each drafter kind's proposer has its own module here, and the kind's record names it
+(``proposer``, a dotted path); :func:`build_proposer` builds the one the drafter's kind names (an
+unknown kind is one clear error, see docs/kinds.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from draftheads.decode.proposers.base import (
     Proposer,
     Tree,
     proposer_class,
-    register_proposer,
 )
 from draftheads.decode.proposers.combined import WithLookup
 from draftheads.decode.proposers.dflash import DFlashProposer
@@ -39,7 +38,6 @@ __all__ = [
     "WithLookup",
     "build_proposer",
     "proposer_class",
-    "register_proposer",
 ]
 
 

@@ -16,13 +16,13 @@ Node scores are the proposer's estimate of the probability that the target accep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from draftheads.conf.errors import UserError
+from draftheads.conf.schema.kinds import kind_record
 from draftheads.decode.tree import Tree
 
 
@@ -121,26 +121,6 @@ def single_node(root: torch.Tensor) -> Tree:
 
 
 # drafter kind -> the proposer class that drafts with it; each class registers itself
-PROPOSERS: dict[str, Any] = {}
-
-
-def register_proposer(kind: str) -> Callable[[type], type]:
-    """Class decorator: the class drafts for drafters of ``kind``; it is built with
-    ``cls.for_drafter(drafter, static_tree, decode_config)``."""
-
-    def register(cls: type) -> type:
-        if kind in PROPOSERS:
-            raise ValueError(f"a proposer for drafter kind {kind!r} is registered twice")
-        PROPOSERS[kind] = cls
-        return cls
-
-    return register
-
-
 def proposer_class(kind: str) -> Any:
-    """The registered proposer class of drafter ``kind``; one clear error naming the known ones."""
-    if kind not in PROPOSERS:
-        raise UserError(
-            f"drafter kind {kind!r} has no proposer; draftheads decodes with {', '.join(sorted(PROPOSERS))} drafters"
-        )
-    return PROPOSERS[kind]
+    """The proposer class its record names for drafter ``kind``; one clear error naming the known kinds."""
+    return kind_record(kind).proposer_class()

@@ -36,14 +36,13 @@ import torch.nn.functional as F
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import block_tree, kv
 from draftheads.decode.kv import append_valid
-from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree, register_proposer
+from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree
 from draftheads.decode.static import Graphs, StaticKV, drafter_graphs
 from draftheads.decode.tree import StaticTree
 
 Context = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-@register_proposer("dflash")
 class DFlashProposer:
     passes = 1  # drafter forwards per propose (the decoder's cost model reads it)
 

@@ -30,7 +30,7 @@ from torch import nn
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import dynamic, kv
 from draftheads.decode.kv import append_valid
-from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Prefill, Tree, register_proposer
+from draftheads.decode.proposers.base import Accepted, Expanded, Plan, Prefill, Tree
 from draftheads.decode.static import Graphs, StaticKV, drafter_graphs
 from draftheads.decode.tree import StaticTree, ancestor_mask, levels
 from draftheads.heads.masks import additive_mask, padded_causal
@@ -105,7 +105,6 @@ class PendingPairs:
         )
 
 
-@register_proposer("eagle")
 class EagleProposer(PendingPairs):
     @classmethod
     def for_drafter(cls, drafter, static: StaticTree | None, cfg: DecodeConfig) -> EagleProposer:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import torch
 
 from draftheads.conf.schema.decode import DecodeConfig
-from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree, register_proposer
+from draftheads.decode.proposers.base import Accepted, Plan, Prefill, Tree
 from draftheads.decode.tree import StaticTree, ancestor_mask, levels
 
 
-@register_proposer("medusa")
 class MedusaProposer:
     @classmethod
     def for_drafter(cls, drafter, static: StaticTree | None, cfg: DecodeConfig) -> MedusaProposer:

@@ -28,13 +28,12 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.decode import DecodeConfig
 from draftheads.decode import block_tree, kv
 from draftheads.decode.kv import append_valid
-from draftheads.decode.proposers.base import Plan, Tree, register_proposer
+from draftheads.decode.proposers.base import Plan, Tree
 from draftheads.decode.proposers.eagle import PendingPairs
 from draftheads.decode.tree import StaticTree
 from draftheads.heads.peagle.draft import parallel_draft
 
 
-@register_proposer("peagle")
 class PEagleProposer(PendingPairs):
     passes = 1  # drafter forwards per propose (the decoder's cost model reads it)
 

@@ -1,5 +1,5 @@
 """DFlash block drafters: the model, its anchor prior, its converter from published layouts, the
-engines' rules and export, its registration."""
+engines' rules and export, its heads facts."""
 
 from draftheads.heads.dflash.kind import DFlashKind
 from draftheads.heads.dflash.model import DFlashDrafter, choose_mask_token, layer_shape

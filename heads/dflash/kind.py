@@ -1,4 +1,4 @@
-"""DFlash's registration: how a config builds the block drafter, its published layouts, the engines'
+"""DFlash's heads facts: how a config builds the block drafter, its published layouts, the engines'
 rules and export, and its model-card lines (see :mod:`draftheads.heads.kinds`)."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from draftheads.heads.dflash.engine import DFLASH_FORMATS, DFLASH_RULES
 from draftheads.heads.dflash.export import export_dflash, sglang_refusal
 from draftheads.heads.dflash.model import DFlashDrafter, mask_token, ordinary_token
 from draftheads.heads.dflash.speculators import dflash_engine_config, dflash_to_speculators
-from draftheads.heads.kinds import DrafterKind, Export, register_kind
+from draftheads.heads.kinds import DrafterKind, Export
 
 
-@register_kind
 class DFlashKind(DrafterKind):
     """One non-causal pass over a block of mask tokens drafts ``block_size - 1`` tokens."""
 

@@ -1,4 +1,4 @@
-"""EAGLE's registration (EAGLE-1 and EAGLE-3 share it): how a config builds the drafter, its published
+"""EAGLE's heads facts (EAGLE-1 and EAGLE-3 share it): how a config builds the drafter, its published
 layouts, the engines' rules and export, and its model-card lines (see :mod:`draftheads.heads.kinds`)."""
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from draftheads.heads.eagle.engine import EAGLE_FORMATS, EAGLE_RULES
 from draftheads.heads.eagle.export import export_eagle1, export_eagle3
 from draftheads.heads.eagle.model import EagleDrafter
 from draftheads.heads.eagle.speculators import eagle3_engine_config, eagle3_to_speculators
-from draftheads.heads.kinds import DrafterKind, Export, register_kind
+from draftheads.heads.kinds import DrafterKind, Export
 
 EAGLE_SPECULATIVE_TOKENS = 3  # a chain length the engines serve well; any value works for EAGLE
 
 
-@register_kind
 class EagleKind(DrafterKind):
     """One (or a few) decoder layers over target features, drafting autoregressively."""
 

@@ -21,7 +21,7 @@ DFlash            vLLM ``dflash``,    Qwen3 config, ``DFlashDraftModel``, ``laye
 
 :data:`FORMATS` holds each loader's config fields, tensor names, shapes and dtypes;
 :data:`RULES` holds the loaders' further rules, each with the engine source file it comes from.
-Both are gathered here from each registered kind's ``formats`` and ``rules``
+Both are gathered here from each kind's ``formats`` and ``rules``
 (:mod:`draftheads.heads.kinds`), written in its folder's ``engine.py`` in the terms of
 :mod:`~draftheads.heads.engine.spec`: :mod:`~draftheads.heads.eagle.engine`,
 :mod:`~draftheads.heads.medusa.engine` and :mod:`~draftheads.heads.dflash.engine` (which also
@@ -48,7 +48,7 @@ from draftheads.heads.engine.spec import EngineFormat, Rule, TensorRule
 from draftheads.heads.kinds import KINDS
 
 ENGINES = ("vllm", "sglang")
-# gathered from the registered kinds (draftheads.heads imports them all before this module)
+# gathered from the kinds of BUILTIN_KINDS (their heads facts load on first use)
 FORMATS: dict[tuple[str, str], EngineFormat] = {
     key: f for kind in KINDS.values() for key, f in kind.formats.items()
 }

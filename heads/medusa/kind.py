@@ -1,18 +1,17 @@
-"""Medusa's registration: how a config builds the heads, their published layouts, vLLM's rules and
+"""Medusa's heads facts: how a config builds the heads, their published layouts, vLLM's rules and
 export, and their model-card lines (see :mod:`draftheads.heads.kinds`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from draftheads.heads.kinds import DrafterKind, Export, register_kind
+from draftheads.heads.kinds import DrafterKind, Export
 from draftheads.heads.medusa.convert import build_medusa
 from draftheads.heads.medusa.engine import MEDUSA_FORMATS, MEDUSA_RULES
 from draftheads.heads.medusa.export import export_medusa
 from draftheads.heads.medusa.model import MedusaHeads
 
 
-@register_kind
 class MedusaKind(DrafterKind):
     """n residual MLP heads over the target's last hidden state (Medusa-1, and Medusa-2 with LoRA)."""
 

@@ -3,7 +3,7 @@
 ``model``: :class:`PEagleDrafter` and its group pass; ``group``: the group's attention;
 ``sampling``: conditional-drop sampling of the training groups; ``draft``: one decoding pass
 (:func:`parallel_draft`); ``convert``: speculators' ``peagle`` layout, both ways; ``kind``: its
-registration (:class:`PEagleKind`).
+heads facts (:class:`PEagleKind`).
 """
 
 from draftheads.heads.peagle.draft import parallel_draft

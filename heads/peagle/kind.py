@@ -1,4 +1,4 @@
-"""P-EAGLE's registration: how a config builds the drafter, speculators' ``peagle`` layout (the one
+"""P-EAGLE's heads facts: how a config builds the drafter, speculators' ``peagle`` layout (the one
 published layout, read and written), the engines it is served by, and its model-card lines (see
 :mod:`draftheads.heads.kinds`).
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.dflash.model import mask_token
-from draftheads.heads.kinds import DrafterKind, Export, register_kind
+from draftheads.heads.kinds import DrafterKind, Export
 from draftheads.heads.peagle.convert import build_peagle, speculators_model
 from draftheads.heads.peagle.model import PEagleDrafter
 
@@ -23,7 +23,6 @@ ONLY_SPECULATORS = (
 )
 
 
-@register_kind
 class PEagleKind(DrafterKind):
     """EAGLE-3's drafter with a mask token: one pass drafts ``num_depths`` tokens."""
 

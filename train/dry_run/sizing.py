@@ -22,10 +22,9 @@ parameters; ``S`` = ``data.max_length``, ``m`` = ``train.micro_batch_size``; row
   (``2 W`` when its weight is frozen, as the target's lm_head a DFlash drafter reads), causal
   attention ``2 S A`` per layer forward; the target's forward is counted when features are online.
 
-Each kind's cost registers with :func:`~draftheads.train.modules.costs.register_cost` in its
-objective's module (the formulae's shared pieces are in :mod:`draftheads.train.modules.costs`);
-the kinds the dry run sizes are those registered, and the drafter is built as the kind registry
-builds it (:meth:`~draftheads.heads.kinds.DrafterKind.build`).
+Each kind's cost sits in its objective's module and its record names it (the formulae's shared
+pieces are in :mod:`draftheads.train.modules.costs`); the kinds the dry run sizes are those whose
+record names one, and the drafter is built as the kind's heads facts build it (:meth:`~draftheads.heads.kinds.DrafterKind.build`).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from draftheads.conf.schema import Config
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.recipe import TargetShape
 from draftheads.train.engine import zero_stage
-from draftheads.train.modules.costs import COSTS, count
+from draftheads.train.modules.costs import count, kind_cost, sized_kinds
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -167,11 +166,12 @@ def real_needs(cfg: Config) -> Needs:
     target_params = count(target)
     drafter = meta_drafter(d, shape, cfg.target.name_or_path)
     trainable = count(drafter, trainable=True)
-    if d.kind not in COSTS:
+    cost_of = kind_cost(d.kind)
+    if cost_of is None:
         raise UserError(
-            f"draft.kind={d.kind} has no training cost to size; the dry run sizes {', '.join(COSTS)}"
+            f"draft.kind={d.kind} has no training cost to size; the dry run sizes {', '.join(sized_kinds())}"
         )
-    cost = COSTS[d.kind](drafter, d, t, S, element, online)
+    cost = cost_of(drafter, d, t, S, element, online)
     target_element = 4 if cfg.target.dtype in ("float32", "fp32") else 2
     return Needs(
         target_params=target_params,

@@ -11,11 +11,11 @@ Besides the training loss, each class gives ``chains(batch)``: per draft step (D
 block position), whether the drafter's top-1 equals the target's greedy token along a top-1
 chain. The recipe turns that into held-out accuracies and a simulated acceptance length.
 
-Each class registers for its kind with ``@register_objective("<kind>")``; importing this package
-registers them all, and :func:`objective_class` finds one (see docs/kinds.md).
+Each kind's record names its class (``objective``, a dotted path), and :func:`objective_class`
+finds it (see docs/kinds.md).
 """
 
-from draftheads.train.modules.base import Objective, chunked_argmax, objective_class, register_objective
+from draftheads.train.modules.base import Objective, chunked_argmax, objective_class
 from draftheads.train.modules.dflash import DFlashObjective
 from draftheads.train.modules.eagle import EagleObjective
 from draftheads.train.modules.medusa import Medusa2Objective, MedusaObjective
@@ -30,5 +30,4 @@ __all__ = [
     "PEagleObjective",
     "chunked_argmax",
     "objective_class",
-    "register_objective",
 ]

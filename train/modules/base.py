@@ -1,9 +1,9 @@
 """What every training objective shares: the drafter as the trained submodule, the frozen target
 held outside the module tree, and the target features the drafter reads.
 
-Each kind's objective registers itself with :func:`register_objective` (``@register_objective("eagle")``);
-the recipe builds, initialises and evaluates through the registered class (:func:`objective_class`),
-never by testing the kind's name. The class methods are the kind's training facts: how to build
+Each kind's record names its objective class (``objective``, a dotted path); the recipe builds,
+initialises and evaluates through that class (:func:`objective_class`), never by testing the
+kind's name. The class methods are the kind's training facts: how to build
 the module (:meth:`Objective.build`), the first weights that come from the target or the data
 (:meth:`Objective.init_head`, :meth:`Objective.init_rest`), checks of the setup and the rows, the
 soft labels it reads from a feature cache, and its held-out evaluation depth and label.
@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.kinds import kind_record
 from draftheads.conf.schema.train import TrainConfig
 from draftheads.heads import Drafter
 from draftheads.heads.features import target_features
@@ -120,25 +120,6 @@ class Objective(nn.Module):
         return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr, "name": "drafter"}]
 
 
-OBJECTIVES: dict[str, type[Objective]] = {}
-
-
-def register_objective(kind: str) -> Callable[[type[Objective]], type[Objective]]:
-    """Class decorator: ``cls`` trains drafters of ``kind`` (a kind is registered once)."""
-
-    def register(cls: type[Objective]) -> type[Objective]:
-        if kind in OBJECTIVES:
-            raise ValueError(f"an objective for drafter kind {kind!r} is registered twice")
-        OBJECTIVES[kind] = cls
-        return cls
-
-    return register
-
-
 def objective_class(kind: str) -> type[Objective]:
-    """The registered objective of ``kind``; one clear error naming the trainable kinds otherwise."""
-    if kind not in OBJECTIVES:
-        raise UserError(
-            f"draft.kind={kind} has no training objective; draftheads trains {', '.join(sorted(OBJECTIVES))}"
-        )
-    return OBJECTIVES[kind]
+    """The objective its record names for ``kind``; one clear error naming the known kinds otherwise."""
+    return kind_record(kind, "draft.kind").objective_class()

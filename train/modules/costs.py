@@ -1,7 +1,8 @@
-"""What training a drafter costs per row token: the registry the dry run sizes from, and the pieces
-the kinds' formulae share.
+"""What training a drafter costs per row token: the kinds' costs the dry run sizes from, and the
+pieces the kinds' formulae share.
 
-A kind registers its cost with :func:`register_cost` beside its objective (``train/modules/<kind>.py``);
+A kind's cost function sits beside its objective (``train/modules/<kind>.py``) and its record
+names it (``cost``, a dotted path);
 :mod:`draftheads.train.dry_run.sizing` turns the cost into memory per rank and FLOPs per token
 (the notation, ``e``, ``S``, ``H``, ``A``, is that module's).
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.kinds import BUILTIN_KINDS, kind_record
 from draftheads.conf.schema.train import TrainConfig
 
 if TYPE_CHECKING:
@@ -56,23 +58,16 @@ class DraftCost:
 
 # (drafter, draft config, train config, row length S, bytes per element e, online) -> its cost
 Cost = Callable[["Drafter", DraftConfig, TrainConfig, int, int, bool], DraftCost]
-COSTS: dict[str, Cost] = {}
-
-
-def register_cost(kind: str) -> Callable[[Cost], Cost]:
-    """Decorator: ``fn`` sizes the training of drafters of ``kind`` (the dry run sizes those)."""
-
-    def register(fn: Cost) -> Cost:
-        COSTS[kind] = fn
-        return fn
-
-    return register
 
 
 def sized_kinds() -> list[str]:
-    """The drafter kinds a dry run sizes: those whose cost is registered (EAGLE's and DFlash's
-    here; importing :mod:`draftheads.train.modules` registers the others')."""
-    return list(COSTS)
+    """The drafter kinds a dry run sizes: those whose record names a training cost."""
+    return [k.name for k in BUILTIN_KINDS if k.cost]
+
+
+def kind_cost(kind: str) -> Cost | None:
+    """The training cost function the record of ``kind`` names, or None (the dry run does not size it)."""
+    return kind_record(kind, "draft.kind").cost_function()
 
 
 def eagle_cost(

@@ -16,8 +16,8 @@ from draftheads.heads.dflash.anchor_prior import set_anchor_prior
 from draftheads.heads.features import target_features
 from draftheads.train.engine import gathered
 from draftheads.train.guards import dflash_topk
-from draftheads.train.modules.base import Objective, chunked_argmax, register_objective
-from draftheads.train.modules.costs import DraftCost, dflash_cost, register_cost
+from draftheads.train.modules.base import Objective, chunked_argmax
+from draftheads.train.modules.costs import DraftCost, dflash_cost
 from draftheads.train.objectives import (
     Stats,
     anchor_candidates,
@@ -56,7 +56,6 @@ def blind_blocks(
     return (torch.rand(shape, dtype=torch.float64) >= dropout).to(device)
 
 
-@register_objective("dflash")
 class DFlashObjective(Objective):
     """DFlash: blocks anchored at random answer positions, every block of a micro-batch drafted
     in one drafter pass (the context keys and values computed once per row):
@@ -311,7 +310,6 @@ class DFlashObjective(Objective):
         return f.to(self.dtype), greedy
 
 
-@register_cost("dflash")
 def dflash_training(drafter, d: DraftConfig, t: TrainConfig, S: int, element: int, online: bool) -> DraftCost:
     """DFlash learns from the data's tokens (or cached top-k): no target logits."""
     return dflash_cost(drafter, d, S, element)

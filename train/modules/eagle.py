@@ -10,8 +10,8 @@ import torch
 
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.train import TrainConfig
-from draftheads.train.modules.base import Objective, chunked_argmax, register_objective
-from draftheads.train.modules.costs import DraftCost, eagle_cost, register_cost
+from draftheads.train.modules.base import Objective, chunked_argmax
+from draftheads.train.modules.costs import DraftCost, eagle_cost
 from draftheads.train.objectives import (
     Stats,
     feature_regression,
@@ -28,7 +28,6 @@ from draftheads.train.unroll import unroll
 from draftheads.train.vocab import set_draft_vocab
 
 
-@register_objective("eagle")
 class EagleObjective(Objective):
     """EAGLE-1 and EAGLE-3, one loss with the version's defaults:
 
@@ -159,7 +158,6 @@ class EagleObjective(Objective):
         return torch.stack(correct), torch.stack(valid)
 
 
-@register_cost("eagle")
 def eagle_training(drafter, d: DraftConfig, t: TrainConfig, S: int, element: int, online: bool) -> DraftCost:
     """EAGLE's token loss reads the target's logits, projected online unless they are cached (top-k)."""
     return eagle_cost(drafter, d, S, element, online and t.soft_labels != "topk")

@@ -16,7 +16,7 @@ from draftheads.conf.schema.heads import DraftConfig
 from draftheads.heads import Drafter
 from draftheads.heads.features import packed_inputs
 from draftheads.train.adapters import add_lora
-from draftheads.train.modules.base import Objective, chunked_argmax, register_objective
+from draftheads.train.modules.base import Objective, chunked_argmax
 from draftheads.train.objectives import (
     Stats,
     head_warmup,
@@ -28,7 +28,6 @@ from draftheads.train.objectives import (
 )
 
 
-@register_objective("medusa")
 class MedusaObjective(Objective):
     """Medusa-1: heads on a frozen target (see :func:`medusa_loss`)."""
 

@@ -28,8 +28,8 @@ from draftheads.heads.peagle.from_eagle3 import check_matches, eagle3_checkpoint
 from draftheads.heads.peagle.sampling import DropSampling, conditional_drop, every_depth, group_entries
 from draftheads.train.engine import gathered
 from draftheads.train.guards import dflash_topk
-from draftheads.train.modules.base import chunked_argmax, register_objective
-from draftheads.train.modules.costs import DraftCost, eagle_cost, register_cost
+from draftheads.train.modules.base import chunked_argmax
+from draftheads.train.modules.costs import DraftCost, eagle_cost
 from draftheads.train.modules.eagle import EagleObjective
 from draftheads.train.objectives import (
     Stats,
@@ -78,13 +78,11 @@ def group_queries(d, S: int) -> float:
     return 1.0 + seeds * deeper
 
 
-@register_cost("peagle")
 def peagle_cost(drafter, d, t, S: int, element: int, online: bool) -> DraftCost:
     """EAGLE-3's cost with one pass of the layers and the head per kept group entry (the dry run's sizing)."""
     return eagle_cost(drafter, d, S, element, online and t.soft_labels != "topk", group_queries(d, S))
 
 
-@register_objective("peagle")
 class PEagleObjective(EagleObjective):
     """P-EAGLE's loss (module docstring), with EAGLE-3's feature split, teacher, draft vocabulary
     and lm_head start; the mask token's embedding (or the whole table) starts as the target's."""

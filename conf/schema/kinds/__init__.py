@@ -1,29 +1,82 @@
-"""Per-kind draft-config facts (:mod:`~draftheads.conf.schema.kinds.registry`); importing this
-package registers every kind's module, in the order messages list the kinds."""
+"""The built-in drafter kinds, one record each (:class:`~draftheads.conf.schema.kinds.record.KindRecord`),
+and the lookups every layer asks them through.
 
-# isort: skip_file
-from draftheads.conf.schema.kinds.registry import (
-    DRAFT_KINDS,
-    DraftKind,
-    depth_problem,
-    draft_kind,
-    register_draft_kind,
-    unknown_kind_problem,
-)
-from draftheads.conf.schema.kinds.medusa import MedusaDraft
-from draftheads.conf.schema.kinds.eagle import EagleDraft
+:data:`BUILTIN_KINDS` is the one list of kinds, in the order messages list them: a kind is known
+because its record is in this tuple, never because a module was imported. The other layers'
+lookups (the heads facts, the objectives, the proposers, the bench rows, the output folders) read
+the records, so no registry can hold a kind this tuple lacks.
+"""
+
+from __future__ import annotations
+
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.kinds import dflash, eagle, medusa, peagle
 from draftheads.conf.schema.kinds.dflash import DFlashDraft
+from draftheads.conf.schema.kinds.eagle import EagleDraft
+from draftheads.conf.schema.kinds.medusa import MedusaDraft
 from draftheads.conf.schema.kinds.peagle import PEagleDraft
+from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord, load
+from draftheads.conf.schema.kinds.registry import DraftKind
+
+BUILTIN_KINDS: tuple[KindRecord, ...] = (medusa.KIND, eagle.KIND, dflash.KIND, peagle.KIND)
+
+# kind name -> its config section (the draft.* keys it reads and its checks)
+DRAFT_KINDS: dict[str, DraftKind] = {k.name: k.section for k in BUILTIN_KINDS}
+
+
+def kind_names() -> list[str]:
+    """The built-in kinds' names, in the tuple's order."""
+    return [k.name for k in BUILTIN_KINDS]
+
+
+def kind_record(name: str, where: str = "drafter kind") -> KindRecord:
+    """The record of kind ``name``; one clear error naming the known kinds otherwise."""
+    for k in BUILTIN_KINDS:
+        if k.name == name:
+            return k
+    raise UserError(f"{where} {name!r} is unknown; draftheads knows {', '.join(kind_names())}")
+
+
+def draft_kind(name: str) -> DraftKind:
+    """The config section of kind ``name``; KeyError otherwise (``DraftConfig`` refuses unknown kinds first)."""
+    return DRAFT_KINDS[name]
+
+
+def unknown_kind_problem(name: object) -> str | None:
+    """One line for a ``draft.kind`` that no record declares, naming the known ones, else None."""
+    if name in DRAFT_KINDS:
+        return None
+    return f"draft.kind={name!r} is unknown; use one of {', '.join(DRAFT_KINDS)}"
+
+
+def depth_problem(kind: str, version: int, depth: int, num_layers: int) -> str | None:
+    """Why an EAGLE or DFlash drafter of ``depth`` decoder layers makes no sense for a target of
+    ``num_layers`` layers (it would be deeper, so drafting would cost more than the target's own
+    step), or None. Medusa heads have no decoder layers."""
+    facts = draft_kind(kind)
+    if not facts.decoder_layers or depth <= num_layers:
+        return None
+    engines = facts.depth_note(version)
+    return (
+        f"draft.num_decoder_layers={depth} is more than the target's {num_layers} layers, so drafting "
+        f"would cost more than the target's own step; use at most {num_layers}{engines}"
+    )
+
 
 __all__ = [
-    "DRAFT_KINDS",
+    "BUILTIN_KINDS",
+    "BenchDrafter",
     "DFlashDraft",
+    "DRAFT_KINDS",
     "DraftKind",
-    "depth_problem",
     "EagleDraft",
+    "KindRecord",
     "MedusaDraft",
     "PEagleDraft",
+    "depth_problem",
     "draft_kind",
-    "register_draft_kind",
+    "kind_names",
+    "kind_record",
+    "load",
     "unknown_kind_problem",
 ]

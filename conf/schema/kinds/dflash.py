@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftheads.conf.schema.kinds.registry import DraftKind, register_draft_kind
+from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
+from draftheads.conf.schema.kinds.registry import DraftKind
 from draftheads.conf.schema.layers import dflash_feature_layers, dflash_layers_problem
 
 POSITION_WEIGHTS = ("decay", "dpace")
 
 
-@register_draft_kind
 class DFlashDraft(DraftKind):
     name = "dflash"
     keys = (
@@ -56,3 +56,29 @@ class DFlashDraft(DraftKind):
 
     def training_layers(self, d: Any, num_layers: int) -> list[int]:
         return dflash_feature_layers(d.feature_layers, num_layers, d.feature_rule, d.num_decoder_layers)
+
+
+KIND = KindRecord(
+    name="dflash",
+    section=DFlashDraft(),
+    groups=("dflash",),
+    drafter="draftheads.heads.dflash.kind:DFlashKind",
+    objective="draftheads.train.modules.dflash:DFlashObjective",
+    cost="draftheads.train.modules.dflash:dflash_training",
+    proposer="draftheads.decode.proposers.dflash:DFlashProposer",
+    bench=(
+        BenchDrafter(
+            "dflash",
+            "dflash",
+            ("draft=dflash",),
+            "1e-3",
+            # EAGLE-3's data, passes and learning rate; 32 blocks per row make a step's matmuls per
+            # row token about EAGLE-3's (0.145 against 0.144 GFLOP on the bench's packed rows)
+            recipe=("draft.anchors_per_row=32",),
+            reads="own",
+            streamed=True,
+            flops="forward and backward: fc, context keys and values, the block layers and their attention, "
+            "the draft head on the counted positions",
+        ),
+    ),
+)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftheads.conf.schema.kinds.registry import DraftKind, register_draft_kind
+from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
+from draftheads.conf.schema.kinds.registry import DraftKind
 from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
 
 
-@register_draft_kind
 class EagleDraft(DraftKind):
     name = "eagle"
     keys = (
@@ -53,3 +53,20 @@ class EagleDraft(DraftKind):
             if layers == 1
             else f"this one has {layers}, so it decodes in draftheads only (export refuses it)"
         )
+
+
+KIND = KindRecord(
+    name="eagle",
+    section=EagleDraft(),
+    groups=("eagle", "eagle3"),
+    drafter="draftheads.heads.eagle.kind:EagleKind",
+    objective="draftheads.train.modules.eagle:EagleObjective",
+    cost="draftheads.train.modules.eagle:eagle_training",
+    proposer="draftheads.decode.proposers.eagle:EagleProposer",
+    bench=(
+        BenchDrafter("eagle", "eagle", ("draft=eagle",), "5e-4", version=1, eagle=True),
+        BenchDrafter(
+            "eagle3", "eagle", ("draft=eagle3",), "1e-3", version=3, streamed=True, eagle=True, row_base=True
+        ),
+    ),
+)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftheads.conf.schema.kinds.registry import DraftKind, register_draft_kind
+from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
+from draftheads.conf.schema.kinds.registry import DraftKind
 
 
-@register_draft_kind
 class MedusaDraft(DraftKind):
     name = "medusa"
     keys = (
@@ -26,3 +26,26 @@ class MedusaDraft(DraftKind):
                 "heads have none (their lm_heads start from the target's already); use draft.init_from_target=false"
             )
         return None
+
+
+KIND = KindRecord(
+    name="medusa",
+    section=MedusaDraft(),
+    groups=("medusa", "medusa2"),
+    drafter="draftheads.heads.medusa.kind:MedusaKind",
+    objective="draftheads.train.modules.medusa:MedusaObjective",
+    proposer="draftheads.decode.proposers.medusa:MedusaProposer",
+    bench=(
+        BenchDrafter(
+            "medusa",
+            "medusa",
+            ("draft=medusa",),
+            "1e-3",
+            reads="last",
+            offline=False,
+            steps="medusa_steps",
+            tokens="medusa_tokens",
+            tree=True,
+        ),
+    ),
+)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftheads.conf.schema.kinds.registry import DraftKind, register_draft_kind
+from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
+from draftheads.conf.schema.kinds.registry import DraftKind
 from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
 
 # The deepest group a P-EAGLE drafter trains: every group entry attends to the depths before it,
@@ -14,7 +15,6 @@ from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_pro
 MAX_DEPTHS = 32
 
 
-@register_draft_kind
 class PEagleDraft(DraftKind):
     name = "peagle"
     keys = (
@@ -62,3 +62,17 @@ class PEagleDraft(DraftKind):
 
     def depth_note(self, version: int) -> str:
         return "; vLLM serves P-EAGLE drafters of one layer (draft.num_decoder_layers=1)"
+
+
+KIND = KindRecord(
+    name="peagle",
+    section=PEagleDraft(),
+    groups=("peagle",),
+    drafter="draftheads.heads.peagle.kind:PEagleKind",
+    objective="draftheads.train.modules.peagle:PEagleObjective",
+    cost="draftheads.train.modules.peagle:peagle_cost",
+    proposer="draftheads.decode.proposers.peagle:PEagleProposer",
+    # EAGLE-3's recipe, data and passes, streamed from the teacher-forced cache, reading EAGLE-3's
+    # layers of it
+    bench=(BenchDrafter("peagle", "peagle", ("draft=peagle",), "1e-3", reads="own", streamed=True),),
+)

@@ -1,21 +1,18 @@
-"""The draft-config side of the drafter-kind registry: per kind, the ``draft.*`` keys it reads and
-its own value checks, declared once in ``conf/schema/kinds/<kind>.py``.
+"""The config section of a drafter kind: the ``draft.*`` keys it reads and its own value checks,
+declared once in ``conf/schema/kinds/<kind>.py`` and held by the kind's record
+(:class:`~draftheads.conf.schema.kinds.record.KindRecord`).
 
 This is the schema layer (below heads), so it knows no model: only what a ``DraftConfig`` of the
-kind means. An unknown ``draft.kind`` is refused here, when the config is read, naming the kinds
-registered (see docs/kinds.md for adding one).
+kind means (see docs/kinds.md for adding a kind).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
-
-DRAFT_KINDS: dict[str, DraftKind] = {}
 
 
 class DraftKind:
-    """The config facts of one drafter kind; subclass it with :func:`register_draft_kind`."""
+    """The config facts of one drafter kind; subclass it in ``conf/schema/kinds/<kind>.py``."""
 
     name: ClassVar[str] = ""
     keys: ClassVar[tuple[str, ...]] = ()  # the draft.* keys it reads (the others it ignores)
@@ -48,37 +45,3 @@ class DraftKind:
     def serving_note(self, d: Any) -> str | None:
         """The dry run's line on how the engines serve a drafter of this shape, or None."""
         return None
-
-
-def register_draft_kind(cls: Callable[[], DraftKind]) -> Any:
-    """Class decorator: register one instance of ``cls`` under ``cls.name``."""
-    if not cls.name or cls.name in DRAFT_KINDS:
-        raise ValueError(f"draft kind {cls.name!r} is empty or registered twice")
-    DRAFT_KINDS[cls.name] = cls()
-    return cls
-
-
-def draft_kind(name: str) -> DraftKind:
-    """The registered kind ``name``; KeyError otherwise (``DraftConfig`` refuses unknown kinds first)."""
-    return DRAFT_KINDS[name]
-
-
-def unknown_kind_problem(name: Any) -> str | None:
-    """One line for a ``draft.kind`` no kind registered, naming the known ones, else None."""
-    if name in DRAFT_KINDS:
-        return None
-    return f"draft.kind={name!r} is unknown; use one of {', '.join(DRAFT_KINDS)}"
-
-
-def depth_problem(kind: str, version: int, depth: int, num_layers: int) -> str | None:
-    """Why an EAGLE or DFlash drafter of ``depth`` decoder layers makes no sense for a target of
-    ``num_layers`` layers (it would be deeper, so drafting would cost more than the target's own
-    step), or None. Medusa heads have no decoder layers."""
-    facts = draft_kind(kind)
-    if not facts.decoder_layers or depth <= num_layers:
-        return None
-    engines = facts.depth_note(version)
-    return (
-        f"draft.num_decoder_layers={depth} is more than the target's {num_layers} layers, so drafting "
-        f"would cost more than the target's own step; use at most {num_layers}{engines}"
-    )
