@@ -182,6 +182,11 @@ def tiny_target(arch: str, fresh: bool = False) -> tuple:
     return _TARGETS[arch]
 
 
+def adapted(model: torch.nn.Module) -> bool:
+    """Whether peft has put adapter layers into ``model`` (in place, as Medusa-2's training does)."""
+    return any(type(m).__module__.startswith("peft.") for m in model.modules())
+
+
 def run_cell(arch: str, draft: str, work: Path) -> Cell:
     """Train, decode and export one draft group on one tiny architecture (module docstring)."""
     from draftheads.heads import Drafter
@@ -193,12 +198,16 @@ def run_cell(arch: str, draft: str, work: Path) -> Cell:
     out = work / f"{arch}-{draft}"
     target, tok = tiny_target(arch)
     try:
-        train(train_config(arch, draft, out / "train"), synthetic_rows())
+        # trained on the shared target, as the recipe would load it (no second load per cell)
+        train(train_config(arch, draft, out / "train"), synthetic_rows(), target=(target, tok))
         cell.train = OK
     except (UserError, RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
         cell.notes["train"] = one_line(e)
         return cell
-    if read_config(out / "train").get("requires_adapters"):  # Medusa-2 adapts the target it loads onto
+    finally:
+        if adapted(target):  # Medusa-2 put its adapters on the shared target: load it again next time
+            _TARGETS.pop(arch, None)
+    if read_config(out / "train").get("requires_adapters"):  # its adapters go onto a target of their own
         target, tok = tiny_target(arch, fresh=True)
     drafter = Drafter.from_pretrained(out / "train", target=target, tokenizer=tok)
     for name, tree in (("chain", "chain2"), ("tree", "auto")):

@@ -7,10 +7,12 @@ import json
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema import Config
 from draftheads.heads import Drafter
 from draftheads.train.metrics import read_metrics
 from draftheads.train.recipe import train
@@ -55,22 +57,22 @@ def losses(out) -> list[float]:
 
 
 def test_medusa_learns_and_writes_a_loadable_drafter(tmp_path, rows):
-    out = train(
-        config(
-            tmp_path,
-            "draft=medusa",
-            "draft.lm_head=copy",
-            "draft.num_heads=2",
-            "train.lr=3e-2",
-            "train.max_steps=12",
-            "train.eval_every=12",
-        ),
-        rows,
+    cfg = config(
+        tmp_path,
+        "draft=medusa",
+        "draft.lm_head=copy",
+        "draft.num_heads=2",
+        "train.lr=3e-2",
+        "train.max_steps=12",
+        "train.eval_every=12",
     )
+    out = train(cfg, rows)
     ls = losses(out)
     assert sum(ls[-3:]) / 3 < 0.8 * sum(ls[:3]) / 3  # it learns
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "README.md", "resolved_config.yaml", "metrics.jsonl"} <= names
+    resolved = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(out / "resolved_config.yaml"))
+    assert OmegaConf.to_object(resolved) == cfg  # the resolved config reads back as the run's own
     model, tok = get_target("llama")
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
     conf = json.loads((out / "config.json").read_text())

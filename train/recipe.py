@@ -65,13 +65,18 @@ class TrainRecipe:
     """One training run: :meth:`setup`, :meth:`train`, :meth:`save`.
 
     ``hooks`` are called as ``hook(recipe)`` after every optimizer step (progress reporting,
-    tests that interrupt a run at a given step).
+    tests that interrupt a run at a given step). ``target`` is ``(model, tokenizer)`` as
+    :func:`~draftheads.heads.target.load.load_target` loaded ``cfg.target`` in this process, to
+    train on instead of loading it again (Medusa-2 adds its LoRA adapters to that model in place).
     """
 
-    def __init__(self, cfg: Config, rows: Any = None, hooks: list[Callable] | None = None) -> None:
+    def __init__(
+        self, cfg: Config, rows: Any = None, hooks: list[Callable] | None = None, target: tuple | None = None
+    ) -> None:
         validate(cfg)
         self.cfg = cfg
         self.given_rows = rows
+        self.given_target = target
         self.hooks = list(hooks or [])
         self.out = Path(cfg.train.output_dir)
         self.ckpt_root = self.out / "checkpoints"
@@ -87,7 +92,7 @@ class TrainRecipe:
         self.stage = zero_stage(cfg.deepspeed)
         resume_from = resume_point(t.resume, self.ckpt_root, self.out, config_dict(cfg))
         torch.manual_seed(t.seed)  # identical drafter initialisation on every rank
-        self.target, self.tokenizer = load_target(cfg.target)
+        self.target, self.tokenizer = self.given_target or load_target(cfg.target)
         cast_shared_inputs(self.target)
         self.drafter = build_drafter(cfg, self.target, self.tokenizer)
         self.module = build_objective(self.drafter, self.target, cfg.draft, t.topk)
@@ -295,14 +300,17 @@ class TrainRecipe:
         return self.out
 
 
-def train(cfg: Config, rows: Any = None, hooks: list[Callable] | None = None) -> Path:
+def train(
+    cfg: Config, rows: Any = None, hooks: list[Callable] | None = None, target: tuple | None = None
+) -> Path:
     """Run a whole training job and return its output directory.
 
     ``rows`` (optional) replaces the data pipeline: any iterable of dicts with ``input_ids`` and
-    ``loss_mask`` (a ``datasets.Dataset`` works). On Ctrl-C the completed steps are saved as a
+    ``loss_mask`` (a ``datasets.Dataset`` works). ``target`` (optional) is the target of
+    ``cfg.target`` already loaded in this process, as ``(model, tokenizer)``. On Ctrl-C the completed steps are saved as a
     checkpoint, so the same call with ``train.resume=auto`` continues the run exactly.
     """
-    recipe = TrainRecipe(cfg, rows, hooks).setup()
+    recipe = TrainRecipe(cfg, rows, hooks, target).setup()
     try:
         recipe.train()
     except KeyboardInterrupt:
