@@ -9,7 +9,7 @@ Trains ``speed.steps`` steps of the ``make bench`` recipe for one drafter on the
 ``speed.tokens`` answer tokens of an offline feature cache (as ``draftheads bench`` does), then
 prints the per-step losses and the mean training tokens/s after the first step (which pays
 one-off costs). For a drafter whose objective counts its FLOPs (DFlash) it also prints the matmul FLOPs per row token of those steps, as
-its objective counts them (``train.objectives.dflash_train_flops``): they depend on the anchors
+its objective counts them (``train.modules.dflash_blocks.dflash_train_flops``): they depend on the anchors
 drawn and on how the micro-batches are laid out, so they are measured, not assumed.
 """
 

@@ -1,5 +1,5 @@
 """draftheads.decode: the tree-attention speculative decoder (Medusa, EAGLE and DFlash drafters;
-one proposer registered per kind, see :mod:`draftheads.decode.proposers`)."""
+one proposer per kind, named by its record, see :mod:`draftheads.decode.proposers`)."""
 
 from draftheads.decode.generator import DecodeStats, SpeculativeGenerator
 

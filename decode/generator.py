@@ -54,7 +54,7 @@ class SpeculativeGenerator(Streaming, Capturing, Prefilling, Stepping):
     target's (temperature, top-k, top-p warped) distribution exactly, except with
     ``config.typical=True`` (Medusa's typical acceptance, faster, not lossless).
 
-    ``drafter`` is any registered drafter (MedusaHeads, EagleDrafter, DFlashDrafter), or None
+    ``drafter`` is a drafter of any kind (MedusaHeads, EagleDrafter, DFlashDrafter), or None
     for lookup decoding alone (prompt lookup branches, no model). The drafter is moved to the device and dtype of the target's
     lm_head (a sharded target's last device; oneDNN packs none of the layers it offloads). Its
     tree is ``config.tree``: ``auto`` (``tree.json`` beside the heads when the drafter was

@@ -13,7 +13,7 @@ huggingface_hub's ``ModelCard``/``ModelCardData``:
   the head count for Medusa and to ``block_size - 1`` for DFlash.
 
 What differs per kind (tags, the one-line description, the engines and methods that serve it)
-is asked from the kind's registration (:mod:`draftheads.heads.kinds`).
+is asked from the kind's heads facts (:mod:`draftheads.heads.kinds`).
 """
 
 from __future__ import annotations

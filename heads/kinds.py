@@ -27,6 +27,7 @@ The card and export facts read a checkpoint's ``config.json`` dict (``conf``: ``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -35,11 +36,11 @@ from torch import nn
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds import BUILTIN_KINDS, kind_record
 
-if TYPE_CHECKING:  # named in annotations only: the registry imports no other heads module
+if TYPE_CHECKING:  # named in annotations only: this module imports no other heads module
     from draftheads.conf.schema.heads import DraftConfig
     from draftheads.heads.engine.spec import EngineFormat, Rule
 
-# The registry sits below every other heads module (they import it, it imports none of them), so
+# This module sits below every other heads module (they import it, it imports none of them), so
 # the drafter, a published checkpoint and a target fingerprint are typed loosely here.
 Drafter = nn.Module
 Converted = tuple[str, dict[str, Any], dict[str, torch.Tensor]]  # (kind, spec, tensors)
@@ -68,10 +69,12 @@ class DrafterKind:
     speculators_type: ClassVar[str | None] = None
     # the engine layout (as heads.layouts names it) whose tensors speculators' layout of this kind
     # holds under other names, read through that layout's converter (None: the kind converts
-    # speculators' own layout, registered in ``layouts`` under ``speculators_type``)
+    # speculators' own layout, listed in ``layouts`` under ``speculators_type``)
     speculators_engine_layout: ClassVar[str | None] = None
     # "EAGLE-{version}", "DFlash (block {block_size})": the kind as one phrase, from DraftConfig fields
     title: ClassVar[str] = ""
+    # the files or tensors that mark its published layouts, named when a folder holds no known layout
+    layout_hint: ClassVar[str] = ""
 
     # ---- building --------------------------------------------------------------------------
     def build(self, d: DraftConfig, fp: Any, target_config: dict[str, Any], tokenizer: Any) -> Drafter:
@@ -131,6 +134,17 @@ class DrafterKind:
         raise UserError(self.speculators_refusal({"kind": self.name, "spec": drafter.spec()}) or "")
 
     # ---- import ----------------------------------------------------------------------------
+    def detect_files(self, directory: Path, config: dict[str, Any]) -> Any | None:
+        """The official checkpoint of this kind in ``directory`` that its files or its
+        ``config.json`` dict ``config`` mark (a :class:`~draftheads.heads.layouts.OfficialCheckpoint`),
+        or None; asked before any tensor name is read."""
+        return None
+
+    def classify_keys(self, keys: list[str], files: list[Path]) -> str | None:
+        """The published layout of this kind that a full checkpoint's tensor names ``keys`` (in
+        ``files``) imply, or None."""
+        return None
+
     def import_problem(self, spec: dict[str, Any], tokenizer: Any, origin: str) -> str | None:
         """Why an imported drafter's arguments ``spec`` cannot serve with ``tokenizer`` (checked as
         our training checks the same setting), naming the field as the file of ``origin``

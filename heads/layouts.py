@@ -1,13 +1,16 @@
-"""Official Medusa, EAGLE and DFlash checkpoints on disk: reading their files and recognising the layout.
+"""Official drafter checkpoints on disk: reading their files and recognising the layout.
 
-See :mod:`draftheads.heads.convert.official` for the layouts and their conversion. Pickles are read with
+Each kind recognises its own layouts (``heads/<kind>/layout.py``, asked through the kind's
+:meth:`~draftheads.heads.kinds.DrafterKind.detect_files` and
+:meth:`~draftheads.heads.kinds.DrafterKind.classify_keys`); :func:`detect_layout` asks the kinds in
+the order of their records. See :mod:`draftheads.heads.convert.official` for the layouts and their
+conversion. Pickles are read with
 ``torch.load(weights_only=True)`` only; safetensors headers are read without loading tensors.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,14 +21,12 @@ from safetensors import SafetensorError, safe_open
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.checkpoint import CONFIG_NAME
+from draftheads.heads.kinds import KINDS
 from draftheads.heads.speculators import is_speculators_config, readable_types, speculators_layout
 from draftheads.heads.speculators_checks import check_layer_config
 
-MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
-MEDUSA2_PREFIX = "medusa_head."
-DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab's class name, also what vLLM and SGLang register
 
 
 @dataclass
@@ -136,34 +137,6 @@ def read_tensors(files: list[Path], keep: Callable[[str], bool] = lambda k: True
 
 
 # ---- detection -----------------------------------------------------------------------------
-def is_dflash_config(config: dict[str, Any]) -> bool:
-    """True for a DFlash drafter's ``config.json`` (z-lab's, or a vLLM/SGLang export): it names
-    ``DFlashDraftModel`` or carries a ``dflash_config`` section."""
-    architectures = config.get("architectures") or []
-    return DFLASH_ARCHITECTURE in architectures or isinstance(config.get("dflash_config"), dict)
-
-
-EAGLE3_MARKS = ("d2t", "hidden_norm.weight", "midlayer.hidden_norm.weight", "layers.0.hidden_norm.weight")
-
-
-def classify_keys(keys: list[str], fc_in: int | None = None, hidden: int | None = None) -> str | None:
-    """The official layout that a full checkpoint's tensor names imply, or None.
-
-    EAGLE-3 is known by its own tensors, whatever its layer prefix (``midlayer.*`` or vLLM's
-    ``layers.0.*``): a ``d2t`` map, a ``hidden_norm``, or an ``fc`` over three target states
-    (``fc_in == 3 * hidden``). EAGLE-1 is ``fc`` over two states plus ``layers.{i}.*``.
-    """
-    if any(k.startswith(MEDUSA2_PREFIX) for k in keys):
-        return "medusa-2"
-    if any(k.startswith("midlayer.") for k in keys) or any(m in keys for m in EAGLE3_MARKS):
-        return "eagle-3"
-    if "fc.weight" in keys and fc_in is not None and hidden is not None and fc_in == 3 * hidden:
-        return "eagle-3"
-    if "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys):
-        return "eagle-1"
-    return None
-
-
 def fc_shape(files: list[Path]) -> tuple[int, int] | None:
     """``fc.weight``'s shape (out, in) from the first file that holds it (safetensors: header only)."""
     for path in files:
@@ -195,30 +168,19 @@ def detect_layout(directory: Path) -> OfficialCheckpoint | None:
     config = config or {}
     if is_speculators_config(config):
         return speculators_checkpoint(directory, config)
-    if is_dflash_config(config):
-        files = weight_files(directory)
-        if not files:
-            raise UserError(
-                f"{cfg_path} describes a DFlash drafter but {directory} holds no model.safetensors "
-                "(or pytorch_model.bin); the download is incomplete"
-            )
-        return OfficialCheckpoint("dflash", directory, files, config)
-    for name in MEDUSA_FILES:
-        if (directory / name).is_file():
-            keys = list_keys([directory / name])
-            version = "v1" if _medusa_has_lm_heads(keys) else "v2"
-            return OfficialCheckpoint(f"medusa-{version}", directory, [directory / name], config)
+    for kind in KINDS.values():
+        found = kind.detect_files(directory, config)
+        if found is not None:
+            return found
     files = weight_files(directory)
     if not files:
         return None
     keys = list_keys(files)
-    shape = fc_shape(files) if "fc.weight" in keys else None
-    layout = classify_keys(keys, *(shape[::-1] if shape else (None, None)))
+    layout = next((layout for kind in KINDS.values() if (layout := kind.classify_keys(keys, files))), None)
     if layout is None:
         raise UserError(
-            f"{directory}: neither a draftheads checkpoint (config.json with 'kind') nor an official Medusa, "
-            f"EAGLE or DFlash layout (medusa_lm_head.*, medusa_head.*, fc + layers.0.*, midlayer.*, a config.json "
-            f"naming {DFLASH_ARCHITECTURE}) in {files[0].name}"
+            f"{directory}: neither a draftheads checkpoint (config.json with 'kind') nor an official drafter "
+            f"layout ({', '.join(k.layout_hint for k in KINDS.values() if k.layout_hint)}) in {files[0].name}"
         )
     return OfficialCheckpoint(layout, directory, files, config)
 
@@ -236,10 +198,3 @@ def speculators_checkpoint(directory: Path, config: dict[str, Any]) -> OfficialC
             f"{directory} holds no model.safetensors; the download is incomplete"
         )
     return OfficialCheckpoint(layout, directory, files, engine_config, "speculators", config)
-
-
-MEDUSA_KEY = re.compile(r"^(\d+)\.(\d+)\.(?:(linear)\.)?(weight|bias)$")
-
-
-def _medusa_has_lm_heads(keys: list[str]) -> bool:
-    return any((m := MEDUSA_KEY.match(k)) and m.group(3) is None for k in keys)

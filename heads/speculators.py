@@ -107,7 +107,7 @@ def speculators_layout(config: dict[str, Any], where: str) -> tuple[str, dict[st
     """(our layout, the config its converter reads) of a speculators config, checked first: an
     engine layout and its config for the types read that way (the owning kind's
     ``speculators_engine_layout``), else the
-    type itself and the speculators config, which the kind registered for it converts.
+    type itself and the speculators config, which the kind that lists it converts.
 
     Refused in one line: a type no kind reads (named, with why where known), a
     ``speculators_config`` whose default proposal method it does not define, and drafter

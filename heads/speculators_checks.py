@@ -11,7 +11,7 @@ import difflib
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.layers import feature_layers_problem
+from draftheads.conf.schema.kinds.eagle import feature_layers_problem
 
 DEFAULT_LAYER_TYPE = "qwen3"  # speculators saves the layer config as a diff against this class
 EAGLE_IDS = "eagle_aux_hidden_state_layer_ids"

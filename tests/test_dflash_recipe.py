@@ -14,7 +14,7 @@ from bench.lab.rows import check_ablations, row_layers, row_settings, split_over
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.heads import DraftConfig
-from draftheads.conf.schema.layers import spread_layers
+from draftheads.conf.schema.kinds.dflash import spread_layers
 from draftheads.data.regenerated import check_regenerated_by
 from draftheads.heads import Drafter, fingerprint
 from draftheads.train.metrics import read_metrics

@@ -197,7 +197,7 @@ def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
     drafter = build_drafter(cfg, model, tok)
     L = fp.num_layers
     assert drafter.training_layers() == cfg.draft.training_layers(L)
-    from draftheads.conf.schema.layers import default_eagle3_layers
+    from draftheads.conf.schema.kinds.eagle import default_eagle3_layers
 
     expected = {"medusa": [L], 1: [L, L], 3: draft.get("feature_layers", default_eagle3_layers(L)) + [L]}
     assert (
@@ -207,7 +207,7 @@ def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
 
 # ---- EAGLE-3 feature layers and nonsensical drafter configs ---------------------------------------
 def test_default_eagle3_layers_are_distinct_ascending_and_servable():
-    from draftheads.conf.schema.layers import default_eagle3_layers
+    from draftheads.conf.schema.kinds.eagle import default_eagle3_layers
 
     for L in range(4, 257):
         layers = default_eagle3_layers(L)

@@ -21,7 +21,7 @@ from draftheads.data.outdir import release_out_dir
 from draftheads.heads import DFlashDrafter, Drafter, fingerprint
 from draftheads.train.metrics import read_metrics
 from draftheads.train.modules import DFlashObjective
-from draftheads.train.objectives import (
+from draftheads.train.modules.dflash_blocks import (
     anchor_candidates,
     block_acceptance,
     block_decay,

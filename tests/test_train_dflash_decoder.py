@@ -14,7 +14,7 @@ from draftheads.decode.static import hidden_request
 from draftheads.heads import DFlashDrafter, fingerprint
 from draftheads.train.batching import collate, collate_packed, micro_batch
 from draftheads.train.modules import DFlashObjective
-from draftheads.train.objectives import anchor_candidates, block_targets, chunked_anchors
+from draftheads.train.modules.dflash_blocks import anchor_candidates, block_targets, chunked_anchors
 from tests.conftest import get_target
 from tests.test_decode_dflash import BLOCK, dflash, scratch_log_q
 

@@ -34,7 +34,7 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
     d = cfg.draft
     if d.init_from_target:  # refused before anything is built (only kinds with decoder layers take it)
         last_layers(target, d.num_decoder_layers)
-    problem = depth_problem(d.kind, d.version, d.num_decoder_layers, fp.num_layers)
+    problem = depth_problem(d, fp.num_layers)
     if problem:
         raise UserError(problem)
     objective_class(d.kind).check_setup(d, tokenizer)
@@ -43,7 +43,7 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
 
 
 def build_objective(drafter: Drafter, target: nn.Module, d: DraftConfig, topk: int) -> Objective:
-    """The module DeepSpeed trains, as the kind's registered objective builds it (Medusa-2,
+    """The module DeepSpeed trains, as the objective of the kind's record builds it (Medusa-2,
     ``draft.lora``, first adds LoRA adapters to the target and marks the drafter as needing them)."""
     return objective_class(d.kind).build(drafter, target, d, topk)
 

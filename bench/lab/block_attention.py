@@ -26,7 +26,7 @@ from draftheads.heads import Drafter
 from draftheads.heads.dflash import DFlashDrafter
 from draftheads.heads.features import target_features
 from draftheads.heads.target.load import load_target
-from draftheads.train.objectives import block_inputs, block_mask, block_positions
+from draftheads.train.modules.dflash_blocks import block_inputs, block_mask, block_positions
 
 
 def position1_attention(d: DFlashDrafter, feats: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.bench_drafters import BENCH_DRAFTERS
+from draftheads.conf.schema.bench_drafters import BENCH_DRAFTERS, default_drafters
 from draftheads.conf.schema.checks import at_least, positive
 from draftheads.conf.schema.data import DataConfig
 from draftheads.conf.schema.decode import DecodeConfig, EvalConfig, check_prompt_source
@@ -74,7 +74,7 @@ class BenchConfig:
     topk: int = 64
     shard_mb: float = 64.0
     save_every: int = 200
-    drafters: list[str] = field(default_factory=lambda: ["medusa", "eagle3", "dflash"])
+    drafters: list[str] = field(default_factory=default_drafters)
     medusa_steps: int = 150
     medusa_tokens: int = 68_000
     eagle_steps: int = 1500

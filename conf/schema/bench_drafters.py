@@ -56,6 +56,11 @@ def bench_drafter_for(d: DraftConfig) -> BenchDrafter | None:
     )
 
 
+def default_drafters() -> list[str]:
+    """The bench names ``bench.drafters`` lists by default: the rows their records mark ``default``."""
+    return [b.name for b in BENCH_DRAFTERS.values() if b.default]
+
+
 def row_base() -> BenchDrafter:
     """The bench drafter whose recipe a study row that names no draft group trains on."""
     return next(b for b in BENCH_DRAFTERS.values() if b.row_base)

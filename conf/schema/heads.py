@@ -7,7 +7,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.kinds import DRAFT_KINDS, draft_kind, unknown_kind_problem
+from draftheads.conf.schema.kinds import BUILTIN_KINDS, DRAFT_KINDS, draft_kind, unknown_kind_problem
 from draftheads.conf.schema.tiny import TINY_CONFIGS
 
 LM_HEAD_MODES = ("shared", "copy")
@@ -182,7 +182,7 @@ def max_memory_problem(t: TargetConfig) -> str | None:
 class DraftConfig:
     """Shape and objective of the drafter (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3, dflash, peagle)."""
 
-    kind: str = "medusa"
+    kind: str = BUILTIN_KINDS[0].name  # the first record's kind
     # --- Medusa ---
     num_heads: int = 4
     num_layers: int = 1

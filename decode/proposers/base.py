@@ -120,7 +120,6 @@ def single_node(root: torch.Tensor) -> Tree:
     return Tree(root[:, None], zero, zero, ones, torch.ones_like(zero, dtype=torch.bool))
 
 
-# drafter kind -> the proposer class that drafts with it; each class registers itself
 def proposer_class(kind: str) -> Any:
     """The proposer class its record names for drafter ``kind``; one clear error naming the known kinds."""
     return kind_record(kind).proposer_class()

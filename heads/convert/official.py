@@ -25,7 +25,7 @@ layout          files                                            keys
 ==============  ===============================================  =====================================
 
 Each kind converts in its own folder (:mod:`~draftheads.heads.medusa.convert`,
-:mod:`~draftheads.heads.eagle.convert`, :mod:`~draftheads.heads.dflash.convert`) and registers its
+:mod:`~draftheads.heads.eagle.convert`, :mod:`~draftheads.heads.dflash.convert`) and lists its
 layouts (``DrafterKind.layouts``); this one picks the converter for the layout, checks the
 tensors against the built drafter, and records where an import came from.
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from draftheads.conf.schema.layers import dflash_layers_problem
+from draftheads.conf.schema.kinds.dflash import dflash_layers_problem
 from draftheads.heads.engine.spec import (
     LLAMA_FIELDS,
     EngineFormat,

@@ -15,7 +15,7 @@ import torch
 
 from draftheads.conf.errors import UserError
 from draftheads.heads.base import Drafter
-from draftheads.heads.layouts import DFLASH_ARCHITECTURE
+from draftheads.heads.dflash.layout import DFLASH_ARCHITECTURE
 
 
 def sglang_refusal(conf: dict[str, Any]) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftheads.heads.dflash import layout
 from draftheads.heads.dflash.convert import build_dflash
 from draftheads.heads.dflash.engine import DFLASH_FORMATS, DFLASH_RULES
 from draftheads.heads.dflash.export import export_dflash, sglang_refusal
@@ -24,6 +25,10 @@ class DFlashKind(DrafterKind):
     speculators_type = "dflash"
     speculators_engine_layout = "dflash"
     title = "DFlash (block {block_size})"
+    layout_hint = layout.HINT
+
+    def detect_files(self, directory, config):
+        return layout.detect_files(directory, config)
 
     def build(self, d, fp, target_config, tokenizer) -> DFlashDrafter:
         """``draft.mask_token_id``, else the tokenizer's choice (no tokenizer: the last id)."""

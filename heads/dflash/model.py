@@ -36,7 +36,7 @@ from torch import nn
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
-from draftheads.conf.schema.layers import dflash_feature_layers, dflash_layers_problem
+from draftheads.conf.schema.kinds.dflash import dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.attention import foldable, grouped_attention
 from draftheads.heads.base import Drafter
 from draftheads.heads.draft_layers import llama_layers

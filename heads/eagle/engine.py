@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from draftheads.conf.schema.layers import feature_layers_problem
+from draftheads.conf.schema.kinds.eagle import feature_layers_problem
 from draftheads.heads.engine.spec import LLAMA_FIELDS, EngineFormat, Rule, TensorRule, llama_layer_rules
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.layers import feature_layers_problem
+from draftheads.conf.schema.kinds.eagle import feature_layers_problem
 from draftheads.heads.base import Drafter
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftheads.heads.eagle import layout
 from draftheads.heads.eagle.convert import build_eagle
 from draftheads.heads.eagle.engine import EAGLE_FORMATS, EAGLE_RULES
 from draftheads.heads.eagle.export import export_eagle1, export_eagle3
@@ -27,6 +28,10 @@ class EagleKind(DrafterKind):
     speculators_engine_layout = "eagle-3"
     title = "EAGLE-{version}"
     any_chain = True
+    layout_hint = layout.HINT
+
+    def classify_keys(self, keys, files) -> str | None:
+        return layout.classify_keys(keys, files)
 
     def build(self, d, fp, target_config, tokenizer) -> EagleDrafter:
         return EagleDrafter(

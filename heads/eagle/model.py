@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
+from draftheads.conf.schema.kinds.eagle import eagle_input_layers, feature_layers_problem
 from draftheads.heads.base import Drafter
 from draftheads.heads.draft_layers import (
     WINDOW_KEYS,

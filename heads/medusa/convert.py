@@ -16,13 +16,8 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.heads.layouts import (
-    MEDUSA2_PREFIX,
-    MEDUSA_KEY,
-    OfficialCheckpoint,
-    iter_tensors,
-    read_tensors,
-)
+from draftheads.heads.layouts import OfficialCheckpoint, iter_tensors, read_tensors
+from draftheads.heads.medusa.layout import MEDUSA2_PREFIX, MEDUSA_KEY
 from draftheads.heads.target.fingerprint import TargetFingerprint
 
 log = logging.getLogger(__name__)

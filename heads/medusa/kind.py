@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftheads.heads.kinds import DrafterKind, Export
+from draftheads.heads.medusa import layout
 from draftheads.heads.medusa.convert import build_medusa
 from draftheads.heads.medusa.engine import MEDUSA_FORMATS, MEDUSA_RULES
 from draftheads.heads.medusa.export import export_medusa
@@ -21,6 +22,13 @@ class MedusaKind(DrafterKind):
     formats = MEDUSA_FORMATS
     rules = MEDUSA_RULES
     title = "Medusa ({num_heads} heads)"
+    layout_hint = layout.HINT
+
+    def detect_files(self, directory, config):
+        return layout.detect_files(directory, config)
+
+    def classify_keys(self, keys, files) -> str | None:
+        return layout.classify_keys(keys, files)
 
     def build(self, d, fp, target_config, tokenizer) -> MedusaHeads:
         return MedusaHeads(fp, num_heads=d.num_heads, num_layers=d.num_layers, lm_head=d.lm_head)

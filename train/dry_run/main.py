@@ -19,7 +19,6 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
 from draftheads.conf.schema.kinds import depth_problem, draft_kind
 from draftheads.heads import drafter_kind
-from draftheads.train import modules  # noqa: F401  (registers every kind's training cost)
 from draftheads.train.dry_run.sizing import Needs, real_needs
 from draftheads.train.dry_run.tiny_run import TINY, tiny_config, tiny_layers, tiny_losses
 from draftheads.train.engine import zero_stage
@@ -104,9 +103,7 @@ def run(cfg: Config, train: Callable[[Config], Any]) -> None:
             f"train.dry_run=true sizes {', '.join(sized)} drafters, not draft.kind={cfg.draft.kind}; "
             f"use {' or '.join(draft_kind(k).options for k in sized)}"
         )
-    problem = depth_problem(
-        cfg.draft.kind, cfg.draft.version, cfg.draft.num_decoder_layers, cfg.recipe.shape.num_hidden_layers
-    )
+    problem = depth_problem(cfg.draft, cfg.recipe.shape.num_hidden_layers)
     if problem:
         raise UserError(problem)
     needs = real_needs(cfg)  # the real drafter is built first: a recipe that cannot build stops here

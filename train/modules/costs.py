@@ -1,5 +1,5 @@
 """What training a drafter costs per row token: the kinds' costs the dry run sizes from, and the
-pieces the kinds' formulae share.
+pieces the kinds' formulae share (each kind's formula is its own, beside its objective).
 
 A kind's cost function sits beside its objective (``train/modules/<kind>.py``) and its record
 names it (``cost``, a dotted path);
@@ -22,7 +22,7 @@ from draftheads.conf.schema.train import TrainConfig
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from draftheads.heads import DFlashDrafter, Drafter, EagleDrafter
+    from draftheads.heads import Drafter
 
 
 def count(module: nn.Module | None, trainable: bool = False) -> int:
@@ -68,43 +68,3 @@ def sized_kinds() -> list[str]:
 def kind_cost(kind: str) -> Cost | None:
     """The training cost function the record of ``kind`` names, or None (the dry run does not size it)."""
     return kind_record(kind, "draft.kind").cost_function()
-
-
-def eagle_cost(
-    drafter: EagleDrafter, d: DraftConfig, S: int, element: int, online: bool, steps: float | None = None
-) -> DraftCost:
-    """EAGLE: fc once per token, then ``steps`` (default ``ttt_steps``) passes of the layers and
-    the head per token.
-
-    flops = 6 fc + T (6 layers + 6 S A n + (6 if the head trains else 4) H Vh)
-    """
-    T, H = d.ttt_steps if steps is None else steps, drafter.target_fingerprint.hidden_size
-    A, _ = attention_widths(drafter.layer_config)
-    n = len(drafter.layers)
-    own_head = getattr(drafter, "lm_head", None)  # EAGLE-3 trains its own; EAGLE-1 reads the target's
-    vocab = own_head.out_features if own_head is not None else drafter.target_fingerprint.vocab_size
-    head_factor = 6 if own_head is not None else 4
-    flops = 6 * count(drafter.fc) + T * (6 * count(drafter.layers) + 6 * S * A * n + head_factor * H * vocab)
-    per_query = n * layer_activation(drafter.layer_config, element) + 8 * vocab
-    widened = element * 2 * H if d.version == 3 else 0  # q/k/v read concat(embedding, feature)
-    teacher = 4 * drafter.target_fingerprint.vocab_size if online else 0
-    activation = T * (per_query + widened) + element * drafter.fc.in_features + teacher
-    return DraftCost(flops, activation, online)
-
-
-def dflash_cost(drafter: DFlashDrafter, d: DraftConfig, S: int, element: int) -> DraftCost:
-    """DFlash: the context keys/values of every row token, then ``anchors x block`` query tokens
-    per row through the layers and the frozen head.
-
-    flops = 6 (fc + 2 H KV n) + q (6 layers + 12 n (S/2 + b) A + 4 H Vd),  q = anchors b / S
-    """
-    H, b = drafter.target_fingerprint.hidden_size, d.block_size
-    A, KV = attention_widths(drafter.layer_config)
-    n = len(drafter.layers)
-    q = d.anchors_per_row * b / S if d.anchors_per_row else b  # 0: a block at every position (at most)
-    context = count(drafter.fc) + 2 * H * KV * n
-    query = 6 * count(drafter.layers) + 12 * n * (S / 2 + b) * A + 4 * H * drafter.draft_vocab_size
-    flops = 6 * context + q * query
-    per_query = n * layer_activation(drafter.layer_config, element) + 8 * drafter.draft_vocab_size
-    activation = q * per_query + element * (drafter.fc.in_features + H + 2 * KV * n)
-    return DraftCost(flops, activation)

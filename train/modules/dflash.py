@@ -5,7 +5,7 @@ position-decayed loss; evaluation drafts a block at every answer position."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +17,8 @@ from draftheads.heads.features import target_features
 from draftheads.train.engine import gathered
 from draftheads.train.guards import dflash_topk
 from draftheads.train.modules.base import Objective, chunked_argmax
-from draftheads.train.modules.costs import DraftCost, dflash_cost
-from draftheads.train.objectives import (
-    Stats,
+from draftheads.train.modules.costs import DraftCost, attention_widths, count, layer_activation
+from draftheads.train.modules.dflash_blocks import (
     anchor_candidates,
     block_acceptance,
     block_decay,
@@ -31,16 +30,22 @@ from draftheads.train.objectives import (
     dflash_train_flops,
     documents,
     dpace_weights,
+    sample_anchors,
+    token_uniforms,
+)
+from draftheads.train.objectives import (
+    Stats,
     head_stats,
     label_mask,
-    sample_anchors,
     shift_left,
     sparse_soft_cross_entropy,
-    token_uniforms,
     topk_teacher,
 )
 from draftheads.train.rows import check_anchor_count, check_block_size, check_mask_choice, check_mask_token
 from draftheads.train.vocab import set_draft_vocab
+
+if TYPE_CHECKING:
+    from draftheads.heads.dflash import DFlashDrafter
 
 
 def blind_blocks(
@@ -54,6 +59,24 @@ def blind_blocks(
     if dropout <= 0:
         return None
     return (torch.rand(shape, dtype=torch.float64) >= dropout).to(device)
+
+
+def dflash_cost(drafter: DFlashDrafter, d: DraftConfig, S: int, element: int) -> DraftCost:
+    """DFlash: the context keys/values of every row token, then ``anchors x block`` query tokens
+    per row through the layers and the frozen head.
+
+    flops = 6 (fc + 2 H KV n) + q (6 layers + 12 n (S/2 + b) A + 4 H Vd),  q = anchors b / S
+    """
+    H, b = drafter.target_fingerprint.hidden_size, d.block_size
+    A, KV = attention_widths(drafter.layer_config)
+    n = len(drafter.layers)
+    q = d.anchors_per_row * b / S if d.anchors_per_row else b  # 0: a block at every position (at most)
+    context = count(drafter.fc) + 2 * H * KV * n
+    query = 6 * count(drafter.layers) + 12 * n * (S / 2 + b) * A + 4 * H * drafter.draft_vocab_size
+    flops = 6 * context + q * query
+    per_query = n * layer_activation(drafter.layer_config, element) + 8 * drafter.draft_vocab_size
+    activation = q * per_query + element * (drafter.fc.in_features + H + 2 * KV * n)
+    return DraftCost(flops, activation)
 
 
 class DFlashObjective(Objective):

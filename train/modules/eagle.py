@@ -5,13 +5,14 @@ steps, each step's features regressed and tokens distilled from the target's dis
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.train import TrainConfig
 from draftheads.train.modules.base import Objective, chunked_argmax
-from draftheads.train.modules.costs import DraftCost, eagle_cost
+from draftheads.train.modules.costs import DraftCost, attention_widths, count, layer_activation
 from draftheads.train.objectives import (
     Stats,
     feature_regression,
@@ -26,6 +27,31 @@ from draftheads.train.objectives import (
 )
 from draftheads.train.unroll import unroll
 from draftheads.train.vocab import set_draft_vocab
+
+if TYPE_CHECKING:
+    from draftheads.heads.eagle import EagleDrafter
+
+
+def eagle_cost(
+    drafter: EagleDrafter, d: DraftConfig, S: int, element: int, online: bool, steps: float | None = None
+) -> DraftCost:
+    """EAGLE: fc once per token, then ``steps`` (default ``ttt_steps``) passes of the layers and
+    the head per token.
+
+    flops = 6 fc + T (6 layers + 6 S A n + (6 if the head trains else 4) H Vh)
+    """
+    T, H = d.ttt_steps if steps is None else steps, drafter.target_fingerprint.hidden_size
+    A, _ = attention_widths(drafter.layer_config)
+    n = len(drafter.layers)
+    own_head = getattr(drafter, "lm_head", None)  # EAGLE-3 trains its own; EAGLE-1 reads the target's
+    vocab = own_head.out_features if own_head is not None else drafter.target_fingerprint.vocab_size
+    head_factor = 6 if own_head is not None else 4
+    flops = 6 * count(drafter.fc) + T * (6 * count(drafter.layers) + 6 * S * A * n + head_factor * H * vocab)
+    per_query = n * layer_activation(drafter.layer_config, element) + 8 * vocab
+    widened = element * 2 * H if drafter.version == 3 else 0  # EAGLE-3: q/k/v read concat(embedding, feature)
+    teacher = 4 * drafter.target_fingerprint.vocab_size if online else 0
+    activation = T * (per_query + widened) + element * drafter.fc.in_features + teacher
+    return DraftCost(flops, activation, online)
 
 
 class EagleObjective(Objective):

@@ -29,8 +29,8 @@ from draftheads.heads.peagle.sampling import DropSampling, conditional_drop, eve
 from draftheads.train.engine import gathered
 from draftheads.train.guards import dflash_topk
 from draftheads.train.modules.base import chunked_argmax
-from draftheads.train.modules.costs import DraftCost, eagle_cost
-from draftheads.train.modules.eagle import EagleObjective
+from draftheads.train.modules.costs import DraftCost
+from draftheads.train.modules.eagle import EagleObjective, eagle_cost
 from draftheads.train.objectives import (
     Stats,
     head_stats,

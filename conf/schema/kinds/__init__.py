@@ -9,6 +9,8 @@ the records, so no registry can hold a kind this tuple lacks.
 
 from __future__ import annotations
 
+from typing import Any
+
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds import dflash, eagle, medusa, peagle
 from draftheads.conf.schema.kinds.dflash import DFlashDraft
@@ -49,14 +51,14 @@ def unknown_kind_problem(name: object) -> str | None:
     return f"draft.kind={name!r} is unknown; use one of {', '.join(DRAFT_KINDS)}"
 
 
-def depth_problem(kind: str, version: int, depth: int, num_layers: int) -> str | None:
-    """Why an EAGLE or DFlash drafter of ``depth`` decoder layers makes no sense for a target of
-    ``num_layers`` layers (it would be deeper, so drafting would cost more than the target's own
-    step), or None. Medusa heads have no decoder layers."""
-    facts = draft_kind(kind)
+def depth_problem(d: Any, num_layers: int) -> str | None:
+    """Why the drafter ``d`` (a ``DraftConfig``) of ``draft.num_decoder_layers`` decoder layers
+    makes no sense for a target of ``num_layers`` layers (it would be deeper, so drafting would
+    cost more than the target's own step), or None; a kind without decoder layers has none."""
+    facts, depth = draft_kind(d.kind), d.num_decoder_layers
     if not facts.decoder_layers or depth <= num_layers:
         return None
-    engines = facts.depth_note(version)
+    engines = facts.depth_note(d)
     return (
         f"draft.num_decoder_layers={depth} is more than the target's {num_layers} layers, so drafting "
         f"would cost more than the target's own step; use at most {num_layers}{engines}"

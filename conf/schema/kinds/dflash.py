@@ -1,14 +1,55 @@
-"""DFlash's draft-config facts."""
+"""DFlash's draft-config facts: its keys and checks, the target layers it reads, its record."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from draftheads.conf.errors import UserError
+from draftheads.conf.schema.kinds.eagle import default_eagle3_layers
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
 from draftheads.conf.schema.kinds.registry import DraftKind
-from draftheads.conf.schema.layers import dflash_feature_layers, dflash_layers_problem
+from draftheads.conf.schema.layers import layer_ids_problem
 
 POSITION_WEIGHTS = ("decay", "dpace")
+
+
+def dflash_layers_problem(layers: list[int], num_layers: int | None = None) -> str | None:
+    """Why ``layers`` cannot be a DFlash drafter's ``draft.feature_layers``, or None.
+
+    The engines' rule as for EAGLE-3 (ids index the target's ``hidden_states``: distinct,
+    ascending, from 1, each the input of a layer the engine can capture, so at most L - 1), but any
+    number of layers (the reference uses 1 to 5).
+    """
+    if not layers:
+        return f"draft.feature_layers={list(layers)}: a DFlash drafter reads at least one target layer"
+    return layer_ids_problem(layers, num_layers, None if num_layers is None else num_layers - 1)
+
+
+def spread_layers(num_layers: int, depth: int) -> list[int]:
+    """The reference DFlash rule (z-lab's ``build_target_layer_ids``), one target layer per drafter
+    layer: ``[L // 2]`` for one, else ``round(1 + i (L - 4) / (depth - 1))`` for i < depth, evenly
+    from layer 1 to L - 3. Refuses a depth whose ids would not be distinct layers of the target."""
+    if depth == 1:
+        return [num_layers // 2]
+    span = num_layers - 4
+    ids = [round(1 + i * span / (depth - 1)) for i in range(depth)]
+    if span < 1 or len(set(ids)) != depth:
+        raise UserError(
+            f"draft.num_decoder_layers={depth} with draft.feature_rule=spread needs {depth} distinct target "
+            f"layers in 1..{num_layers - 3}, and the target has {num_layers} layers; use at most "
+            f"{max(1, num_layers - 3)} drafter layers, or draft.feature_rule=eagle3"
+        )
+    return ids
+
+
+def dflash_feature_layers(
+    feature_layers: list[int] | None, num_layers: int, rule: str = "eagle3", depth: int = 1
+) -> list[int]:
+    """The target layers a DFlash drafter reads: the given ones, else those of ``rule``: EAGLE-3's
+    three (``eagle3``: one feature cache serves both drafters) or :func:`spread_layers`."""
+    if feature_layers:
+        return list(feature_layers)
+    return spread_layers(num_layers, depth) if rule == "spread" else default_eagle3_layers(num_layers)
 
 
 class DFlashDraft(DraftKind):
@@ -79,6 +120,7 @@ KIND = KindRecord(
             streamed=True,
             flops="forward and backward: fc, context keys and values, the block layers and their attention, "
             "the draft head on the counted positions",
+            default=True,
         ),
     ),
 )

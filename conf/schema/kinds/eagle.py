@@ -1,12 +1,56 @@
-"""EAGLE-1's and EAGLE-3's draft-config facts."""
+"""EAGLE-1's and EAGLE-3's draft-config facts: their keys and checks, the target layers they read, their record."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
 from draftheads.conf.schema.kinds.registry import DraftKind
-from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
+from draftheads.conf.schema.layers import layer_ids_problem
+
+
+def feature_layers_problem(
+    layers: list[int], version: int, num_layers: int | None = None, last: int | None = None
+) -> str | None:
+    """Why ``layers`` cannot be an EAGLE drafter's ``draft.feature_layers``, or None.
+
+    Ids index the target's ``hidden_states`` (the input of layer i). Serving engines capture each
+    auxiliary layer once, in ascending layer order, as ``hidden_states + residual``, which does
+    not exist at layer 0; so the ids must be distinct, ascending and at least 1, or the engine
+    permutes fc's input columns (unsorted), crashes (duplicates) or fails at layer 0. With
+    ``num_layers`` the ids must also be at most ``last`` (default ``num_layers``: the final state).
+    """
+    key = f"draft.feature_layers={list(layers)}"
+    count = 3 if version == 3 else 1
+    if len(layers) != count:
+        return f"{key}: EAGLE-{version} reads {count} target layer(s), this lists {len(layers)}"
+    return layer_ids_problem(layers, num_layers, num_layers if last is None else last)
+
+
+def default_eagle3_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's three feature layers for an ``num_layers``-layer target: distinct, ascending, >= 1.
+
+    Inputs of layers 2, L//2 and L-3 (as in EAGLE-3, SpecForge and vLLM) when those are distinct
+    (L >= 7); for 4 to 6 layers, the inputs of layers 1, L//2 and L-1. Targets with fewer than 4
+    layers have fewer than three servable layers (1..L-1) and are refused: name the layers
+    with ``draft.feature_layers`` or use EAGLE-1.
+    """
+    if num_layers >= 7:
+        return [2, num_layers // 2, num_layers - 3]
+    if num_layers >= 4:
+        return [1, num_layers // 2, num_layers - 1]
+    raise UserError(
+        f"EAGLE-3 reads three distinct target layers from 1..L-1, and this target has only "
+        f"{num_layers} layer(s); set draft.feature_layers=[...] explicitly or use draft=eagle"
+    )
+
+
+def eagle_input_layers(version: int, feature_layers: list[int] | None, num_layers: int) -> list[int]:
+    """The target layers an EAGLE drafter reads: the given ones, else EAGLE-3's three or the last."""
+    if feature_layers:
+        return list(feature_layers)
+    return default_eagle3_layers(num_layers) if version == 3 else [num_layers]
 
 
 class EagleDraft(DraftKind):
@@ -33,10 +77,10 @@ class EagleDraft(DraftKind):
         """The input layers plus the final state, the regression and distillation target."""
         return eagle_input_layers(d.version, d.feature_layers, num_layers) + [num_layers]
 
-    def depth_note(self, version: int) -> str:
+    def depth_note(self, d: Any) -> str:
         return (
             "; vLLM and SGLang serve EAGLE-3 drafters of one layer (draft.num_decoder_layers=1)"
-            if version == 3
+            if d.version == 3
             else ""
         )
 
@@ -66,7 +110,15 @@ KIND = KindRecord(
     bench=(
         BenchDrafter("eagle", "eagle", ("draft=eagle",), "5e-4", version=1, eagle=True),
         BenchDrafter(
-            "eagle3", "eagle", ("draft=eagle3",), "1e-3", version=3, streamed=True, eagle=True, row_base=True
+            "eagle3",
+            "eagle",
+            ("draft=eagle3",),
+            "1e-3",
+            version=3,
+            streamed=True,
+            eagle=True,
+            row_base=True,
+            default=True,
         ),
     ),
 )

@@ -46,6 +46,7 @@ KIND = KindRecord(
             steps="medusa_steps",
             tokens="medusa_tokens",
             tree=True,
+            default=True,
         ),
     ),
 )

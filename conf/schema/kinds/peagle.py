@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftheads.conf.schema.kinds.eagle import eagle_input_layers, feature_layers_problem
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
 from draftheads.conf.schema.kinds.registry import DraftKind
-from draftheads.conf.schema.layers import eagle_input_layers, feature_layers_problem
 
 # The deepest group a P-EAGLE drafter trains: every group entry attends to the depths before it,
 # and the paper and speculators train groups of 5 to 10; deeper groups pay for depths the
@@ -60,7 +60,7 @@ class PEagleDraft(DraftKind):
         """EAGLE-3's three input layers plus the final state, the distillation target."""
         return eagle_input_layers(3, d.feature_layers, num_layers) + [num_layers]
 
-    def depth_note(self, version: int) -> str:
+    def depth_note(self, d: Any) -> str:
         return "; vLLM serves P-EAGLE drafters of one layer (draft.num_decoder_layers=1)"
 
 

@@ -59,6 +59,7 @@ class BenchDrafter:
     eagle: bool = False  # it can be the EAGLE drafter: scaling points, workloads, the published tree
     row_base: bool = False  # the recipe a study row naming no draft group trains on (one drafter)
     flops: str = ""  # what the FLOPs its objective logs count, said by train-speed ("": none logged)
+    default: bool = False  # it is in the bench's default bench.drafters
 
     def row(self) -> list[str]:
         """Its overrides on the row base's recipe (none for the row base itself)."""

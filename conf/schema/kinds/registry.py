@@ -33,7 +33,7 @@ class DraftKind:
         """Target hidden states a drafter of this shape trains on: what a feature cache holds."""
         return [num_layers]
 
-    def depth_note(self, version: int) -> str:
+    def depth_note(self, d: Any) -> str:
         """Said after a refused ``draft.num_decoder_layers`` (what the engines serve), or ""."""
         return ""
 
