@@ -91,17 +91,22 @@ def test_gpu_check_runs_on_cpu_with_only_torch_and_transformers():
     assert lines[-1] == f"draftheads from {[str(ROOT)]}"  # the checkout, not the installed package
 
 
-def test_gpu_check_refuses_an_unknown_shape_in_one_line():
-    proc = run_check("--device", "cpu", "--small", "--shapes", "small-c")
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == "error: unknown shape small-c; use one of small-a, small-b"
+# The refusals come before any section runs: the check's main in this process (a run on the bare
+# machine costs seconds of imports; the first test makes one)
+
+
+def test_gpu_check_refuses_an_unknown_shape_in_one_line(capsys):
+    check = importlib.import_module(MODULE)
+    assert check.main(["--device", "cpu", "--small", "--shapes", "small-c"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "error: unknown shape small-c; use one of small-a, small-b"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_gpu_check_without_cuda_says_how_to_run_on_cpu():
-    proc = run_check()
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == (
+def test_gpu_check_without_cuda_says_how_to_run_on_cpu(capsys):
+    check = importlib.import_module(MODULE)
+    assert check.main([]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: no CUDA device here; run with --device cpu --small for the CPU check"
     )
 
