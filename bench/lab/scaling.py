@@ -22,6 +22,9 @@ from draftheads.conf.schema.bench_drafters import bench_drafter
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+# the fewest steps a scaling point trains, however few its tokens (a toy run may lower it)
+MIN_STEPS = 50
+
 
 def stage_scaling(
     cfg: BenchArgs,
@@ -50,7 +53,7 @@ def stage_scaling(
             if have < 0.9 * n:
                 log(f"scaling: only {have} answer tokens cached, fewer than {n}; skipping this point")
                 continue
-            steps = max(50, math.ceil(have / 10_000 * b.scaling_steps_per_10k_tokens))
+            steps = max(MIN_STEPS, math.ceil(have / 10_000 * b.scaling_steps_per_10k_tokens))
             stage_train(cfg, b, name, rows, steps, out / "drafter")
             del rows
             drafter = Drafter.from_pretrained(out / "drafter", target=target, tokenizer=tok)
