@@ -35,6 +35,8 @@ from draftheads.conf.commands.compose import (
 )
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.checks import finite
+from draftheads.conf.schema.heads import typed_keys_problem
+from draftheads.conf.schema.kinds import draft_kind
 
 __all__ = ["compose", "main", "parse", "Invocation"]
 
@@ -80,16 +82,31 @@ def key_lines(prefix: str, value: Any) -> list[str]:
     return lines
 
 
-def command_help(name: str) -> str:
-    """The command's keys with their default values, group options first."""
+def draft_key_lines(d: Any) -> list[str]:
+    """``draft.key = default`` lines of the keys ``d``'s kind reads, and how to list another kind's."""
+    own = draft_kind(d.kind).keys
+    lines = [
+        line
+        for line in key_lines("draft", d)
+        if line.split(" = ")[0].strip().removeprefix("draft.") in ("kind", *own)
+    ]
+    return lines + [f"    (the keys of draft.kind={d.kind}; `draft=<group> --help` lists another kind's)"]
+
+
+def command_help(name: str, groups: list[str] | None = None) -> str:
+    """The command's keys with their default values, group options first; ``draft.*`` lists the
+    chosen kind's keys only (``groups``: group choices typed beside ``--help``, ``draft=eagle3``)."""
     c = COMMANDS[name]
-    args = from_config(c.args, compose([])[0])
+    cfg = compose(list(groups or []))[0]
+    args = from_config(c.args, cfg)
     lines = [f"draftheads {name}: {c.help}", f"  e.g. {c.example}", "", "keys (override as key=value):"]
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
         if f.name in GROUPS:
             lines.append(f"  {f.name}=<{'|'.join(group_options(f.name))}>")
-        if dataclasses.is_dataclass(value):
+        if f.name == "draft":
+            lines += draft_key_lines(value)
+        elif dataclasses.is_dataclass(value):
             lines += key_lines(f.name, value)
         else:
             lines.append(f"  {user_name(f.name)} = {value!r}")
@@ -251,6 +268,19 @@ def own_options(c: Command, options: list[str]) -> dict[str, Any]:
     return result
 
 
+def check_draft_keys(cfg: Any, hydra: list[str]) -> None:
+    """Refuse a typed ``draft.<key>`` that the chosen kind does not read, whatever its value (the
+    config alone cannot tell a key typed with its default value from one left unset)."""
+    typed = {
+        key.split(".", 1)[1]: value
+        for _, key, value in map(split_override, hydra)
+        if key.startswith("draft.") and key.count(".") == 1
+    }
+    problem = typed_keys_problem(cfg.draft, typed) if typed and hasattr(cfg, "draft") else None
+    if problem:
+        raise UserError(problem)
+
+
 def parse(argv: list[str]) -> Invocation:
     """Check and compose ``draftheads <command> [overrides]`` without running it."""
     if not argv or argv[0] not in COMMANDS:
@@ -267,6 +297,7 @@ def parse(argv: list[str]) -> Invocation:
         raise UserError(refusal(name, c, "prompt", "TEXT"))
     hydra, options = check_overrides(name, c, rest)
     cfg, _ = compose(hydra)
+    check_draft_keys(cfg, hydra)
     if prompt is not None:
         cfg.prompt = prompt
     return Invocation(name, from_config(c.args, cfg, own_options(c, options)), show_cfg)
@@ -304,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         if argv[0] in COMMANDS and ("-h" in argv[1:] or "--help" in argv[1:]):
-            print(command_help(argv[0]))
+            print(
+                command_help(argv[0], [a for a in argv[1:] if a.startswith(tuple(f"{g}=" for g in GROUPS))])
+            )
             return 0
         inv = parse(argv)
         if inv.show_cfg:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from draftheads.train.modules.costs import kind_cost, sized_kinds
 
 DRAFT_GROUPS = Path(__file__).resolve().parent.parent / "conf" / "draft"
 NAMES = kind_names()
+DRAFT_GROUPS_NAMES = {g for record in BUILTIN_KINDS for g in record.groups}
 
 
 def test_the_tuple_names_each_kind_once():
@@ -68,3 +70,80 @@ def test_nothing_registers_by_being_imported():
 
     for module in (registry, proposers, heads_kinds, objectives, costs):
         assert not [name for name in vars(module) if name.startswith("register_")], module.__name__
+
+
+def test_a_typed_key_of_another_kind_is_refused_whatever_its_value():
+    from draftheads.conf.cli import parse
+
+    with pytest.raises(UserError, match="use draft.num_decoder_layers=1"):
+        parse(["train", "draft=dflash", "draft.num_layers=1"])  # 1 is Medusa's default
+    with pytest.raises(UserError, match=r"drop it \(draft=dflash reads it\)"):
+        parse(["train", "draft=eagle3", "draft.block_size=16"])
+    assert parse(["train", "draft=dflash", "draft.num_decoder_layers=1"]).args.draft.num_decoder_layers == 1
+
+
+def test_help_lists_the_chosen_kinds_draft_keys_only():
+    from draftheads.conf.cli import command_help
+
+    for record in BUILTIN_KINDS:
+        text = command_help("train", [f"draft={record.groups[0]}"])
+        listed = {
+            line.split(" = ")[0].strip().removeprefix("draft.")
+            for line in text.splitlines()
+            if line.strip().startswith("draft.") and " = " in line
+        }
+        assert listed == {"kind", *record.section.keys}, record.name
+
+
+# Kind names generic modules may still hold: DFlash's feature_rule value "eagle3" (it names
+# EAGLE-3's layers, not a kind test) and the architecture matrix's tiny overrides per draft group.
+NAMED_ON_PURPOSE = {
+    ("conf/schema/heads.py", "eagle3"),
+    *(("bench/architectures.py", g) for g in DRAFT_GROUPS_NAMES),
+}
+
+
+def own_file(parts: tuple[str, ...], names: set[str]) -> bool:
+    """A kind's own file: its folder under heads/, or its module in a per-kind package."""
+    if parts[0] == "heads" and len(parts) > 2 and parts[1] in names:
+        return True
+    per_kind = {("train", "modules"), ("decode", "proposers"), ("conf", "schema", "kinds")}
+    return parts[:-1] in per_kind and parts[-1].removesuffix(".py") in names
+
+
+def kind_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every string constant that is a kind or group name, docstrings aside."""
+    tree = ast.parse(source)
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names and id(n) not in docs
+    ]
+
+
+def test_no_generic_module_names_a_kind():
+    """A kind's name appears in its own files and the tuple, not in generic code (bench/lab, the
+    maintainers' study, aside)."""
+    root = DRAFT_GROUPS.parent.parent
+    names = set(NAMES) | DRAFT_GROUPS_NAMES
+    found = []
+    for top in ("conf", "heads", "decode", "train", "data", "bench"):
+        for path in sorted((root / top).rglob("*.py")):
+            parts = path.relative_to(root).parts
+            if "lab" in parts or own_file(parts, names):
+                continue
+            rel = "/".join(parts)
+            found += [
+                f"{rel}:{line}: {name!r}"
+                for line, name in kind_literals(path.read_text(), names)
+                if (rel, name) not in NAMED_ON_PURPOSE
+            ]
+    assert not found, "\n".join(found)

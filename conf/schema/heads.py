@@ -314,28 +314,53 @@ class DraftConfig:
 FEATURE_RULES = ("eagle3", "spread")
 
 
+def foreign_key_line(d: DraftConfig, key: str, value: Any) -> str | None:
+    """The one line refusing ``draft.<key>=<value>`` when ``d``'s kind does not read ``key``,
+    naming the key this kind reads if one means the same; None when the kind reads it."""
+    if key == "kind" or key in draft_kind(d.kind).keys:
+        return None
+    owners = [k for k, kind in DRAFT_KINDS.items() if key in kind.keys]
+    same = draft_kind(d.kind).same_meaning.get(key)
+    fix = (
+        f"use draft.{same}={value}"
+        if same
+        else f"drop it ({' / '.join(DRAFT_KINDS[k].options for k in owners)} reads it)"
+        if owners
+        else "drop it"
+    )
+    whose = f"a key of {' and '.join(owners)} drafters" if owners else "read by no drafter kind"
+    return f"draft.{key}={value} is {whose}, and draft.kind={d.kind} does not read it; {fix}"
+
+
 def foreign_key_problem(d: DraftConfig) -> str | None:
-    """A key of another kind of drafter set away from its default (``draft=dflash
-    draft.num_layers=3``): this kind would ignore it, so it is refused naming the key this kind
-    reads, if one means the same. A default value cannot be told from an unset one and passes."""
+    """A key of another kind of drafter set away from its default (a recipe's ``draft.num_layers:
+    3`` under ``draft=dflash``): this kind would ignore it, so it is refused naming the key this
+    kind reads, if one means the same. Keys typed on the command line are refused whatever their
+    value (:func:`typed_keys_problem`); here a default value cannot be told from an unset one."""
     for f in fields(DraftConfig):
-        key = f.name
         default = f.default_factory() if f.default is MISSING else f.default
-        if key == "kind" or key in draft_kind(d.kind).keys or getattr(d, key) == default:
+        if getattr(d, f.name) == default:
             continue
-        value = str(getattr(d, key)).lower() if isinstance(getattr(d, key), bool) else getattr(d, key)
-        owners = [k for k, kind in DRAFT_KINDS.items() if key in kind.keys]
-        same = draft_kind(d.kind).same_meaning.get(key)
-        fix = (
-            f"use draft.{same}={value}"
-            if same
-            else f"drop it ({' / '.join(DRAFT_KINDS[k].options for k in owners)} reads it)"
-            if owners
-            else "drop it"
-        )
-        whose = f"a key of {' and '.join(owners)} drafters" if owners else "read by no drafter kind"
-        return f"draft.{key}={value} is {whose}, and draft.kind={d.kind} does not read it; {fix}"
+        problem = foreign_key_line(d, f.name, shown(getattr(d, f.name)))
+        if problem:
+            return problem
     return None
+
+
+def typed_keys_problem(d: DraftConfig, typed: dict[str, str]) -> str | None:
+    """The first ``draft.*`` key typed on the command line (``typed``: key -> value as typed) that
+    ``d``'s kind does not read, refused whatever its value (``draft=dflash draft.num_layers=1``
+    names ``draft.num_decoder_layers``), or None."""
+    for key, value in typed.items():
+        problem = foreign_key_line(d, key, value)
+        if problem:
+            return problem
+    return None
+
+
+def shown(value: Any) -> Any:
+    """A value as a refusal writes it (booleans in YAML's spelling)."""
+    return str(value).lower() if isinstance(value, bool) else value
 
 
 def draft_config_problem(d: DraftConfig) -> str | None:
