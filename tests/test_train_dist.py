@@ -1,4 +1,8 @@
-"""2-rank data-parallel training on CPU (torchrun, gloo): the ranks keep identical weights."""
+"""2-rank data-parallel training on CPU (torchrun's launcher, gloo): the ranks keep identical weights.
+
+The launcher takes torchrun's settings from its command line and forks the ranks from a process
+that imported the trainer: each rank would spend most of its time importing it otherwise.
+"""
 
 from __future__ import annotations
 
@@ -16,18 +20,32 @@ from draftheads.train.engine import free_port
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, torch
+    import contextlib, importlib, sys, torch
     torch.set_num_threads(1)
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
     from draftheads.conf.cli import compose
     from draftheads.train.recipe import TrainRecipe
-    out, rows = sys.argv[1], sys.argv[2]
-    cfg, _ = compose(["target=tiny-llama", "draft=eagle", "deepspeed=zero2", f"train.output_dir={out}",
-                      f"train.rows={rows}", "train.max_steps=3", "train.micro_batch_size=2", "train.lr=3e-3",
-                      "train.eval_every=3", "train.save_every=0", "train.eval_rows=2", "train.progress=false"])
-    recipe = TrainRecipe(cfg).setup()
-    recipe.train()
-    recipe.save()
-    torch.save(recipe.drafter.state_dict(), f"{out}/rank{recipe.rank}.pt")
+    # what each rank imports lazily on its way to the first step, imported once before the fork
+    for name in ("transformers.models.llama.modeling_llama", "transformers.tokenization_utils_fast",
+                 "deepspeed.runtime.zero.muon.muon_optimizer"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+    def rank(out, rows):
+        cfg, _ = compose(["target=tiny-llama", "draft=eagle", "deepspeed=zero2", f"train.output_dir={out}",
+                          f"train.rows={rows}", "train.max_steps=3", "train.micro_batch_size=2", "train.lr=3e-3",
+                          "train.eval_every=3", "train.save_every=0", "train.eval_rows=2", "train.progress=false"])
+        recipe = TrainRecipe(cfg).setup()
+        recipe.train()
+        recipe.save()
+        torch.save(recipe.drafter.state_dict(), f"{out}/rank{recipe.rank}.pt")
+
+    if __name__ == "__main__":
+        port, out, rows = sys.argv[1:]
+        argv = ["--nproc_per_node=2", f"--master_port={port}", "--start_method=fork", sys.argv[0]]
+        config, _, _ = config_from_args(parse_args(argv))  # torchrun's launch settings
+        elastic_launch(config, rank)(out, rows)
     """
 )
 
@@ -55,17 +73,8 @@ def test_two_rank_data_parallel_keeps_identical_weights(tmp_path):
     )
     (tmp_path / "run.py").write_text(SCRIPT)
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    port = f"--master_port={free_port()}"  # (port 0 hangs the static rendezvous)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        port,
-        str(tmp_path / "run.py"),
-        str(tmp_path / "out"),
-        str(tmp_path / "rows"),
-    ]
+    port = str(free_port())  # (port 0 hangs the static rendezvous)
+    cmd = [sys.executable, str(tmp_path / "run.py"), port, str(tmp_path / "out"), str(tmp_path / "rows")]
     log = tmp_path / "log.txt"
     assert run_bounded(cmd, env, log, timeout=300) == 0, log.read_text()[-3000:]
     a, b = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
