@@ -12,13 +12,13 @@ from draftheads.conf.errors import UserError
 from draftheads.conf.schema.train import validate
 from draftheads.heads.masks import causal
 from draftheads.train.batching import Layout, StepSampler, collate, split_heldout
+from draftheads.train.modules.medusa import medusa_loss
 from draftheads.train.objectives import (
     IGNORE,
     chain_acceptance,
     future_labels,
     head_warmup,
     lr_factor,
-    medusa_loss,
     shift_left,
 )
 from draftheads.train.unroll import live_rows, ttt_allowed

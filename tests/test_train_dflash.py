@@ -376,7 +376,9 @@ def test_kv_heads_widen_the_drafter_layers_through_training_and_export(tmp_path,
             layer_config={"num_key_value_heads": 3},
         )
     assert "\n" not in str(e.value)
-    with pytest.raises(UserError, match=r"draft.kv_heads=4 shapes DFlash layers only, not draft.kind=eagle"):
+    with pytest.raises(
+        UserError, match=r"draft.kv_heads=4 is a key of dflash drafters, and draft.kind=eagle"
+    ):
         DraftConfig(kind="eagle", kv_heads=4)
 
 

@@ -92,35 +92,6 @@ def head_stats(prefix: str, loss: torch.Tensor, logits: torch.Tensor, labels: to
     }
 
 
-def medusa_loss(
-    head_hidden: torch.Tensor,
-    logits_fn,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    weight: float,
-    decay: float,
-    topk: int = 5,
-    position_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, Stats]:
-    """Medusa-1: L = sum_k weight * decay**k * CE(head_k(f_t), x_{t+k+2}) over counted positions.
-
-    ``head_hidden`` is ``[K, B, T, H]`` (each head's ResBlock output) and ``logits_fn(k, h)``
-    applies head k's lm_head. Logits are only formed for the counted rows, so the vocabulary
-    projection costs nothing on prompt and padding tokens.
-    """
-    total = head_hidden.new_zeros(())
-    stats: Stats = {}
-    for k in range(head_hidden.shape[0]):
-        labels = future_labels(input_ids, loss_mask, k + 2, position_ids)
-        rows = labels != IGNORE
-        y = labels[rows]
-        logits = logits_fn(k, head_hidden[k][rows]).float()
-        ce = F.cross_entropy(logits, y, reduction="sum") / max(y.numel(), 1)
-        total = total + weight * decay**k * ce
-        stats.update(head_stats(f"head{k}", ce, logits, y, topk))
-    return total, stats
-
-
 def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """Per row: -sum_v softmax(target)_v * log_softmax(logits)_v (EAGLE's token loss)."""
     return -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)

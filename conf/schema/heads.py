@@ -8,23 +8,10 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds import BUILTIN_KINDS, DRAFT_KINDS, draft_kind, unknown_kind_problem
+from draftheads.conf.schema.kinds.registry import bounds_problem
 from draftheads.conf.schema.tiny import TINY_CONFIGS
 
-LM_HEAD_MODES = ("shared", "copy")
-EAGLE_VERSIONS = (1, 3)
 TINY_KINDS = tuple(TINY_CONFIGS)  # the random-init tiny targets (conf/schema/tiny.py)
-# Shape keys a DFlash drafter layer takes from the target's config unless given (the reference's names).
-DFLASH_LAYER_KEYS = (
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "rms_norm_eps",
-    "hidden_act",
-    "attention_bias",
-    "max_position_embeddings",
-    "rope_parameters",
-)
 # transformers' attention implementations (a hub kernel ORG/NAME is passed on as it is); a tree
 # attention mask, which speculative decoding verifies with, takes sdpa or eager
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
@@ -311,9 +298,6 @@ class DraftConfig:
         return draft_kind(self.kind).training_layers(self, num_layers)
 
 
-FEATURE_RULES = ("eagle3", "spread")
-
-
 def foreign_key_line(d: DraftConfig, key: str, value: Any) -> str | None:
     """The one line refusing ``draft.<key>=<value>`` when ``d``'s kind does not read ``key``,
     naming the key this kind reads if one means the same; None when the kind reads it."""
@@ -369,46 +353,4 @@ def draft_config_problem(d: DraftConfig) -> str | None:
     if unknown:
         return unknown
     kind = draft_kind(d.kind)
-    if d.lm_head not in LM_HEAD_MODES:
-        return f"draft.lm_head={d.lm_head!r} is unknown; use 'shared' (Medusa v2) or 'copy' (Medusa v1)"
-    if d.version not in EAGLE_VERSIONS:
-        return f"draft.version={d.version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)"
-    at_least = {
-        "num_heads": (d.num_heads, 1),
-        "num_layers": (d.num_layers, 0),
-        "num_decoder_layers": (d.num_decoder_layers, 1),
-        "ttt_steps": (d.ttt_steps, 1),
-        "lora_r": (d.lora_r, 1),
-        "block_size": (d.block_size, 2),
-        "anchors_per_row": (d.anchors_per_row, 0),
-        "blind_steps": (d.blind_steps, 0),
-    }
-    for key, (value, low) in at_least.items():
-        if value < low:
-            return f"draft.{key}={value} must be at least {low}"
-    if d.kv_heads is not None and d.kv_heads < 1:
-        return f"draft.kv_heads={d.kv_heads} must be at least 1; use null for the target's"
-    if d.kv_heads is not None and "kv_heads" not in kind.keys:
-        return f"draft.kv_heads={d.kv_heads} shapes DFlash layers only, not draft.kind={d.kind}; use null"
-    if d.draft_vocab_size is not None and d.draft_vocab_size < 1:
-        return (
-            f"draft.draft_vocab_size={d.draft_vocab_size} must be at least 1; "
-            "use null for the full target vocabulary"
-        )
-    weights = (
-        "head_loss_weight",
-        "head_loss_decay",
-        "self_distill_weight",
-        "feature_loss_weight",
-        "token_loss_weight",
-        "ttt_decay",
-        "feature_noise",
-        "lora_dropout",
-        "head_lr_multiplier",
-    )
-    for key in weights:
-        if getattr(d, key) < 0:
-            return f"draft.{key}={getattr(d, key)} must not be negative"
-    if d.feature_rule not in FEATURE_RULES:
-        return f"draft.feature_rule={d.feature_rule!r} is unknown; use one of {', '.join(FEATURE_RULES)}"
-    return kind.problem(d) or foreign_key_problem(d)
+    return bounds_problem(kind, d) or kind.problem(d) or foreign_key_problem(d)

@@ -19,8 +19,7 @@ import torch
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
-from draftheads.conf.schema.kinds.dflash import dflash_layers_problem
+from draftheads.conf.schema.kinds.dflash import LAYER_KEYS, dflash_layers_problem
 from draftheads.heads.convert.target_copies import check_embedding, check_shared_rows
 from draftheads.heads.layouts import OfficialCheckpoint, read_tensors
 from draftheads.heads.reduced_vocab import check_vocab_maps, t2d_from_d2t

@@ -35,8 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.heads import DFLASH_LAYER_KEYS as LAYER_KEYS
-from draftheads.conf.schema.kinds.dflash import dflash_feature_layers, dflash_layers_problem
+from draftheads.conf.schema.kinds.dflash import LAYER_KEYS, dflash_feature_layers, dflash_layers_problem
 from draftheads.heads.attention import foldable, grouped_attention
 from draftheads.heads.base import Drafter
 from draftheads.heads.draft_layers import llama_layers

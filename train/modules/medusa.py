@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from draftheads.conf.schema.heads import DraftConfig
@@ -18,14 +19,45 @@ from draftheads.heads.features import packed_inputs
 from draftheads.train.adapters import add_lora
 from draftheads.train.modules.base import Objective, chunked_argmax
 from draftheads.train.objectives import (
+    IGNORE,
     Stats,
+    future_labels,
+    head_stats,
     head_warmup,
     kl_to_teacher,
     label_mask,
     masked_mean,
-    medusa_loss,
     shift_left,
 )
+
+
+def medusa_loss(
+    head_hidden: torch.Tensor,
+    logits_fn,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    weight: float,
+    decay: float,
+    topk: int = 5,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """Medusa-1: L = sum_k weight * decay**k * CE(head_k(f_t), x_{t+k+2}) over counted positions.
+
+    ``head_hidden`` is ``[K, B, T, H]`` (each head's ResBlock output) and ``logits_fn(k, h)``
+    applies head k's lm_head. Logits are only formed for the counted rows, so the vocabulary
+    projection costs nothing on prompt and padding tokens.
+    """
+    total = head_hidden.new_zeros(())
+    stats: Stats = {}
+    for k in range(head_hidden.shape[0]):
+        labels = future_labels(input_ids, loss_mask, k + 2, position_ids)
+        rows = labels != IGNORE
+        y = labels[rows]
+        logits = logits_fn(k, head_hidden[k][rows]).float()
+        ce = F.cross_entropy(logits, y, reduction="sum") / max(y.numel(), 1)
+        total = total + weight * decay**k * ce
+        stats.update(head_stats(f"head{k}", ce, logits, y, topk))
+    return total, stats
 
 
 class MedusaObjective(Objective):

@@ -7,10 +7,25 @@ from typing import Any
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds.eagle import default_eagle3_layers
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.registry import DraftKind
+from draftheads.conf.schema.kinds.registry import DraftKind, draft_vocab_problem
 from draftheads.conf.schema.layers import layer_ids_problem
 
 POSITION_WEIGHTS = ("decay", "dpace")
+# the target layers a DFlash drafter reads when draft.feature_layers is null: EAGLE-3's three
+# ("eagle3") or one per drafter layer (the reference's "spread")
+FEATURE_RULES = ("eagle3", "spread")
+# Shape keys a DFlash drafter layer takes from the target's config unless given (the reference's names).
+LAYER_KEYS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "hidden_act",
+    "attention_bias",
+    "max_position_embeddings",
+    "rope_parameters",
+)
 
 
 def dflash_layers_problem(layers: list[int], num_layers: int | None = None) -> str | None:
@@ -61,8 +76,16 @@ class DFlashDraft(DraftKind):
     )  # fmt: skip
     options = "draft=dflash"
     same_meaning = {"num_layers": "num_decoder_layers"}
+    minimums = {"num_decoder_layers": 1, "block_size": 2, "anchors_per_row": 0, "blind_steps": 0}
 
     def problem(self, d: Any) -> str | None:
+        if d.kv_heads is not None and d.kv_heads < 1:
+            return f"draft.kv_heads={d.kv_heads} must be at least 1; use null for the target's"
+        vocab = draft_vocab_problem(d)
+        if vocab:
+            return vocab
+        if d.feature_rule not in FEATURE_RULES:
+            return f"draft.feature_rule={d.feature_rule!r} is unknown; use one of {', '.join(FEATURE_RULES)}"
         if d.qk_gain <= 0:
             return f"draft.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
         if d.out_gain <= 0:

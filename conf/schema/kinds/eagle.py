@@ -6,8 +6,10 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.registry import DraftKind
+from draftheads.conf.schema.kinds.registry import DraftKind, draft_vocab_problem
 from draftheads.conf.schema.layers import layer_ids_problem
+
+EAGLE_VERSIONS = (1, 3)
 
 
 def feature_layers_problem(
@@ -62,8 +64,15 @@ class EagleDraft(DraftKind):
     )  # fmt: skip
     options = "draft=eagle or draft=eagle3"
     same_meaning = {"num_layers": "num_decoder_layers"}
+    minimums = {"num_decoder_layers": 1, "ttt_steps": 1}
+    non_negative = ("feature_loss_weight", "token_loss_weight", "ttt_decay", "feature_noise")
 
     def problem(self, d: Any) -> str | None:
+        if d.version not in EAGLE_VERSIONS:
+            return f"draft.version={d.version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)"
+        vocab = draft_vocab_problem(d)
+        if vocab:
+            return vocab
         if d.feature_layers is not None:
             return feature_layers_problem(list(d.feature_layers), d.version)
         return None

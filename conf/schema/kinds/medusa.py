@@ -7,6 +7,8 @@ from typing import Any
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
 from draftheads.conf.schema.kinds.registry import DraftKind
 
+LM_HEAD_MODES = ("shared", "copy")  # Medusa v2 (the target's lm_head) or v1 (a copy per head)
+
 
 class MedusaDraft(DraftKind):
     name = "medusa"
@@ -18,8 +20,18 @@ class MedusaDraft(DraftKind):
     options = "draft=medusa or draft=medusa2"
     decoder_layers = False
     same_meaning = {"num_decoder_layers": "num_layers"}
+    minimums = {"num_heads": 1, "num_layers": 0, "lora_r": 1}
+    non_negative = (
+        "head_loss_weight",
+        "head_loss_decay",
+        "self_distill_weight",
+        "lora_dropout",
+        "head_lr_multiplier",
+    )
 
     def problem(self, d: Any) -> str | None:
+        if d.lm_head not in LM_HEAD_MODES:
+            return f"draft.lm_head={d.lm_head!r} is unknown; use 'shared' (Medusa v2) or 'copy' (Medusa v1)"
         if d.init_from_target:
             return (
                 "draft.init_from_target=true starts EAGLE or DFlash decoder layers as the target's; Medusa "

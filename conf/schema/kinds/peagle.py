@@ -7,7 +7,7 @@ from typing import Any
 
 from draftheads.conf.schema.kinds.eagle import eagle_input_layers, feature_layers_problem
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.registry import DraftKind
+from draftheads.conf.schema.kinds.registry import DraftKind, draft_vocab_problem
 
 # The deepest group a P-EAGLE drafter trains: every group entry attends to the depths before it,
 # and the paper and speculators train groups of 5 to 10; deeper groups pay for depths the
@@ -25,7 +25,13 @@ class PEagleDraft(DraftKind):
     options = "draft=peagle"
     same_meaning = {"num_layers": "num_decoder_layers", "block_size": "num_depths", "ttt_steps": "num_depths"}
 
+    minimums = {"num_decoder_layers": 1}
+    non_negative = ("feature_noise",)
+
     def problem(self, d: Any) -> str | None:
+        vocab = draft_vocab_problem(d)
+        if vocab:
+            return vocab
         if not 1 <= d.num_depths <= MAX_DEPTHS:
             return (
                 f"draft.num_depths={d.num_depths}: a P-EAGLE group drafts 1 to {MAX_DEPTHS} tokens in one pass; "

@@ -20,6 +20,9 @@ class DraftKind:
     decoder_layers: ClassVar[bool] = True  # it has decoder layers (draft.num_decoder_layers)
     # another kind's key -> this kind's key of the same meaning
     same_meaning: ClassVar[dict[str, str]] = {}
+    # its integer keys' least values, and its keys that must not be negative (checked before :meth:`problem`)
+    minimums: ClassVar[dict[str, int]] = {}
+    non_negative: ClassVar[tuple[str, ...]] = ()
 
     def problem(self, d: Any) -> str | None:
         """The first nonsensical value of this kind's keys, as one line naming the key, or None."""
@@ -45,3 +48,25 @@ class DraftKind:
     def serving_note(self, d: Any) -> str | None:
         """The dry run's line on how the engines serve a drafter of this shape, or None."""
         return None
+
+
+def bounds_problem(section: DraftKind, d: Any) -> str | None:
+    """The first of ``section``'s keys below its least value (``minimums``) or negative
+    (``non_negative``) in ``d``, as one line naming the key, or None."""
+    for key, low in section.minimums.items():
+        if getattr(d, key) < low:
+            return f"draft.{key}={getattr(d, key)} must be at least {low}"
+    for key in section.non_negative:
+        if getattr(d, key) < 0:
+            return f"draft.{key}={getattr(d, key)} must not be negative"
+    return None
+
+
+def draft_vocab_problem(d: Any) -> str | None:
+    """A ``draft.draft_vocab_size`` below 1 (null: the full target vocabulary), or None."""
+    if d.draft_vocab_size is not None and d.draft_vocab_size < 1:
+        return (
+            f"draft.draft_vocab_size={d.draft_vocab_size} must be at least 1; "
+            "use null for the full target vocabulary"
+        )
+    return None
