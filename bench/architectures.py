@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.kinds import BUILTIN_KINDS
 
 # one cell's outcome in the page: works, refused by design (a format the kind lacks), fails
 OK, NOT_OFFERED, FAIL = "✔", "—", "✘"
@@ -36,14 +37,8 @@ FORMATS = ("vllm", "sglang", "speculators")
 PROMPTS = ("Hello, my name is", "1 2 3 4 5 6 7 8 9 10 11")
 NEW_TOKENS = 12
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
-# per draft group: what keeps the tiny run small (the defaults are sized for real targets)
-SMALL = {
-    "medusa": ["draft.num_heads=2"],
-    "medusa2": ["draft.num_heads=2"],
-    "dflash": ["draft.block_size=4", "draft.num_decoder_layers=1", "draft.draft_vocab_size=512"],
-    "eagle3": ["draft.draft_vocab_size=512"],
-    "peagle": ["draft.draft_vocab_size=512", "draft.num_depths=3"],
-}
+# per draft group: what keeps the tiny run small (the defaults are sized for real targets), from the kinds' records
+SMALL = {group: list(o) for kind in BUILTIN_KINDS for group, o in kind.small.items()}
 
 
 def draft_groups() -> list[str]:

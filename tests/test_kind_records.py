@@ -95,12 +95,9 @@ def test_help_lists_the_chosen_kinds_draft_keys_only():
         assert listed == {"kind", *record.section.keys}, record.name
 
 
-# Kind names generic modules may still hold: DFlash's feature_rule value "eagle3" (it names
-# EAGLE-3's layers, not a kind test) and the architecture matrix's tiny overrides per draft group.
-NAMED_ON_PURPOSE = {
-    ("conf/schema/heads.py", "eagle3"),
-    *(("bench/architectures.py", g) for g in DRAFT_GROUPS_NAMES),
-}
+# Kind names generic modules may still hold: DFlash's feature_rule value "eagle3" names EAGLE-3's
+# layers, not a kind to test.
+NAMED_ON_PURPOSE = {("conf/schema/heads.py", "eagle3")}
 
 
 def own_file(parts: tuple[str, ...], names: set[str]) -> bool:

@@ -129,6 +129,7 @@ KIND = KindRecord(
     drafter="draftheads.heads.dflash.kind:DFlashKind",
     objective="draftheads.train.modules.dflash:DFlashObjective",
     cost="draftheads.train.modules.dflash:dflash_training",
+    small={"dflash": ("draft.block_size=4", "draft.num_decoder_layers=1", "draft.draft_vocab_size=512")},
     proposer="draftheads.decode.proposers.dflash:DFlashProposer",
     bench=(
         BenchDrafter(

@@ -115,6 +115,7 @@ KIND = KindRecord(
     drafter="draftheads.heads.eagle.kind:EagleKind",
     objective="draftheads.train.modules.eagle:EagleObjective",
     cost="draftheads.train.modules.eagle:eagle_training",
+    small={"eagle3": ("draft.draft_vocab_size=512",)},
     proposer="draftheads.decode.proposers.eagle:EagleProposer",
     bench=(
         BenchDrafter("eagle", "eagle", ("draft=eagle",), "5e-4", version=1, eagle=True),

@@ -46,6 +46,7 @@ KIND = KindRecord(
     groups=("medusa", "medusa2"),
     drafter="draftheads.heads.medusa.kind:MedusaKind",
     objective="draftheads.train.modules.medusa:MedusaObjective",
+    small={"medusa": ("draft.num_heads=2",), "medusa2": ("draft.num_heads=2",)},
     proposer="draftheads.decode.proposers.medusa:MedusaProposer",
     bench=(
         BenchDrafter(

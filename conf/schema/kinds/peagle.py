@@ -77,6 +77,7 @@ KIND = KindRecord(
     drafter="draftheads.heads.peagle.kind:PEagleKind",
     objective="draftheads.train.modules.peagle:PEagleObjective",
     cost="draftheads.train.modules.peagle:peagle_cost",
+    small={"peagle": ("draft.draft_vocab_size=512", "draft.num_depths=3")},
     proposer="draftheads.decode.proposers.peagle:PEagleProposer",
     # EAGLE-3's recipe, data and passes, streamed from the teacher-forced cache, reading EAGLE-3's
     # layers of it

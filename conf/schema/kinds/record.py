@@ -20,7 +20,7 @@ no model and the layers' import contracts hold.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -85,6 +85,8 @@ class KindRecord:
     bench: tuple[BenchDrafter, ...] = ()  # its bench rows, in the order the bench lists them
     # dotted path of what training it costs per row token, the dry run's sizing ("": not sized)
     cost: str = ""
+    # per YAML group: the overrides that keep a run on a tiny target small (the architecture matrix)
+    small: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def folders(self) -> tuple[str, ...]:
