@@ -421,7 +421,8 @@ def html_server():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the serving loop's next poll: every 0.05 s, not the default 0.5 s
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
 
     def url(code: int) -> str:
         status["code"] = code
