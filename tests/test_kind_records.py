@@ -62,13 +62,13 @@ def test_an_unknown_kind_is_one_error_naming_the_known_ones():
 
 
 def test_nothing_registers_by_being_imported():
-    import draftheads.conf.schema.kinds.registry as registry
+    import draftheads.conf.schema.kinds.section as section
     import draftheads.decode.proposers.base as proposers
     import draftheads.heads.kinds as heads_kinds
     import draftheads.train.modules.base as objectives
     import draftheads.train.modules.costs as costs
 
-    for module in (registry, proposers, heads_kinds, objectives, costs):
+    for module in (section, proposers, heads_kinds, objectives, costs):
         assert not [name for name in vars(module) if name.startswith("register_")], module.__name__
 
 

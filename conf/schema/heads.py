@@ -8,7 +8,7 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds import BUILTIN_KINDS, DRAFT_KINDS, draft_kind, unknown_kind_problem
-from draftheads.conf.schema.kinds.registry import bounds_problem
+from draftheads.conf.schema.kinds.section import bounds_problem
 from draftheads.conf.schema.tiny import TINY_CONFIGS
 
 TINY_KINDS = tuple(TINY_CONFIGS)  # the random-init tiny targets (conf/schema/tiny.py)

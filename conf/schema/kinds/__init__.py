@@ -18,7 +18,7 @@ from draftheads.conf.schema.kinds.eagle import EagleDraft
 from draftheads.conf.schema.kinds.medusa import MedusaDraft
 from draftheads.conf.schema.kinds.peagle import PEagleDraft
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord, load
-from draftheads.conf.schema.kinds.registry import DraftKind
+from draftheads.conf.schema.kinds.section import DraftKind
 
 BUILTIN_KINDS: tuple[KindRecord, ...] = (medusa.KIND, eagle.KIND, dflash.KIND, peagle.KIND)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.registry import DraftKind, draft_vocab_problem
+from draftheads.conf.schema.kinds.section import DraftKind, draft_vocab_problem
 from draftheads.conf.schema.layers import layer_ids_problem
 
 EAGLE_VERSIONS = (1, 3)

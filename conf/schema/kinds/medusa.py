@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.registry import DraftKind
+from draftheads.conf.schema.kinds.section import DraftKind
 
 LM_HEAD_MODES = ("shared", "copy")  # Medusa v2 (the target's lm_head) or v1 (a copy per head)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from draftheads.conf.schema.kinds.eagle import eagle_input_layers, feature_layers_problem
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.registry import DraftKind, draft_vocab_problem
+from draftheads.conf.schema.kinds.section import DraftKind, draft_vocab_problem
 
 # The deepest group a P-EAGLE drafter trains: every group entry attends to the depths before it,
 # and the paper and speculators train groups of 5 to 10; deeper groups pay for depths the

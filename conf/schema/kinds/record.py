@@ -4,7 +4,7 @@ A kind is one :class:`KindRecord`, exported as ``KIND`` by ``conf/schema/kinds/<
 listed in :data:`draftheads.conf.schema.kinds.BUILTIN_KINDS`. The record names the kind's
 pieces in every layer:
 
-* its config section (a :class:`~draftheads.conf.schema.kinds.registry.DraftKind`: the
+* its config section (a :class:`~draftheads.conf.schema.kinds.section.DraftKind`: the
   ``draft.*`` keys it reads and its checks) and its YAML groups (``conf/draft/<group>.yaml``);
 * its heads facts (a :class:`~draftheads.heads.kinds.DrafterKind` subclass: the drafter class,
   how a config builds it, its published layouts and their detection, its engine formats and
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from draftheads.conf.schema.heads import DraftConfig
-    from draftheads.conf.schema.kinds.registry import DraftKind
+    from draftheads.conf.schema.kinds.section import DraftKind
 
 
 @cache
