@@ -81,3 +81,4 @@ def test_a_built_wheel_holds_the_installed_packages_and_not_the_lab(tmp_path):
     assert "draftheads/bench/pipeline.py" in names and "draftheads/bench/extension.py" in names
     assert not [n for n in names if "/lab/" in n or "/gpu/" in n or n.startswith("bench/")]
     assert {n.split("/")[0] for n in names} == {"draftheads", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert any(n.startswith("draftheads/conf/draft/") for n in names)  # the config groups' YAML files
