@@ -13,7 +13,7 @@ from draftheads.conf.errors import UserError
 from draftheads.train import checkpoint
 from draftheads.train.metrics import read_metrics
 from draftheads.train.recipe import TrainRecipe, train
-from tests.test_train_recipe import config, losses, make_rows
+from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
 EAGLE = ("draft=eagle", "train.lr=3e-3", "train.eval_every=0")
 
@@ -46,14 +46,16 @@ def steps(out) -> list[int]:
 
 
 def test_ctrl_c_without_save_every_saves_and_the_same_command_resumes_exactly(tmp_path, rows, capsys):
-    straight = read_metrics(train(config(tmp_path, *EAGLE, "train.max_steps=5", name="straight"), rows))
+    straight = read_metrics(
+        train(config(tmp_path, *EAGLE, "train.max_steps=5", name="straight"), rows, target=tiny_target())
+    )
     cfg = config(tmp_path, *EAGLE, "train.max_steps=5", name="cut")  # train.save_every=0
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, rows, hooks=[interrupt_after(3)])
+        train(cfg, rows, hooks=[interrupt_after(3)], target=tiny_target())
     out = tmp_path / "cut"
     assert [p.name for p in checkpoint.complete_checkpoints(out / "checkpoints")] == ["step-0000003"]
     assert "interrupted: steps 1-3 saved" in capsys.readouterr().err
-    resumed = read_metrics(train(cfg, rows))  # the same command
+    resumed = read_metrics(train(cfg, rows, target=tiny_target()))  # the same command
     assert steps(out) == [1, 2, 3, 4, 5]  # no duplicated rows
     for key in ("loss", "grad_norm", "train/step0/loss"):
         assert [r[key] for r in resumed] == [r[key] for r in straight]
@@ -63,8 +65,8 @@ def test_resume_skips_a_torn_metrics_line_and_a_damaged_checkpoint_and_unpickles
     tmp_path, rows, capsys
 ):
     common = (*EAGLE, "train.max_steps=6", "train.save_every=2")
-    straight = losses(train(config(tmp_path, *common, name="straight"), rows))
-    out = train(config(tmp_path, *common, "train.stop_at=4", name="cut"), rows)
+    straight = losses(train(config(tmp_path, *common, name="straight"), rows, target=tiny_target()))
+    out = train(config(tmp_path, *common, "train.stop_at=4", name="cut"), rows, target=tiny_target())
     ckpts = out / "checkpoints"
     assert [p.name for p in checkpoint.complete_checkpoints(ckpts)] == ["step-0000002", "step-0000004"]
     victim = next((ckpts / "step-0000004").rglob("*model_states.pt"))
@@ -74,8 +76,12 @@ def test_resume_skips_a_torn_metrics_line_and_a_damaged_checkpoint_and_unpickles
     marker = tmp_path / "executed"
     (ckpts / "step-0000002" / "rng-rank0.pt").write_bytes(pickle.dumps(Touch(marker)))
     with pytest.raises(UserError, match=r"step-0000004 is damaged \(.*model_states.pt does not match"):
-        train(config(tmp_path, *common, f"train.resume={ckpts / 'step-0000004'}", name="cut"), rows)
-    resumed = losses(train(config(tmp_path, *common, name="cut"), rows))
+        train(
+            config(tmp_path, *common, f"train.resume={ckpts / 'step-0000004'}", name="cut"),
+            rows,
+            target=tiny_target(),
+        )
+    resumed = losses(train(config(tmp_path, *common, name="cut"), rows, target=tiny_target()))
     err = capsys.readouterr().err
     assert "skipping damaged checkpoint(s) step-0000004 (" in err and "resuming from step-0000002" in err
     assert resumed == straight and steps(out) == [1, 2, 3, 4, 5, 6]
@@ -89,7 +95,11 @@ def test_resume_skips_a_torn_metrics_line_and_a_damaged_checkpoint_and_unpickles
     torch.save({"module": Touch(marker)}, states)
     checkpoint.write_manifest(latest)
     with pytest.raises(UserError) as e:
-        train(config(tmp_path, *common, "train.max_steps=8", f"train.resume={latest}", name="cut"), rows)
+        train(
+            config(tmp_path, *common, "train.max_steps=8", f"train.resume={latest}", name="cut"),
+            rows,
+            target=tiny_target(),
+        )
     line = str(e.value)
     assert (
         f"{latest} is not a readable training checkpoint (it holds pickled objects other than tensors" in line
@@ -97,7 +107,7 @@ def test_resume_skips_a_torn_metrics_line_and_a_damaged_checkpoint_and_unpickles
     assert line.endswith("or start fresh with another train.out_dir") and "train.resume=none" not in line
     assert "\n" not in line and not marker.exists()
     capsys.readouterr()
-    train(config(tmp_path, *common, "train.max_steps=8", name="cut"), rows)
+    train(config(tmp_path, *common, "train.max_steps=8", name="cut"), rows, target=tiny_target())
     err = capsys.readouterr().err
     assert f"skipping unreadable checkpoint(s) {latest.name} (it holds pickled objects" in err
     assert "resuming from step-0000004" in err and steps(out) == [1, 2, 3, 4, 5, 6, 7, 8]
@@ -133,10 +143,10 @@ def test_an_unusable_output_directory_is_one_line_before_any_work(tmp_path, kind
 
 def test_a_finished_run_of_another_drafter_is_refused_and_nothing_changes(tmp_path, rows):
     medusa = ("draft=medusa", "draft.num_heads=1", "train.max_steps=1", "train.eval_every=0")
-    out = train(config(tmp_path, *medusa), rows)
+    out = train(config(tmp_path, *medusa), rows, target=tiny_target())
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(UserError, match=r"holds a finished drafter of another run \(draft\.") as e:
-        train(config(tmp_path, *EAGLE, "train.max_steps=1"), rows)
+        train(config(tmp_path, *EAGLE, "train.max_steps=1"), rows, target=tiny_target())
     assert "\n" not in str(e.value)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 

@@ -52,6 +52,19 @@ def config(tmp_path, *overrides: str, name: str = "run"):
     return cfg
 
 
+def tiny_target() -> tuple:
+    """``target=tiny-llama`` as this process loaded it once: a run trains on it instead of loading
+    it again (a quarter of a second each). Runs that could change the target they train on load
+    their own: ZeRO-3 partitions the drafter's parameters (the target's lm_head among them where a
+    drafter shares it) and Medusa-2 puts its adapters on the target; the wandb run loads its own
+    as well, as a command does."""
+    return get_target("llama")
+
+
+def shared_unless_zero3(overrides) -> tuple | None:
+    return None if "deepspeed=zero3" in overrides else tiny_target()
+
+
 def losses(out) -> list[float]:
     return [r["loss"] for r in read_metrics(out) if "loss" in r]
 
@@ -66,7 +79,7 @@ def test_medusa_learns_and_writes_a_loadable_drafter(tmp_path, rows):
         "train.max_steps=12",
         "train.eval_every=12",
     )
-    out = train(cfg, rows)
+    out = train(cfg, rows, target=tiny_target())
     ls = losses(out)
     assert sum(ls[-3:]) / 3 < 0.8 * sum(ls[:3]) / 3  # it learns
     names = {p.name for p in out.iterdir()}
@@ -95,7 +108,11 @@ def test_medusa_learns_and_writes_a_loadable_drafter(tmp_path, rows):
     ids=["eagle", "eagle3", "medusa-v1-zero2", "medusa-zero3"],
 )
 def test_each_mode_trains_a_few_steps(tmp_path, rows, overrides):
-    out = train(config(tmp_path, *overrides, "train.max_steps=4", "train.eval_every=4"), rows)
+    out = train(
+        config(tmp_path, *overrides, "train.max_steps=4", "train.eval_every=4"),
+        rows,
+        target=shared_unless_zero3(overrides),
+    )
     ls = losses(out)
     assert len(ls) == 4 and all(torch.isfinite(torch.tensor(ls)))
     model, tok = get_target("llama")
@@ -110,18 +127,28 @@ def test_each_mode_trains_a_few_steps(tmp_path, rows, overrides):
 
 def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path, rows):
     common = ("draft=eagle", "train.max_steps=6", "train.lr=3e-3", "train.eval_every=0")
-    straight = losses(train(config(tmp_path, *common, name="straight"), rows))
+    straight = losses(train(config(tmp_path, *common, name="straight"), rows, target=tiny_target()))
     cut = config(tmp_path, *common, "train.stop_at=3", "train.save_every=3", name="cut")
-    out = train(cut, rows)
+    out = train(cut, rows, target=tiny_target())
     assert (out / "checkpoints" / "step-0000003").is_dir()
     (out / "checkpoints" / ".partial-step-0000005" / "step-0000005").mkdir(parents=True)  # a killed write
     with pytest.raises(UserError, match="train.resume=auto"):
-        train(config(tmp_path, *common, "train.resume=none", name="cut"), rows)
+        train(config(tmp_path, *common, "train.resume=none", name="cut"), rows, target=tiny_target())
     with pytest.raises(UserError, match=r"train.lr=0.003 in the checkpoint, 0.001 now"):
-        train(config(tmp_path, *common, "train.lr=1e-3", "train.resume=auto", name="cut"), rows)
+        train(
+            config(tmp_path, *common, "train.lr=1e-3", "train.resume=auto", name="cut"),
+            rows,
+            target=tiny_target(),
+        )
     with pytest.raises(UserError, match=r"draft.num_decoder_layers=1 in the checkpoint, 2 now"):
-        train(config(tmp_path, *common, "draft.num_decoder_layers=2", "train.resume=auto", name="cut"), rows)
-    resumed = losses(train(config(tmp_path, *common, "train.resume=auto", name="cut"), rows))
+        train(
+            config(tmp_path, *common, "draft.num_decoder_layers=2", "train.resume=auto", name="cut"),
+            rows,
+            target=tiny_target(),
+        )
+    resumed = losses(
+        train(config(tmp_path, *common, "train.resume=auto", name="cut"), rows, target=tiny_target())
+    )
     assert resumed == straight  # exactly: data order, noise RNG, optimizer and schedule restored
     assert not (out / "checkpoints" / ".partial-step-0000005").exists()
 
@@ -140,7 +167,7 @@ def test_nan_loss_stops_and_names_the_last_good_checkpoint(tmp_path, rows):
     with pytest.raises(
         UserError, match=r"loss is (nan|inf) at step \d+; stopped\. the last good checkpoint is .*step-"
     ) as e:
-        train(cfg, rows)
+        train(cfg, rows, target=tiny_target())
     assert "\n" not in str(e.value)
 
 
