@@ -22,7 +22,7 @@ from draftheads.train.modules import DFlashObjective
 from draftheads.train.recipe import train
 from tests.conftest import get_target
 from tests.test_train_dflash import DFLASH, drafter_and_batch
-from tests.test_train_recipe import config, losses, make_rows
+from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
 # a starting-weights lever on its own: without the anchor prior, which rewrites one q/k row per head after it
 ALONE = ("draft.anchor_prior=0",)
@@ -62,6 +62,7 @@ def test_training_a_spread_drafter_reads_the_rules_layers(tmp_path, rows):
             tmp_path, *DFLASH, "draft.feature_rule=spread", "draft.num_decoder_layers=1", "train.max_steps=2"
         ),
         rows,
+        target=tiny_target(),
     )
     model, tok = get_target("llama")
     assert Drafter.from_pretrained(out, target=model, tokenizer=tok).feature_layers() == [2]  # L // 2
@@ -69,6 +70,7 @@ def test_training_a_spread_drafter_reads_the_rules_layers(tmp_path, rows):
         train(
             config(tmp_path, *DFLASH, "draft.feature_rule=spread", "draft.num_decoder_layers=2", name="deep"),
             rows,
+            target=tiny_target(),
         )
 
 
@@ -105,11 +107,17 @@ def test_an_anchor_count_above_every_rows_answer_tokens_is_refused_before_traini
     with pytest.raises(
         UserError, match=rf"anchors_per_row={most + 1} is above .* \({most}\).* or 0 for"
     ) as e:
-        train(config(tmp_path, *DFLASH, f"draft.anchors_per_row={most + 1}", name="many"), rows)
+        train(
+            config(tmp_path, *DFLASH, f"draft.anchors_per_row={most + 1}", name="many"),
+            rows,
+            target=tiny_target(),
+        )
     assert "\n" not in str(e.value)
     assert not (tmp_path / "many" / "metrics.jsonl").exists()
     every = train(
-        config(tmp_path, *DFLASH, "draft.anchors_per_row=0", "train.max_steps=2", name="every"), rows
+        config(tmp_path, *DFLASH, "draft.anchors_per_row=0", "train.max_steps=2", name="every"),
+        rows,
+        target=tiny_target(),
     )
     assert all(map(torch.isfinite, map(torch.tensor, losses(every))))
 
@@ -126,6 +134,7 @@ def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, row
             "train.max_steps=1",
         ),
         rows,
+        target=tiny_target(),
     )
     model, tok = get_target("llama")
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
@@ -143,12 +152,15 @@ def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, row
         train(
             config(tmp_path, *DFLASH, "draft.init_from_target=true", "draft.num_decoder_layers=5", name="d5"),
             rows,
+            target=tiny_target(),
         )
 
 
 def test_qk_gain_starts_the_attention_sharper_by_its_square(tmp_path, rows):
     out = train(
-        config(tmp_path, *DFLASH, *ALONE, "draft.qk_gain=3", "train.lr=1e-12", "train.max_steps=1"), rows
+        config(tmp_path, *DFLASH, *ALONE, "draft.qk_gain=3", "train.lr=1e-12", "train.max_steps=1"),
+        rows,
+        target=tiny_target(),
     )
     model, tok = get_target("llama")
     attn = Drafter.from_pretrained(out, target=model, tokenizer=tok).layers[0].self_attn
@@ -169,14 +181,16 @@ def test_qk_gain_starts_the_attention_sharper_by_its_square(tmp_path, rows):
 
 def test_warmup_ratio_warms_up_over_that_share_of_the_steps(tmp_path, rows):
     def lrs(*extra, name):
-        out = train(config(tmp_path, *DFLASH, "train.max_steps=10", *extra, name=name), rows)
+        out = train(
+            config(tmp_path, *DFLASH, "train.max_steps=10", *extra, name=name), rows, target=tiny_target()
+        )
         return [r["lr/drafter"] for r in read_metrics(out) if "lr/drafter" in r]
 
     warm, cold = lrs("train.warmup_ratio=0.4", name="warm"), lrs(name="cold")
     assert warm[:4] == sorted(warm[:4]) and warm[0] < 0.5 * max(warm)  # 4 warm-up steps of 10
     assert cold[0] > 0.9 * 1e-2  # no warm-up: cosine from the full rate
     with pytest.raises(UserError, match=r"train.warmup_ratio=1.5 must be in \[0, 1\)"):
-        train(config(tmp_path, *DFLASH, "train.warmup_ratio=1.5", name="bad"), rows)
+        train(config(tmp_path, *DFLASH, "train.warmup_ratio=1.5", name="bad"), rows, target=tiny_target())
 
 
 def test_answers_regenerated_by_another_target_are_refused(tmp_path):

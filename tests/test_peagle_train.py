@@ -19,7 +19,7 @@ from draftheads.train.metrics import read_metrics
 from draftheads.train.recipe import train
 from tests.conftest import get_target
 from tests.test_recipes import figure
-from tests.test_train_recipe import config, losses, make_rows
+from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
 PEAGLE = ("draft=peagle", "draft.num_depths=3", "train.lr=1e-2")
 
@@ -30,7 +30,9 @@ def rows():
 
 
 def test_peagle_trains_saves_and_loads_through_the_recipe(tmp_path, rows):
-    out = train(config(tmp_path, *PEAGLE, "train.max_steps=4", "train.eval_every=4"), rows)
+    out = train(
+        config(tmp_path, *PEAGLE, "train.max_steps=4", "train.eval_every=4"), rows, target=tiny_target()
+    )
     ls = losses(out)
     assert len(ls) == 4 and all(torch.isfinite(torch.tensor(ls)))
     model, tok = get_target("llama")
@@ -46,7 +48,9 @@ def test_peagle_trains_saves_and_loads_through_the_recipe(tmp_path, rows):
 
 
 def test_own_embedding_trains_a_copy_of_the_whole_table(tmp_path, rows):
-    out = train(config(tmp_path, *PEAGLE, "draft.own_embedding=true", "train.max_steps=2"), rows)
+    out = train(
+        config(tmp_path, *PEAGLE, "draft.own_embedding=true", "train.max_steps=2"), rows, target=tiny_target()
+    )
     model, tok = get_target("llama")
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
     assert d.own_embedding and not torch.equal(d.embed_tokens.weight, model.get_input_embeddings().weight)
@@ -72,17 +76,21 @@ def test_bad_settings_are_refused_when_the_config_is_read(override, match):
 
 def test_a_group_deeper_than_every_answer_or_a_text_token_as_mask_is_refused_before_training(tmp_path, rows):
     with pytest.raises(UserError, match="draft.num_depths=30 is more than the longest answer") as err:
-        train(config(tmp_path, "draft=peagle", "draft.num_depths=30", name="deep"), rows)
+        train(
+            config(tmp_path, "draft=peagle", "draft.num_depths=30", name="deep"), rows, target=tiny_target()
+        )
     assert "\n" not in str(err.value) and not (tmp_path / "deep" / "model.safetensors").exists()
     with pytest.raises(UserError, match="draft.mask_token_id=100 is the ordinary text token") as err:
-        train(config(tmp_path, *PEAGLE, "draft.mask_token_id=100", name="mask"), rows)
+        train(config(tmp_path, *PEAGLE, "draft.mask_token_id=100", name="mask"), rows, target=tiny_target())
     assert "\n" not in str(err.value) and not (tmp_path / "mask" / "model.safetensors").exists()
 
 
 def test_a_target_whose_features_it_cannot_read_is_refused_in_one_line(tmp_path, rows):
     """The tiny target has 4 layers: a feature layer past its final state cannot be read."""
     with pytest.raises(UserError, match=r"draft.feature_layers=\[1, 2, 7\]") as err:
-        train(config(tmp_path, *PEAGLE, "draft.feature_layers=[1,2,7]", name="far"), rows)
+        train(
+            config(tmp_path, *PEAGLE, "draft.feature_layers=[1,2,7]", name="far"), rows, target=tiny_target()
+        )
     assert "\n" not in str(err.value) and not (tmp_path / "far" / "model.safetensors").exists()
 
 
@@ -105,7 +113,11 @@ def test_the_dry_run_sizes_a_peagle_recipe_from_the_kind_registry():
 @pytest.fixture(scope="module")
 def eagle3_run(tmp_path_factory, rows):
     """A tiny EAGLE-3 drafter trained on the same rows (its draft vocabulary is then P-EAGLE's)."""
-    return train(config(tmp_path_factory.mktemp("eagle3"), "draft=eagle3", "train.max_steps=2"), rows)
+    return train(
+        config(tmp_path_factory.mktemp("eagle3"), "draft=eagle3", "train.max_steps=2"),
+        rows,
+        target=tiny_target(),
+    )
 
 
 def test_a_start_from_eagle3_copies_its_tensors_so_depth_0_drafts_as_eagle3(eagle3_run):
@@ -138,6 +150,7 @@ def test_a_start_from_eagle3_trains_from_its_weights_through_the_recipe(tmp_path
             f"draft.init_from_eagle3={eagle3_run}",
         ),
         rows,
+        target=tiny_target(),
     )
     model, tok = get_target("llama")
     started = Drafter.from_pretrained(out, target=model, tokenizer=tok)
@@ -168,5 +181,9 @@ def test_a_start_from_another_drafter_is_refused_before_training(
     else:
         path = eagle3_run if source == "eagle3" else tmp_path / "nowhere"
     with pytest.raises(UserError, match=match) as err:
-        train(config(tmp_path, *PEAGLE, *extra, f"draft.init_from_eagle3={path}", name="start"), rows)
+        train(
+            config(tmp_path, *PEAGLE, *extra, f"draft.init_from_eagle3={path}", name="start"),
+            rows,
+            target=tiny_target(),
+        )
     assert "\n" not in str(err.value) and not (tmp_path / "start" / "model.safetensors").exists()

@@ -37,7 +37,7 @@ from draftheads.train.modules.dflash_blocks import (
 from draftheads.train.recipe import train
 from tests.conftest import get_target
 from tests.test_decode_dflash import dflash
-from tests.test_train_recipe import config, losses, make_rows
+from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
 DFLASH = ("draft=dflash", "draft.block_size=4", "draft.anchors_per_row=4", "train.lr=1e-2")
 
@@ -324,7 +324,9 @@ def test_logged_flops_are_the_matmuls_autograd_runs_plus_attention(layers):
 
 
 def test_dflash_trains_learns_and_writes_a_loadable_drafter(tmp_path, rows):
-    out = train(config(tmp_path, *DFLASH, "train.max_steps=24", "train.eval_every=24"), rows)
+    out = train(
+        config(tmp_path, *DFLASH, "train.max_steps=24", "train.eval_every=24"), rows, target=tiny_target()
+    )
     ls = losses(out)
     assert sum(ls[-3:]) / 3 < 0.97 * sum(ls[:3]) / 3  # it learns
     model, tok = get_target("llama")
@@ -340,7 +342,11 @@ def test_dflash_trains_learns_and_writes_a_loadable_drafter(tmp_path, rows):
 
 
 def test_dpace_weights_train_from_the_command_line_and_bad_values_are_refused(tmp_path, rows):
-    out = train(config(tmp_path, *DFLASH, "draft.position_weights=dpace", "train.max_steps=2"), rows)
+    out = train(
+        config(tmp_path, *DFLASH, "draft.position_weights=dpace", "train.max_steps=2"),
+        rows,
+        target=tiny_target(),
+    )
     assert "position_weights: dpace" in (out / "resolved_config.yaml").read_text()
     ls = losses(out)
     assert len(ls) == 2 and all(math.isfinite(x) for x in ls)
@@ -361,7 +367,9 @@ def test_kv_heads_widen_the_drafter_layers_through_training_and_export(tmp_path,
     from draftheads.heads.export import export_drafter
 
     model, tok = get_target("llama")  # 4 query heads over 2 key/value heads
-    out = train(config(tmp_path, *DFLASH, "draft.kv_heads=4", "train.max_steps=1"), rows)
+    out = train(
+        config(tmp_path, *DFLASH, "draft.kv_heads=4", "train.max_steps=1"), rows, target=tiny_target()
+    )
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
     attn = d.layers[0].self_attn
     assert attn.kv_heads == 4 and attn.v_proj.out_features == 4 * attn.head_dim
@@ -408,20 +416,26 @@ def test_an_eagle3_cache_serves_dflash_with_the_online_loss_and_resumes_exactly(
     eagle3 = cache(tmp_path, rows, [1, 2, 3, 4])
     common = (*DFLASH, "train.max_steps=4", "train.eval_every=0")
     offline = ("train.features=offline", f"train.feature_cache={eagle3}")
-    online = losses(train(config(tmp_path, *common, name="online"), rows))
-    straight = losses(train(config(tmp_path, *common, *offline, name="offline")))
+    online = losses(train(config(tmp_path, *common, name="online"), rows, target=tiny_target()))
+    straight = losses(train(config(tmp_path, *common, *offline, name="offline"), target=tiny_target()))
     assert straight == pytest.approx(online, abs=1e-4)
-    train(config(tmp_path, *common, *offline, "train.stop_at=2", "train.save_every=2", name="cut"))
-    assert losses(train(config(tmp_path, *common, *offline, name="cut"))) == straight
+    train(
+        config(tmp_path, *common, *offline, "train.stop_at=2", "train.save_every=2", name="cut"),
+        target=tiny_target(),
+    )
+    assert losses(train(config(tmp_path, *common, *offline, name="cut"), target=tiny_target())) == straight
     online_cut = config(tmp_path, *common, "train.stop_at=2", "train.save_every=2", name="online-cut")
-    train(online_cut, rows)
-    assert losses(train(config(tmp_path, *common, name="online-cut"), rows)) == online
+    train(online_cut, rows, target=tiny_target())
+    assert losses(train(config(tmp_path, *common, name="online-cut"), rows, target=tiny_target())) == online
 
 
 def test_topk_cache_gives_soft_labels(tmp_path, rows):
     topk = cache(tmp_path, rows, [1, 2, 3], topk=8)
     offline = ("train.features=offline", f"train.feature_cache={topk}")
-    out = train(config(tmp_path, *DFLASH, *offline, "train.max_steps=2", "train.eval_every=2", name="soft"))
+    out = train(
+        config(tmp_path, *DFLASH, *offline, "train.max_steps=2", "train.eval_every=2", name="soft"),
+        target=tiny_target(),
+    )
     assert all(map(math.isfinite, losses(out)))
     with pytest.raises(UserError, match=r"train.soft_labels=full .* DFlash drafter does not read"):
         validate(config(tmp_path, *DFLASH, "train.soft_labels=full"))
@@ -433,7 +447,7 @@ def test_a_cache_without_the_drafters_layers_is_refused_in_one_line(tmp_path, ro
         tmp_path, *DFLASH, "train.features=offline", f"train.feature_cache={partial}", name="nolayers"
     )
     with pytest.raises(UserError, match=r"holds layers \[1, 2\], not \[3\] that the drafter reads") as e:
-        train(cfg)
+        train(cfg, target=tiny_target())
     assert "\n" not in str(e.value) and "draftheads features" in str(e.value)
     release_out_dir(tmp_path / "nolayers")
     assert not (tmp_path / "nolayers").exists()
@@ -448,7 +462,7 @@ def test_a_mask_token_that_occurs_in_the_data_is_refused_before_training(tmp_pat
     with pytest.raises(
         UserError, match=rf"draft.mask_token_id={used} occurs \d+ time\(s\) in the training rows"
     ) as e:
-        train(cfg, rows)
+        train(cfg, rows, target=tiny_target())
     assert "\n" not in str(e.value)
     release_out_dir(tmp_path / "mask")
     assert not (tmp_path / "mask").exists()  # nothing written

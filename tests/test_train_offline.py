@@ -23,7 +23,7 @@ from draftheads.train.objectives import (
 )
 from draftheads.train.recipe import train
 from tests.conftest import get_target
-from tests.test_train_recipe import config, losses, make_rows
+from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
 EAGLE3 = ("draft=eagle3", "draft.ttt_steps=2", "train.lr=3e-3", "train.max_steps=2", "train.eval_every=2")
 
@@ -46,7 +46,10 @@ def feature_cache(tmp_path, rows, draft: str = "draft=eagle3", **kw):
 
 def test_a_default_feature_cache_trains_an_fp32_drafter_end_to_end(tmp_path, rows):
     cache = feature_cache(tmp_path, rows)
-    out = train(config(tmp_path, *EAGLE3, "train.features=offline", f"train.feature_cache={cache}"))
+    out = train(
+        config(tmp_path, *EAGLE3, "train.features=offline", f"train.feature_cache={cache}"),
+        target=tiny_target(),
+    )
     assert len(losses(out)) == 2 and all(torch.isfinite(torch.tensor(losses(out))))
     model, tok = get_target("llama")
     assert Drafter.from_pretrained(out, target=model, tokenizer=tok).version == 3
@@ -56,14 +59,21 @@ def test_training_streams_the_cache_from_disk_and_resumes_exactly(tmp_path, rows
     cache = feature_cache(tmp_path, rows)
     offline = (*EAGLE3, "train.max_steps=4", "train.features=offline", f"train.feature_cache={cache}")
     seen = []
-    straight = losses(train(config(tmp_path, *offline, name="straight"), hooks=[seen.append]))
+    straight = losses(
+        train(config(tmp_path, *offline, name="straight"), hooks=[seen.append], target=tiny_target())
+    )
     # Rows are read from the memory-mapped cache when a micro-batch is built, never held as a list.
     assert isinstance(seen[0].train_rows.source, CacheColumns)
     assert "features" in seen[0].train_rows[0] and "features" not in seen[0].train_tokens[0]
-    train(config(tmp_path, *offline, "train.stop_at=2", "train.save_every=2", name="cut"))
-    assert losses(train(config(tmp_path, *offline, name="cut"))) == straight
+    train(
+        config(tmp_path, *offline, "train.stop_at=2", "train.save_every=2", name="cut"), target=tiny_target()
+    )
+    assert losses(train(config(tmp_path, *offline, name="cut"), target=tiny_target())) == straight
     # EAGLE-1 reads one of the layers the EAGLE-3 cache holds: it trains from the same cache
-    eagle1 = train(config(tmp_path, "draft=eagle", "train.max_steps=2", *offline[-2:], name="eagle1"))
+    eagle1 = train(
+        config(tmp_path, "draft=eagle", "train.max_steps=2", *offline[-2:], name="eagle1"),
+        target=tiny_target(),
+    )
     assert all(torch.isfinite(torch.tensor(losses(eagle1))))
     # EAGLE-3 reads layers that an EAGLE-1 cache lacks: refused before training
     eagle1_cache = (
@@ -71,20 +81,22 @@ def test_training_streams_the_cache_from_disk_and_resumes_exactly(tmp_path, rows
         f"train.feature_cache={feature_cache(tmp_path, rows, 'draft=eagle')}",
     )
     with pytest.raises(UserError, match=r"holds layers .*, not .* that the drafter reads .*rebuild it"):
-        train(config(tmp_path, *EAGLE3, *eagle1_cache, name="other-layers"))
+        train(config(tmp_path, *EAGLE3, *eagle1_cache, name="other-layers"), target=tiny_target())
 
 
 def test_topk_cache_trains_eagle3_and_is_refused_where_full_logits_are_needed(tmp_path, rows):
     cache = feature_cache(tmp_path, rows, topk=16)
     offline = ("train.features=offline", f"train.feature_cache={cache}")
-    out = train(config(tmp_path, *EAGLE3, *offline, name="topk"))
+    out = train(config(tmp_path, *EAGLE3, *offline, name="topk"), target=tiny_target())
     assert all(torch.isfinite(torch.tensor(losses(out))))
     eagle1 = (
         "train.features=offline",
         f"train.feature_cache={feature_cache(tmp_path, rows, 'draft=eagle', topk=16)}",
     )
     with pytest.raises(UserError, match=r"holds top-k logits, but draft=eagle \(EAGLE-1\).*soft_labels=full"):
-        train(config(tmp_path, "draft=eagle", "train.max_steps=1", *eagle1, name="eagle1"))
+        train(
+            config(tmp_path, "draft=eagle", "train.max_steps=1", *eagle1, name="eagle1"), target=tiny_target()
+        )
     assert not (tmp_path / "eagle1" / "metrics.jsonl").exists()
     plain = feature_cache(tmp_path, rows)
     with pytest.raises(UserError, match="stores no top-k logits; rebuild it with data.features.topk"):
@@ -92,7 +104,7 @@ def test_topk_cache_trains_eagle3_and_is_refused_where_full_logits_are_needed(tm
             config(
                 tmp_path, *EAGLE3, "train.features=offline", f"train.feature_cache={plain}",
                 "train.soft_labels=topk", name="plain",
-            )
+            ), target=tiny_target()
         )  # fmt: skip
 
 
@@ -158,7 +170,9 @@ def test_packed_micro_batches_log_the_padded_runs_losses(tmp_path, rows):
     for name, flag in (("packed", "true"), ("padded", "false")):
         seen = []
         out = train(
-            config(tmp_path, *offline, f"train.pack_micro_batches={flag}", name=name), hooks=[seen.append]
+            config(tmp_path, *offline, f"train.pack_micro_batches={flag}", name=name),
+            hooks=[seen.append],
+            target=tiny_target(),
         )
         shape[name] = tuple(seen[0].batch(seen[0].train_rows[:4])["input_ids"].shape)
         logged[name] = losses(out)
