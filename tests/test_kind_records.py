@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.bench_drafters import BENCH_DRAFTERS
 from draftheads.conf.schema.kinds import BUILTIN_KINDS, DRAFT_KINDS, DraftKind, kind_names, kind_record
+from draftheads.conf.schema.kinds.section import section_keys
 from draftheads.data.outdir import BENCH_FOLDERS
 from draftheads.decode.proposers import proposer_class
 from draftheads.heads.kinds import KINDS, DrafterKind, drafter_kind
@@ -28,6 +30,8 @@ def test_the_tuple_names_each_kind_once():
 @pytest.mark.parametrize("record", BUILTIN_KINDS, ids=NAMES)
 def test_every_record_is_complete(record):
     assert isinstance(record.section, DraftKind) and record.section.name == record.name
+    assert dataclasses.is_dataclass(record.section.schema)
+    assert record.section.keys == section_keys(record.section.schema)
     facts = record.heads_facts()
     assert issubclass(facts, DrafterKind) and facts.name == record.name
     assert facts.drafter.kind == record.name and facts.title
@@ -36,6 +40,18 @@ def test_every_record_is_complete(record):
     assert record.groups and all((DRAFT_GROUPS / f"{g}.yaml").is_file() for g in record.groups)
     assert record.bench and all(b.kind == record.name for b in record.bench)
     assert record.folders == tuple(b.name for b in record.bench)
+
+
+def test_the_draft_config_is_the_sections_union():
+    """``draft.*`` holds ``kind`` and every section's keys, with the section's defaults."""
+    from draftheads.conf.schema.heads import DraftConfig
+
+    d = DraftConfig()
+    union = {"kind"} | {key for record in BUILTIN_KINDS for key in record.section.keys}
+    assert {f.name for f in dataclasses.fields(DraftConfig)} == union
+    for record in BUILTIN_KINDS:
+        section = record.section.schema()
+        assert all(getattr(d, key) == getattr(section, key) for key in record.section.keys)
 
 
 def test_every_lookup_reads_the_records():

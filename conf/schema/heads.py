@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass
 from typing import Any
 
 from draftheads.conf.errors import UserError
@@ -165,116 +165,11 @@ def max_memory_problem(t: TargetConfig) -> str | None:
     return None
 
 
-@dataclass
-class DraftConfig:
-    """Shape and objective of the drafter (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3, dflash, peagle)."""
+class DraftMethods:
+    """What a :data:`DraftConfig` does beside holding its keys: its check when it is read, and the
+    facts its kind answers for it."""
 
-    kind: str = BUILTIN_KINDS[0].name  # the first record's kind
-    # --- Medusa ---
-    num_heads: int = 4
-    num_layers: int = 1
-    lm_head: str = "shared"
-    # Medusa-1 loss: sum_k weight * decay**k * CE_k
-    head_loss_weight: float = 1.0
-    head_loss_decay: float = 0.8
-    # --- Medusa-2: LoRA on the target, trained jointly ---
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    # ["all-linear"]: every plain linear layer of the target's decoder layers, whatever their names
-    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    head_lr_multiplier: float = 4.0
-    head_warmup: str = "sine"
-    head_warmup_steps: int = 100
-    self_distill_weight: float = 1.0
-    # --- EAGLE ---
-    version: int = 1
-    num_decoder_layers: int = 1
-    feature_layers: list[int] | None = None
-    draft_vocab_size: int | None = None
-    ttt_steps: int = 7
-    ttt_decay: float = 0.8
-    feature_loss_weight: float = 1.0
-    token_loss_weight: float = 0.1
-    feature_noise: float = 0.0
-    save_shared: bool = False
-    # EAGLE-1 only: fc over concat(embedding, feature) with a bias. vLLM builds this fc without
-    # one (and drops fc.bias), so a drafter meant for vLLM is trained with fc_bias=false.
-    fc_bias: bool = True
-    # EAGLE-3's norm variants, as speculators and vLLM name them (see heads/eagle/model.py): an RMSNorm
-    # over the three target layers before fc (norm_before_fc) or one per layer (fc_norm), the
-    # attention's residual taken after hidden_norm (norm_before_residual), and the normed output
-    # fed back between drafted tokens (norm_output)
-    norm_before_residual: bool = False
-    norm_before_fc: bool = False
-    fc_norm: bool = False
-    norm_output: bool = False
-    # EAGLE: start the decoder layer(s) as the target's last layer(s); EAGLE-3's widened q/k/v
-    # hold the target's weights in the feature half and zeros in the embedding half
-    init_from_target: bool = False
-    # --- DFlash: one non-causal pass drafts a block (feature_layers, num_decoder_layers and
-    # draft_vocab_size above apply too) ---
-    block_size: int = 16
-    # a token id the tokenizer has and never produces in text; null: the tokenizer's mask token,
-    # else its highest unused special token (recorded in the checkpoint)
-    mask_token_id: int | None = None
-    # loss weight of block position k (1-based): exp(-(k - 1) / gamma)
-    loss_gamma: float = 7.0
-    # decay: the weights above; dpace: per block, the gradient of its expected accepted length
-    # (D-PACE, speculators' default), from the draft's probabilities of the target's tokens
-    # smoothed by dpace_alpha (loss_gamma is then unused)
-    position_weights: str = "decay"
-    dpace_alpha: float = 0.5
-    # blocks per training row (per packed document), anchored at random answer positions;
-    # 0: a block at every answer position
-    anchors_per_row: int = 8
-    # the target layers a DFlash drafter reads when draft.feature_layers is null: eagle3 (EAGLE-3's
-    # three, so one feature cache serves both drafters) or spread (the reference's rule: one
-    # target layer per drafter layer, L//2 for one, else evenly from 1 to L-3)
-    feature_rule: str = "eagle3"
-    # DFlash: the drafter layers' key/value heads (null: the target's). A block row reads its
-    # anchor token and the context only through attention values, kv_heads x head_dim wide
-    # (SmolLM2: 3 x 64 = 192 of 576); the target's query heads must be a multiple of it
-    kv_heads: int | None = None
-    # DFlash: the starting gain of every layer's q and k norms (trained from there). Attention
-    # logits scale with its square: at 1 they stay within +-sqrt(head_dim), too flat for a block
-    # row to single out its anchor among hundreds of context keys early in training
-    qk_gain: float = 1.0
-    # DFlash: the share of training blocks that see none of the target's context, only their
-    # own rows, so that the anchor token is the one thing they can read (evaluation and
-    # decoding always see the context)
-    context_dropout: float = 0.0
-    # DFlash: the first this many optimizer steps train every block blind (the anchor alone), so
-    # block position 1 learns to read its anchor before the context can stand in for it
-    blind_steps: int = 0
-    # DFlash: the first layer starts with its block rows attending to their anchor row this many
-    # nats above the context and mask rows (0: the usual start). Only the starting weights change:
-    # the checkpoint and its exports are the same
-    anchor_prior: float = 0.0
-    # DFlash: the starting gain of the drafter's output norm. At 1 (the reference's start) a
-    # random block state reaches the target's lm_head as sharp as a real one: the first draft
-    # logits are confident and wrong (~60 nats of loss on SmolLM2) and the first steps of a short
-    # run go to undoing that. Small: the first drafts are near uniform over the draft vocabulary
-    out_gain: float = 1.0
-    # --- P-EAGLE: EAGLE-3's drafter drafting a group of tokens in one pass (feature_layers,
-    # num_decoder_layers, draft_vocab_size, mask_token_id, feature_noise and the norm variants
-    # above apply too) ---
-    # tokens one pass drafts (speculators' num_depths); a decoding tree is at most this deep
-    num_depths: int = 8
-    # conditional drop: depth d >= 1 trains max(ratio**d, ratio_min) of the anchors depth d - 1
-    # kept, so training costs a few times EAGLE-3's one step instead of num_depths times
-    down_sample_ratio: float = 0.7
-    down_sample_ratio_min: float = 0.2
-    # at most this many anchors per row seed the deeper depths (null: every answer anchor)
-    max_anchors: int | None = None
-    # true: train a copy of the whole input embedding, as speculators does; false: the target's
-    # embedding, with only the mask token's row the drafter's own (a real token embeds as in EAGLE-3)
-    own_embedding: bool = False
-    # a trained EAGLE-3 drafter (folder or Hub id) of the same target, feature layers, draft
-    # vocabulary and norm variants: its fc, layers, norms, head and vocabulary maps start this one
-    # (the mask token's embedding and mask_hidden start as without it)
-    init_from_eagle3: str | None = None
+    kind: str
 
     def __post_init__(self) -> None:
         """Refuse values that cannot build or train a drafter, when the config is read."""
@@ -296,6 +191,34 @@ class DraftConfig:
         config facts say (``conf/schema/kinds/<kind>.py``).
         """
         return draft_kind(self.kind).training_layers(self, num_layers)
+
+
+def default_of(f: Field) -> Any:
+    """A dataclass field's default value (its factory's product for a list)."""
+    return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
+
+
+def union_fields() -> list[tuple[str, Any, Any]]:
+    """``kind`` (the first record's by default), then every kind's section fields once, in the
+    records' order: the flat ``draft.*`` keys. A key several sections declare (``mask_token_id``)
+    has one type and one default in all of them."""
+    union: dict[str, Field] = {}
+    for record in BUILTIN_KINDS:
+        for f in fields(record.section.schema):
+            first = union.setdefault(f.name, f)
+            if (first.type, default_of(first)) != (f.type, default_of(f)):
+                raise ValueError(f"draft.{f.name} is declared with another type or default by {record.name}")
+    return [("kind", str, field(default=BUILTIN_KINDS[0].name))] + [
+        (f.name, f.type, field(default=f.default, default_factory=f.default_factory)) for f in union.values()
+    ]
+
+
+# The drafter's config (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3, dflash, peagle):
+# ``kind`` and the fields of every kind's section (conf/schema/kinds/<kind>.py), each once; a kind
+# reads its own section's keys and refuses the others'.
+DraftConfig = make_dataclass("DraftConfig", union_fields(), bases=(DraftMethods,))
+DraftConfig.__module__, DraftConfig.__qualname__ = __name__, "DraftConfig"
+DraftConfig.__doc__ = "Shape and objective of the drafter: ``kind`` and its section's ``draft.*`` keys."
 
 
 def foreign_key_line(d: DraftConfig, key: str, value: Any) -> str | None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds.eagle import default_eagle3_layers
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.section import DraftKind, draft_vocab_problem
+from draftheads.conf.schema.kinds.section import DecoderLayers, DraftKind, draft_vocab_problem, section_keys
 from draftheads.conf.schema.layers import layer_ids_problem
 
 POSITION_WEIGHTS = ("decay", "dpace")
@@ -67,13 +68,58 @@ def dflash_feature_layers(
     return spread_layers(num_layers, depth) if rule == "spread" else default_eagle3_layers(num_layers)
 
 
+@dataclass
+class DFlashSection(DecoderLayers):
+    """DFlash's draft.* keys: one non-causal pass drafts a block."""
+
+    block_size: int = 16
+    # a token id the tokenizer has and never produces in text; null: the tokenizer's mask token,
+    # else its highest unused special token (recorded in the checkpoint)
+    mask_token_id: int | None = None
+    # loss weight of block position k (1-based): exp(-(k - 1) / gamma)
+    loss_gamma: float = 7.0
+    # decay: the weights above; dpace: per block, the gradient of its expected accepted length
+    # (D-PACE, speculators' default), from the draft's probabilities of the target's tokens
+    # smoothed by dpace_alpha (loss_gamma is then unused)
+    position_weights: str = "decay"
+    dpace_alpha: float = 0.5
+    # blocks per training row (per packed document), anchored at random answer positions;
+    # 0: a block at every answer position
+    anchors_per_row: int = 8
+    # the target layers a DFlash drafter reads when draft.feature_layers is null: eagle3 (EAGLE-3's
+    # three, so one feature cache serves both drafters) or spread (the reference's rule: one
+    # target layer per drafter layer, L//2 for one, else evenly from 1 to L-3)
+    feature_rule: str = FEATURE_RULES[0]
+    # the drafter layers' key/value heads (null: the target's). A block row reads its anchor token
+    # and the context only through attention values, kv_heads x head_dim wide (SmolLM2: 3 x 64 =
+    # 192 of 576); the target's query heads must be a multiple of it
+    kv_heads: int | None = None
+    # the starting gain of every layer's q and k norms (trained from there). Attention logits
+    # scale with its square: at 1 they stay within +-sqrt(head_dim), too flat for a block row to
+    # single out its anchor among hundreds of context keys early in training
+    qk_gain: float = 1.0
+    # the share of training blocks that see none of the target's context, only their own rows, so
+    # that the anchor token is the one thing they can read (evaluation and decoding always see the
+    # context)
+    context_dropout: float = 0.0
+    # the first this many optimizer steps train every block blind (the anchor alone), so block
+    # position 1 learns to read its anchor before the context can stand in for it
+    blind_steps: int = 0
+    # the first layer starts with its block rows attending to their anchor row this many nats above
+    # the context and mask rows (0: the usual start). Only the starting weights change: the
+    # checkpoint and its exports are the same
+    anchor_prior: float = 0.0
+    # the starting gain of the drafter's output norm. At 1 (the reference's start) a random block
+    # state reaches the target's lm_head as sharp as a real one: the first draft logits are
+    # confident and wrong (~60 nats of loss on SmolLM2) and the first steps of a short run go to
+    # undoing that. Small: the first drafts are near uniform over the draft vocabulary
+    out_gain: float = 1.0
+
+
 class DFlashDraft(DraftKind):
     name = "dflash"
-    keys = (
-        "block_size", "mask_token_id", "loss_gamma", "position_weights", "dpace_alpha", "anchors_per_row",
-        "feature_rule", "kv_heads", "qk_gain", "context_dropout", "blind_steps", "anchor_prior", "out_gain",
-        "num_decoder_layers", "feature_layers", "draft_vocab_size", "init_from_target",
-    )  # fmt: skip
+    schema = DFlashSection
+    keys = section_keys(DFlashSection)
     options = "draft=dflash"
     same_meaning = {"num_layers": "num_decoder_layers"}
     minimums = {"num_decoder_layers": 1, "block_size": 2, "anchors_per_row": 0, "blind_steps": 0}

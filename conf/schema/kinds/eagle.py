@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.section import DraftKind, draft_vocab_problem
+from draftheads.conf.schema.kinds.section import DecoderLayers, DraftKind, draft_vocab_problem, section_keys
 from draftheads.conf.schema.layers import layer_ids_problem
 
 EAGLE_VERSIONS = (1, 3)
@@ -55,13 +56,39 @@ def eagle_input_layers(version: int, feature_layers: list[int] | None, num_layer
     return default_eagle3_layers(num_layers) if version == 3 else [num_layers]
 
 
+@dataclass
+class EagleNorms:
+    """EAGLE-3's norm variants, as speculators and vLLM name them (see heads/eagle/model.py): an
+    RMSNorm over the three target layers before fc (norm_before_fc) or one per layer (fc_norm), the
+    attention's residual taken after hidden_norm (norm_before_residual), and the normed output fed
+    back between drafted tokens (norm_output)."""
+
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+
+
+@dataclass
+class EagleSection(DecoderLayers, EagleNorms):
+    """EAGLE-1's and EAGLE-3's draft.* keys."""
+
+    version: int = 1
+    ttt_steps: int = 7
+    ttt_decay: float = 0.8
+    feature_loss_weight: float = 1.0
+    token_loss_weight: float = 0.1
+    feature_noise: float = 0.0
+    save_shared: bool = False
+    # EAGLE-1 only: fc over concat(embedding, feature) with a bias. vLLM builds this fc without
+    # one (and drops fc.bias), so a drafter meant for vLLM is trained with fc_bias=false.
+    fc_bias: bool = True
+
+
 class EagleDraft(DraftKind):
     name = "eagle"
-    keys = (
-        "version", "ttt_steps", "ttt_decay", "feature_loss_weight", "token_loss_weight", "feature_noise",
-        "save_shared", "fc_bias", "num_decoder_layers", "feature_layers", "draft_vocab_size", "init_from_target",
-        "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
-    )  # fmt: skip
+    schema = EagleSection
+    keys = section_keys(EagleSection)
     options = "draft=eagle or draft=eagle3"
     same_meaning = {"num_layers": "num_decoder_layers"}
     minimums = {"num_decoder_layers": 1, "ttt_steps": 1}

@@ -2,21 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.section import DraftKind
+from draftheads.conf.schema.kinds.section import DraftKind, section_keys
 
 LM_HEAD_MODES = ("shared", "copy")  # Medusa v2 (the target's lm_head) or v1 (a copy per head)
 
 
+@dataclass
+class MedusaSection:
+    """Medusa's draft.* keys (Medusa-1, and Medusa-2 with LoRA on the target)."""
+
+    num_heads: int = 4
+    num_layers: int = 1
+    lm_head: str = "shared"
+    # Medusa-1 loss: sum_k weight * decay**k * CE_k
+    head_loss_weight: float = 1.0
+    head_loss_decay: float = 0.8
+    # --- Medusa-2: LoRA on the target, trained jointly ---
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    # ["all-linear"]: every plain linear layer of the target's decoder layers, whatever their names
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    head_lr_multiplier: float = 4.0
+    head_warmup: str = "sine"
+    head_warmup_steps: int = 100
+    self_distill_weight: float = 1.0
+
+
 class MedusaDraft(DraftKind):
     name = "medusa"
-    keys = (
-        "num_heads", "num_layers", "lm_head", "head_loss_weight", "head_loss_decay", "lora", "lora_r",
-        "lora_alpha", "lora_dropout", "lora_target_modules", "head_lr_multiplier", "head_warmup",
-        "head_warmup_steps", "self_distill_weight",
-    )  # fmt: skip
+    schema = MedusaSection
+    keys = section_keys(MedusaSection)
     options = "draft=medusa or draft=medusa2"
     decoder_layers = False
     same_meaning = {"num_decoder_layers": "num_layers"}

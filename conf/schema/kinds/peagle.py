@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from draftheads.conf.schema.kinds.eagle import eagle_input_layers, feature_layers_problem
+from draftheads.conf.schema.kinds.eagle import EagleNorms, eagle_input_layers, feature_layers_problem
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
-from draftheads.conf.schema.kinds.section import DraftKind, draft_vocab_problem
+from draftheads.conf.schema.kinds.section import DecoderLayers, DraftKind, draft_vocab_problem, section_keys
 
 # The deepest group a P-EAGLE drafter trains: every group entry attends to the depths before it,
 # and the paper and speculators train groups of 5 to 10; deeper groups pay for depths the
@@ -15,13 +16,34 @@ from draftheads.conf.schema.kinds.section import DraftKind, draft_vocab_problem
 MAX_DEPTHS = 32
 
 
+@dataclass
+class PEagleSection(DecoderLayers, EagleNorms):
+    """P-EAGLE's draft.* keys: EAGLE-3's drafter (its norm variants) drafting a group of tokens in one pass."""
+
+    # tokens one pass drafts (speculators' num_depths); a decoding tree is at most this deep
+    num_depths: int = 8
+    # conditional drop: depth d >= 1 trains max(ratio**d, ratio_min) of the anchors depth d - 1
+    # kept, so training costs a few times EAGLE-3's one step instead of num_depths times
+    down_sample_ratio: float = 0.7
+    down_sample_ratio_min: float = 0.2
+    # at most this many anchors per row seed the deeper depths (null: every answer anchor)
+    max_anchors: int | None = None
+    # true: train a copy of the whole input embedding, as speculators does; false: the target's
+    # embedding, with only the mask token's row the drafter's own (a real token embeds as in EAGLE-3)
+    own_embedding: bool = False
+    # the mask token the group's later entries read (null: chosen as DFlash's is)
+    mask_token_id: int | None = None
+    feature_noise: float = 0.0
+    # a trained EAGLE-3 drafter (folder or Hub id) of the same target, feature layers, draft
+    # vocabulary and norm variants: its fc, layers, norms, head and vocabulary maps start this one
+    # (the mask token's embedding and mask_hidden start as without it)
+    init_from_eagle3: str | None = None
+
+
 class PEagleDraft(DraftKind):
     name = "peagle"
-    keys = (
-        "num_depths", "down_sample_ratio", "down_sample_ratio_min", "max_anchors", "own_embedding",
-        "mask_token_id", "feature_noise", "num_decoder_layers", "feature_layers", "draft_vocab_size",
-        "init_from_target", "init_from_eagle3", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
-    )  # fmt: skip
+    schema = PEagleSection
+    keys = section_keys(PEagleSection)
     options = "draft=peagle"
     same_meaning = {"num_layers": "num_decoder_layers", "block_size": "num_depths", "ttt_steps": "num_depths"}
 

@@ -8,14 +8,36 @@ kind means (see docs/kinds.md for adding a kind).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
+
+
+@dataclass
+class DecoderLayers:
+    """The ``draft.*`` keys of a drafter built of decoder layers over target features (EAGLE,
+    DFlash, P-EAGLE); each of those kinds' sections extends it."""
+
+    num_decoder_layers: int = 1
+    # the target layers the drafter reads (ids index the target's hidden_states; null: the kind's rule)
+    feature_layers: list[int] | None = None
+    # the draft head's vocabulary: the target's lm_head rows of the most frequent answer tokens (null: all)
+    draft_vocab_size: int | None = None
+    # start the decoder layer(s) as the target's last layer(s); EAGLE-3's widened q/k/v hold the
+    # target's weights in the feature half and zeros in the embedding half
+    init_from_target: bool = False
+
+
+def section_keys(schema: type) -> tuple[str, ...]:
+    """The ``draft.*`` keys a section dataclass declares, in its order."""
+    return tuple(f.name for f in fields(schema))
 
 
 class DraftKind:
     """The config facts of one drafter kind; subclass it in ``conf/schema/kinds/<kind>.py``."""
 
     name: ClassVar[str] = ""
-    keys: ClassVar[tuple[str, ...]] = ()  # the draft.* keys it reads (the others it ignores)
+    schema: ClassVar[type]  # its section: a dataclass of the draft.* keys it reads, their defaults
+    keys: ClassVar[tuple[str, ...]] = ()  # its section's keys (section_keys(schema)); the others it ignores
     options: ClassVar[str] = ""  # the options that select it: "draft=eagle or draft=eagle3"
     decoder_layers: ClassVar[bool] = True  # it has decoder layers (draft.num_decoder_layers)
     # another kind's key -> this kind's key of the same meaning
