@@ -4,13 +4,14 @@ A kind is one :class:`KindRecord`, exported as ``KIND`` by ``conf/schema/kinds/<
 listed in :data:`draftheads.conf.schema.kinds.BUILTIN_KINDS`. The record names the kind's
 pieces in every layer:
 
-* its config section (a :class:`~draftheads.conf.schema.kinds.section.DraftKind`: the
-  ``draft.*`` keys it reads and its checks) and its YAML groups (``conf/draft/<group>.yaml``);
+* its config section (a :class:`~draftheads.conf.schema.kinds.section.DraftKind`: the dataclass
+  of the ``draft.*`` keys it reads, ``schema``, and their checks) and its YAML groups
+  (``conf/draft/<group>.yaml``);
 * its heads facts (a :class:`~draftheads.heads.kinds.DrafterKind` subclass: the drafter class,
   how a config builds it, its published layouts and their detection, its engine formats and
-  export), its training objective and its decoding proposer;
+  export), its training objective and cost, and its decoding proposer;
 * its bench rows (:class:`BenchDrafter`), whose names are also the folders ``draftheads bench``
-  writes for it.
+  writes for it, and the overrides that keep a run on a tiny target small.
 
 This is the schema layer, the lowest: the pieces from the layers above (heads, train, decode)
 are dotted paths (``"package.module:Name"``), imported when first asked for, so a record imports

@@ -1,5 +1,6 @@
-"""The config section of a drafter kind: the ``draft.*`` keys it reads and its own value checks,
-declared once in ``conf/schema/kinds/<kind>.py`` and held by the kind's record
+"""The config section of a drafter kind: a dataclass of the ``draft.*`` keys it reads (their
+defaults and meaning) and its own value checks, declared once in ``conf/schema/kinds/<kind>.py``
+and held by the kind's record
 (:class:`~draftheads.conf.schema.kinds.record.KindRecord`).
 
 This is the schema layer (below heads), so it knows no model: only what a ``DraftConfig`` of the
