@@ -303,11 +303,19 @@ def parse(argv: list[str]) -> Invocation:
     return Invocation(name, from_config(c.args, cfg, own_options(c, options)), show_cfg)
 
 
+def own_draft_keys(draft: dict[str, Any]) -> dict[str, Any]:
+    """``draft.kind`` and the keys of that kind's section (the others it does not read)."""
+    keep = ("kind", *draft_kind(draft["kind"]).keys)
+    return {k: v for k, v in draft.items() if k in keep}
+
+
 def as_yaml(args: Any) -> str:
     """The arguments as YAML, in the command line's spelling."""
     from omegaconf import OmegaConf
 
     data = dataclasses.asdict(args)
+    if isinstance(data.get("draft"), dict):
+        data["draft"] = own_draft_keys(data["draft"])
     for schema, user in USER_NAMES.items():
         *parents, leaf = schema.split(".")
         node = data

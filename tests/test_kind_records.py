@@ -160,3 +160,13 @@ def test_no_generic_module_names_a_kind():
                 if (rel, name) not in NAMED_ON_PURPOSE
             ]
     assert not found, "\n".join(found)
+
+
+def test_cfg_job_prints_the_chosen_kinds_draft_keys_only(capsys):
+    from draftheads.conf.cli import main
+
+    assert main(["train", "draft=dflash", "draft.block_size=4", "--cfg", "job"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "kind: dflash" in out and "block_size: 4" in out and "num_heads" not in out and "ttt_steps" not in out
+    )
