@@ -20,7 +20,7 @@ from draftheads.train.recipe import train
 from tests.conftest import get_target
 from tests.test_dflash_recipe import rows  # noqa: F401  (the module's training rows)
 from tests.test_train_dflash import DFLASH
-from tests.test_train_recipe import config
+from tests.test_train_recipe import config, tiny_target
 
 
 def test_the_anchor_direction_reads_one_on_the_rows_and_zero_on_the_mask():
@@ -69,7 +69,9 @@ def test_block_position_1_starts_on_its_anchor_and_no_context_state_carries_the_
 
 def test_the_prior_reaches_the_checkpoint_through_training_and_a_negative_boost_is_refused(tmp_path, rows):  # noqa: F811
     out = train(
-        config(tmp_path, *DFLASH, "draft.anchor_prior=4", "train.lr=1e-12", "train.max_steps=1"), rows
+        config(tmp_path, *DFLASH, "draft.anchor_prior=4", "train.lr=1e-12", "train.max_steps=1"),
+        rows,
+        target=tiny_target(),
     )
     model, tok = get_target("llama")
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
@@ -87,7 +89,11 @@ def test_the_prior_reaches_the_checkpoint_through_training_and_a_negative_boost_
 
 
 def test_out_gain_scales_the_first_draft_logits_and_a_non_positive_one_is_refused(tmp_path, rows):  # noqa: F811
-    out = train(config(tmp_path, *DFLASH, "draft.out_gain=0.25", "train.lr=1e-12", "train.max_steps=1"), rows)
+    out = train(
+        config(tmp_path, *DFLASH, "draft.out_gain=0.25", "train.lr=1e-12", "train.max_steps=1"),
+        rows,
+        target=tiny_target(),
+    )
     model, tok = get_target("llama")
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
     torch.testing.assert_close(d.norm.weight, torch.full_like(d.norm.weight, 0.25), rtol=0, atol=1e-6)
