@@ -40,6 +40,8 @@ def run_pytest(folder: Path, ci: str | None) -> subprocess.CompletedProcess:
     """pytest on ``folder`` with the CI hook, ``CI`` set to ``ci`` (None: unset)."""
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["PYTHONPATH"] = str(ROOT)
+    # the hook alone: loading every installed plugin was most of a run
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     if ci is not None:
         env["CI"] = ci
     argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "tests.engine_skips", "-p", "no:cacheprovider"]
