@@ -19,7 +19,7 @@ from tests.test_decode import PROMPTS, check_rows, drafter
 
 pytestmark = pytest.mark.skipif(not backends.onednn_available(), reason="this torch has no oneDNN")
 
-SLEEP_S = 0.002  # per linear call: far above a tiny model's whole step
+SLEEP_S = 0.001  # per linear call: a step makes dozens, far above a tiny model's whole step
 
 
 def slow_onednn(monkeypatch) -> None:
