@@ -12,12 +12,12 @@ TORCH_NEEDED = $(shell $(PY) -c 'import torch' 2>/dev/null || echo '$(TORCH_SPEC
 STAMP := $(VENV)/.installed-stamp
 # The packages are installed by uv (a PyPI package, installed into the venv first), which resolves
 # and unpacks them several times faster than pip. uv reads no pip configuration, so it is handed
-# the settings pip would use here (tools/uv_args.py: index, extra indexes, find-links,
+# the settings pip would use here (.ci/uv_args.py: index, extra indexes, find-links,
 # constraints), and picks the best version any index offers, as pip does. Where uv cannot be
 # installed, or an install through it fails, pip does that install.
 UV := $(VENV)/bin/uv
 INSTALL = @echo 'install $(1)'; if [ -x $(UV) ]; then $(UV) pip install -q --python $(PY) \
-	--index-strategy unsafe-best-match $$($(PY) tools/uv_args.py) $(1) || $(PIP) install -q $(1); \
+	--index-strategy unsafe-best-match $$($(PY) .ci/uv_args.py) $(1) || $(PIP) install -q $(1); \
 	else $(PIP) install -q $(1); fi
 export WANDB_MODE ?= offline
 # DeepSpeed compiles a small C++ op (its shared-memory all-reduce) the first time several
