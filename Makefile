@@ -14,9 +14,11 @@ STAMP := $(VENV)/.installed-stamp
 # and unpacks them several times faster than pip. uv reads no pip configuration, so it is handed
 # the settings pip would use here (.ci/uv_args.py: index, extra indexes, find-links,
 # constraints), and picks the best version any index offers, as pip does. Where uv cannot be
-# installed, or an install through it fails, pip does that install.
+# installed, or an install through it fails, pip does that install. uv compiles the packages'
+# bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing would compile it
+# later, and every process would compile each module it imports again.
 UV := $(VENV)/bin/uv
-INSTALL = @echo 'install $(1)'; if [ -x $(UV) ]; then $(UV) pip install -q --python $(PY) \
+INSTALL = @echo 'install $(1)'; if [ -x $(UV) ]; then $(UV) pip install -q --compile-bytecode --python $(PY) \
 	--index-strategy unsafe-best-match $$($(PY) .ci/uv_args.py) $(1) || $(PIP) install -q $(1); \
 	else $(PIP) install -q $(1); fi
 export WANDB_MODE ?= offline
