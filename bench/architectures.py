@@ -178,7 +178,10 @@ def tiny_target(arch: str, fresh: bool = False) -> tuple:
 
 
 def adapted(model: torch.nn.Module) -> bool:
-    """Whether peft has put adapter layers into ``model`` (in place, as Medusa-2's training does)."""
+    """Whether peft has put adapter layers into ``model`` (in place, as Medusa-2's training does).
+    Read from the modules, not ``peft_config`` (what :func:`~draftheads.heads.checkpoint.attach_adapters`
+    checks): an injection that peft refuses part-way (fused experts with LoRA dropout) leaves LoRA
+    layers in the model and no ``peft_config``."""
     return any(type(m).__module__.startswith("peft.") for m in model.modules())
 
 
