@@ -17,6 +17,7 @@ from draftheads.conf.commands.args import BenchArgs
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig, Config
 from draftheads.conf.schema.bench_drafters import BenchDrafter, bench_drafter
+from draftheads.conf.schema.flat_keys import nested_draft
 
 
 def log(msg: str) -> None:
@@ -31,6 +32,8 @@ def done(path: Path, settings: dict[str, Any] | None = None) -> bool:
     if not marker.is_file():
         return False
     made = json.loads(marker.read_text()).get("settings")
+    if isinstance(made, dict) and isinstance(made.get("draft"), dict):
+        made["draft"] = nested_draft(made["draft"])  # recorded flat by the last release
     want = json.loads(json.dumps(settings))
     if settings is not None and made is not None and made != want:
         if unrecorded := sorted(set(want) - set(made)):

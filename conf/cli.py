@@ -35,8 +35,6 @@ from draftheads.conf.commands.compose import (
 )
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.checks import finite
-from draftheads.conf.schema.heads import typed_keys_problem
-from draftheads.conf.schema.kinds import draft_kind
 
 __all__ = ["compose", "main", "parse", "Invocation"]
 
@@ -83,13 +81,9 @@ def key_lines(prefix: str, value: Any) -> list[str]:
 
 
 def draft_key_lines(d: Any) -> list[str]:
-    """``draft.key = default`` lines of the keys ``d``'s kind reads, and how to list another kind's."""
-    own = draft_kind(d.kind).keys
-    lines = [
-        line
-        for line in key_lines("draft", d)
-        if line.split(" = ")[0].strip().removeprefix("draft.") in ("kind", *own)
-    ]
+    """``draft.kind`` and the ``draft.<kind>.key = default`` lines of the chosen kind's section,
+    and how to list another kind's."""
+    lines = key_lines("draft.kind", d.kind) + key_lines(f"draft.{d.kind}", d.section)
     return lines + [f"    (the keys of draft.kind={d.kind}; `draft=<group> --help` lists another kind's)"]
 
 
@@ -268,19 +262,6 @@ def own_options(c: Command, options: list[str]) -> dict[str, Any]:
     return result
 
 
-def check_draft_keys(cfg: Any, hydra: list[str]) -> None:
-    """Refuse a typed ``draft.<key>`` that the chosen kind does not read, whatever its value (the
-    config alone cannot tell a key typed with its default value from one left unset)."""
-    typed = {
-        key.split(".", 1)[1]: value
-        for _, key, value in map(split_override, hydra)
-        if key.startswith("draft.") and key.count(".") == 1
-    }
-    problem = typed_keys_problem(cfg.draft, typed) if typed and hasattr(cfg, "draft") else None
-    if problem:
-        raise UserError(problem)
-
-
 def parse(argv: list[str]) -> Invocation:
     """Check and compose ``draftheads <command> [overrides]`` without running it."""
     if not argv or argv[0] not in COMMANDS:
@@ -297,16 +278,14 @@ def parse(argv: list[str]) -> Invocation:
         raise UserError(refusal(name, c, "prompt", "TEXT"))
     hydra, options = check_overrides(name, c, rest)
     cfg, _ = compose(hydra)
-    check_draft_keys(cfg, hydra)
     if prompt is not None:
         cfg.prompt = prompt
     return Invocation(name, from_config(c.args, cfg, own_options(c, options)), show_cfg)
 
 
 def own_draft_keys(draft: dict[str, Any]) -> dict[str, Any]:
-    """``draft.kind`` and the keys of that kind's section (the others it does not read)."""
-    keep = ("kind", *draft_kind(draft["kind"]).keys)
-    return {k: v for k, v in draft.items() if k in keep}
+    """``draft.kind`` and that kind's section (the other sections are unset)."""
+    return {"kind": draft["kind"], draft["kind"]: draft[draft["kind"]]}
 
 
 def as_yaml(args: Any) -> str:

@@ -1,4 +1,4 @@
-"""Drafter layers started as the target's own (``draft.init_from_target``).
+"""Drafter layers started as the target's own (``draft.<kind>.init_from_target``).
 
 A drafter decoder layer that shares the target's layout (names and shapes of its q/k/v/o,
 MLP and norms) can start from a trained target layer instead of random weights: EAGLE's and
@@ -20,14 +20,14 @@ from draftheads.heads.target.layers import decoder_layers
 Adapt = Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 
-def last_layers(target: nn.Module, n: int) -> list[nn.Module]:
+def last_layers(target: nn.Module, n: int, kind: str) -> list[nn.Module]:
     """The target's last ``n`` layers: drafter layer i starts as target layer L - n + i. Refuses a
-    drafter deeper than the target."""
+    drafter (of draft.kind ``kind``) deeper than the target."""
     stack = list(decoder_layers(target))
     if n > len(stack):
         raise UserError(
-            f"draft.num_decoder_layers={n} with draft.init_from_target=true: the target has only "
-            f"{len(stack)} layers to copy; use at most {len(stack)} drafter layers, or draft.init_from_target=false"
+            f"draft.{kind}.num_decoder_layers={n} with draft.{kind}.init_from_target=true: the target has only "
+            f"{len(stack)} layers to copy; use at most {len(stack)} drafter layers, or draft.{kind}.init_from_target=false"
         )
     return stack[len(stack) - n :]
 

@@ -20,11 +20,13 @@ from torch import nn
 from draftheads.conf.errors import UserError
 
 
-def check_draft_vocab_size(draft_vocab_size: int, vocab_size: int) -> int:
-    """``draft_vocab_size`` as an int, refused unless it lies in ``1..vocab_size``."""
+def check_draft_vocab_size(draft_vocab_size: int, vocab_size: int, kind: str) -> int:
+    """``draft_vocab_size`` (``draft.<kind>.draft_vocab_size``) as an int, refused unless it lies in ``1..vocab_size``."""
     size = int(draft_vocab_size)
     if not 1 <= size <= vocab_size:
-        raise UserError(f"draft.draft_vocab_size={size} must be between 1 and the target vocab {vocab_size}")
+        raise UserError(
+            f"draft.{kind}.draft_vocab_size={size} must be between 1 and the target vocab {vocab_size}"
+        )
     return size
 
 

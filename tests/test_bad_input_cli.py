@@ -78,27 +78,27 @@ REFUSED = [
     # a feature cache is read only offline
     (["train", "train.feature_cache=h"], "train.feature_cache=h is read only with train.features=offline"),
     # Medusa has no decoder layers to start from the target's
-    (["train", "draft=medusa", "draft.init_from_target=true"], "Medusa heads have none"),
+    (["train", "draft=medusa", "draft.eagle.init_from_target=true"], "draft.eagle.init_from_target=true is a key of eagle drafters, and draft.kind=medusa does not read it; drop it"),
     (
-        ["train", "draft=eagle", "draft.num_decoder_layers=5", "draft.init_from_target=true", "train.out_dir=run",
+        ["train", "draft=eagle", "draft.eagle.num_decoder_layers=5", "draft.eagle.init_from_target=true", "train.out_dir=run",
          "data.max_rows=4", "train.max_steps=1", "train.eval_every=0"],
-        "draft.num_decoder_layers=5 with draft.init_from_target=true: the target has only 4 layers",
+        "draft.eagle.num_decoder_layers=5 with draft.eagle.init_from_target=true: the target has only 4 layers",
     ),
     (
-        ["train", "draft=eagle3", "draft.num_decoder_layers=5", "train.out_dir=run", "data.max_rows=4",
+        ["train", "draft=eagle3", "draft.eagle.num_decoder_layers=5", "train.out_dir=run", "data.max_rows=4",
          "train.max_steps=1", "train.eval_every=0"],
-        "draft.num_decoder_layers=5 is more than the target's 4 layers",
+        "draft.eagle.num_decoder_layers=5 is more than the target's 4 layers",
     ),
     # a DFlash block no answer holds, and a mask token text produces
     (
-        ["train", "draft=dflash", "draft.block_size=600", "train.out_dir=run", "data.max_rows=4",
+        ["train", "draft=dflash", "draft.dflash.block_size=600", "train.out_dir=run", "data.max_rows=4",
          "data.max_length=64", "train.max_steps=1", "train.eval_every=0"],
-        "draft.block_size=600 is longer than the longest answer in the training rows",
+        "draft.dflash.block_size=600 is longer than the longest answer in the training rows",
     ),
     (
-        ["train", "draft=dflash", "draft.mask_token_id=100", "train.out_dir=run", "data.max_rows=4",
+        ["train", "draft=dflash", "draft.dflash.mask_token_id=100", "train.out_dir=run", "data.max_rows=4",
          "train.max_steps=1", "train.eval_every=0"],
-        "draft.mask_token_id=100 is the ordinary text token",
+        "draft.dflash.mask_token_id=100 is the ordinary text token",
     ),
     # generate and eval decode one prompt at a time
     (["generate", "heads=h", "prompt=hi", "decode.batch_size=4"], "decode.batch_size=4: generate decodes one prompt"),
@@ -151,25 +151,25 @@ REFUSED = [
         "quote the mapping: 'target.max_memory={0:70GiB,cpu:100GiB}'",
     ),
     # NaN and infinity are no numbers, whatever range check follows
-    (["train", "draft=dflash", "draft.anchor_prior=nan"], "draft.anchor_prior=nan is not a finite number"),
+    (["train", "draft=dflash", "draft.dflash.anchor_prior=nan"], "draft.dflash.anchor_prior=nan is not a finite number"),
     (["train", "train.grad_clip=nan"], "train.grad_clip=nan is not a finite number"),
     (["train", "train.weight_decay=nan"], "train.weight_decay=nan is not a finite number"),
     (["generate", "heads=h", "prompt=hi", "decode.temperature=inf"], "decode.temperature=inf is not a finite number"),
     (["generate", "heads=h", "prompt=hi", "decode=typical", "decode.typical_epsilon=nan"], "decode.typical_epsilon=nan is not"),
-    (["train", "draft=dflash", "draft.loss_gamma=nan"], "draft.loss_gamma=nan is not a finite number"),
-    (["train", "draft=dflash", "draft.qk_gain=nan"], "draft.qk_gain=nan is not a finite number"),
-    (["train", "draft=eagle", "draft.feature_noise=nan"], "draft.feature_noise=nan is not a finite number"),
+    (["train", "draft=dflash", "draft.dflash.loss_gamma=nan"], "draft.dflash.loss_gamma=nan is not a finite number"),
+    (["train", "draft=dflash", "draft.dflash.qk_gain=nan"], "draft.dflash.qk_gain=nan is not a finite number"),
+    (["train", "draft=eagle", "draft.eagle.feature_noise=nan"], "draft.eagle.feature_noise=nan is not a finite number"),
     (["train", "train.betas=[0.9,nan]"], "train.betas[1]=nan is not a finite number"),
     # another kind's keys are not read, so they are refused naming the key this kind reads
-    (["train", "draft=dflash", "draft.num_layers=3"], "draft.kind=dflash does not read it; use draft.num_decoder_layers=3"),
-    (["train", "draft=medusa", "draft.num_decoder_layers=2"], "draft.kind=medusa does not read it; use draft.num_layers=2"),
-    (["train", "draft=eagle3", "draft.block_size=8"], "draft.block_size=8 is a key of dflash drafters"),
-    (["train", "draft=dflash", "draft.ttt_steps=3"], "drop it (draft=eagle or draft=eagle3 reads it)"),
+    (["train", "draft=dflash", "draft.medusa.num_layers=3"], "draft.kind=dflash does not read it; use draft.dflash.num_decoder_layers=3"),
+    (["train", "draft=medusa", "draft.eagle.num_decoder_layers=2"], "draft.kind=medusa does not read it; use draft.medusa.num_layers=2"),
+    (["train", "draft=eagle3", "draft.dflash.block_size=8"], "draft.dflash.block_size=8 is a key of dflash drafters"),
+    (["train", "draft=dflash", "draft.eagle.ttt_steps=3"], "drop it (draft=eagle or draft=eagle3 reads it)"),
     # P-EAGLE's keys
-    (["train", "draft=peagle", "draft.down_sample_ratio=0.2", "draft.down_sample_ratio_min=0.5"],
-     "draft.down_sample_ratio_min=0.5 is above draft.down_sample_ratio=0.2"),
-    (["train", "draft=peagle", "draft.init_from_eagle3=missing_dir", "train.out_dir=run", "data.max_rows=4",
-      "train.max_steps=1", "train.eval_every=0"], "draft.init_from_eagle3=missing_dir: no such checkpoint directory"),
+    (["train", "draft=peagle", "draft.peagle.down_sample_ratio=0.2", "draft.peagle.down_sample_ratio_min=0.5"],
+     "draft.peagle.down_sample_ratio_min=0.5 is above draft.peagle.down_sample_ratio=0.2"),
+    (["train", "draft=peagle", "draft.peagle.init_from_eagle3=missing_dir", "train.out_dir=run", "data.max_rows=4",
+      "train.max_steps=1", "train.eval_every=0"], "draft.peagle.init_from_eagle3=missing_dir: no such checkpoint directory"),
     # folders that hold no drafter: named without Python advice, nor torch's
     (["info", "heads=h"], "give a folder `draftheads train` wrote"),
     (["info", "heads=garbage"], "cannot read it as a weights-only torch checkpoint (Unsupported operand"),
@@ -309,6 +309,9 @@ def float_keys(kind: type, prefix: str) -> list[str]:
     keys = []
     for name, hint in typing.get_type_hints(kind).items():
         key = f"{prefix}{name}"
+        hint = next(
+            (a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)), hint
+        )  # a draft section
         if dataclasses.is_dataclass(hint):
             keys += float_keys(hint, f"{key}.")
         elif hint in (float, float | None) or float in typing.get_args(hint):
@@ -323,15 +326,21 @@ def test_every_float_of_the_schema_refuses_nan_and_infinity_in_one_line():
 
     from draftheads.conf.schema import Config
     from draftheads.conf.schema.checks import finite
+    from draftheads.conf.schema.heads import DraftConfig
 
     keys = float_keys(Config, "")
-    assert {"draft.anchor_prior", "train.weight_decay", "decode.temperature", "eval.temperatures"} <= set(
-        keys
-    )
+    assert {
+        "draft.dflash.anchor_prior",
+        "train.weight_decay",
+        "decode.temperature",
+        "eval.temperatures",
+    } <= set(keys)
     for key in keys:
         for number in (math.nan, -math.inf):
-            tree = dataclasses.asdict(Config())
             *parents, leaf = key.split(".")
+            # a draft key is read in its kind's section, set when that kind is chosen
+            draft = DraftConfig(kind=parents[1]) if parents[0] == "draft" else DraftConfig()
+            tree = dataclasses.asdict(Config(draft=draft))
             node = tree
             for part in parents:
                 node = node[part]
@@ -349,8 +358,8 @@ def test_python_callers_of_training_get_the_finite_check():
     from draftheads.conf.schema.heads import DraftConfig
     from draftheads.conf.schema.train import validate
 
-    with pytest.raises(UserError, match=r"draft.anchor_prior=nan is not a finite number"):
-        validate(Config(draft=DraftConfig(kind="dflash", anchor_prior=math.nan)))
+    with pytest.raises(UserError, match=r"draft.dflash.anchor_prior=nan is not a finite number"):
+        validate(Config(draft=DraftConfig.of(kind="dflash", anchor_prior=math.nan)))
 
 
 @pytest.fixture

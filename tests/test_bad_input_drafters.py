@@ -74,9 +74,9 @@ def test_a_speculators_eagle3_to_start_peagle_from_gets_a_cli_step(two_drafters,
         "train.eval_every=0",
         "target=tiny-llama",
     ]
-    assert main(["train", "draft=peagle", "draft.init_from_eagle3=spec", *run]) == 1
+    assert main(["train", "draft=peagle", "draft.peagle.init_from_eagle3=spec", *run]) == 1
     line = one_line_error(capsys)
-    assert "draft.init_from_eagle3=spec is a speculators eagle-3 checkpoint" in line, line
+    assert "draft.peagle.init_from_eagle3=spec is a speculators eagle-3 checkpoint" in line, line
     assert "`draftheads train draft=eagle3 train.out_dir=DIR`" in line and "from_pretrained" not in line, line
     assert snapshot(two_drafters) == before
 

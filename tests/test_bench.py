@@ -302,7 +302,7 @@ def test_the_measured_section_is_results_first_and_tables_only(tmp_path):
         ],
         "ablations": {
             "eagle3 ttt 7": {
-                "overrides": ["draft.ttt_steps=7"],
+                "overrides": ["draft.eagle.ttt_steps=7"],
                 "answer_tokens": 50,
                 "epochs": 1.0,
                 "tau": 2.1,
@@ -328,7 +328,7 @@ def test_the_measured_section_is_results_first_and_tables_only(tmp_path):
     # blank in every row: the scaling points' steps and minutes, the ablation row's simulated figures
     assert "| answer tokens | epochs | τ |" in section and "| 50 | 2.00 | 1.50 |" in section
     assert "| row | overrides | answer tokens | epochs | τ |" in section
-    assert "| eagle3 ttt 7 | `draft.ttt_steps=7` | 50 | 1.00 | 2.10 |" in section
+    assert "| eagle3 ttt 7 | `draft.eagle.ttt_steps=7` | 50 | 1.00 | 2.10 |" in section
     assert "| distill | train medusa | **all stages** |" in section and "| 1.0 | 2.0 | **3.0** |" in section
     assert "trained: medusa: 4 steps, 100 answer tokens, 1.0 min." in section
     record = json.loads(docs.with_suffix(".json").read_text())
@@ -387,14 +387,14 @@ def test_teacher_forced_bench_scales_ablates_resumes_and_writes_json(tmp_path, t
         assert p["answer_tokens"] * p["epochs"] == pytest.approx(1400)
     assert main["answer_tokens"] == teacher["answer_tokens"] and main["tau"] >= 1.0
     row = results["ablations"]["eagle3 init from target"]
-    assert row["overrides"] == ["draft.init_from_target=true"] and row["tau"] >= 1.0
+    assert row["overrides"] == ["draft.eagle.init_from_target=true"] and row["tau"] >= 1.0
     medusa = results["ablations"]["medusa 3 heads"]  # Medusa rows train on the same cached tokens
-    assert medusa["overrides"] == ["draft=medusa", "draft.num_heads=3"]
+    assert medusa["overrides"] == ["draft=medusa", "draft.medusa.num_heads=3"]
     assert medusa["answer_tokens"] == row["answer_tokens"] and medusa["tau"] >= 1.0
     # a decoding-only row decodes the drafter its training twin trains (here trained for it), on
     # the same tokens, reading three of the cache's four layers
     chain = results["ablations"]["dflash chain"]
-    one_layer = ["draft=dflash", "draft.num_decoder_layers=1", "draft.loss_gamma=0.5"]
+    one_layer = ["draft=dflash", "draft.dflash.num_decoder_layers=1", "draft.dflash.loss_gamma=0.5"]
     assert chain["overrides"] == one_layer and chain["answer_tokens"] == row["answer_tokens"]
     assert (out / "ablations" / "dflash-1-layer" / "drafter" / "model.safetensors").is_file()
     assert (out / "ablations" / "dflash-chain" / "tau.json").is_file() and chain["tau"] >= 1.0
@@ -500,7 +500,7 @@ def test_data_speed_times_the_teacher_cache_path_with_eagle3_layers_and_topk(cap
     argv = ["data-speed", "target=tiny-llama", "data.max_rows=20", "speed.feature_tokens=400", "speed.topk=4"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    layers = DraftConfig(kind="eagle", version=3).training_layers(
+    layers = DraftConfig.of(kind="eagle", version=3).training_layers(
         get_target("llama")[0].config.num_hidden_layers
     )
     assert f"features (layers {layers} + top-4 logits" in printed
@@ -511,9 +511,33 @@ def test_a_setting_added_since_a_stage_ran_and_left_unset_reuses_the_stage(tmp_p
     behaviour the stage ran with; set, the rerun stops naming it."""
     from draftheads.bench.stages import done, mark_done
 
-    mark_done(tmp_path, settings={"epochs": 1.0, "draft": {"kind": "eagle"}})
-    assert done(tmp_path, {"epochs": 1.0, "draft": {"kind": "eagle", "init_from_eagle3": None}})
+    mark_done(tmp_path, settings={"epochs": 1.0, "draft": {"kind": "peagle", "peagle": {"num_depths": 8}}})
+    unset = {"kind": "peagle", "peagle": {"num_depths": 8, "init_from_eagle3": None}}
+    assert done(tmp_path, {"epochs": 1.0, "draft": unset})
     with pytest.raises(
-        UserError, match=r"made with draft.init_from_eagle3=None, not draft.init_from_eagle3=x;"
+        UserError, match=r"made with draft.peagle.init_from_eagle3=None, not draft.peagle.init_from_eagle3=x;"
     ):
-        done(tmp_path, {"epochs": 1.0, "draft": {"kind": "eagle", "init_from_eagle3": "x"}})
+        done(
+            tmp_path,
+            {
+                "epochs": 1.0,
+                "draft": {"kind": "peagle", "peagle": {"num_depths": 8, "init_from_eagle3": "x"}},
+            },
+        )
+
+
+def test_a_stage_recorded_with_flat_draft_keys_is_reused_and_compared_in_its_kinds_section(tmp_path):
+    """The last release recorded a stage's draft settings flat, every kind's keys together: the
+    kind's own are read as its section (the others it never read), so an equal drafter reuses the
+    stage and a changed key is named in its section."""
+    from draftheads.bench.stages import done, mark_done
+
+    mark_done(
+        tmp_path, settings={"draft": {"kind": "dflash", "block_size": 16, "num_heads": 4, "ttt_steps": 7}}
+    )
+    sections = {"medusa": None, "eagle": None, "peagle": None}
+    assert done(tmp_path, {"draft": {"kind": "dflash", **sections, "dflash": {"block_size": 16}}})
+    with pytest.raises(
+        UserError, match=r"made with draft.dflash.block_size=16, not draft.dflash.block_size=8;"
+    ):
+        done(tmp_path, {"draft": {"kind": "dflash", **sections, "dflash": {"block_size": 8}}})

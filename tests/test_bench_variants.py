@@ -74,10 +74,11 @@ def test_variants_train_on_the_main_data_and_passes_and_a_rerun_reuses_them(
     # settings) is refused in one line naming the value, not reported as today's
     marker = out / "dflash" / ".done"
     record = json.loads(marker.read_text())
-    record["settings"]["draft"]["num_decoder_layers"] = 1
+    record["settings"]["draft"]["dflash"]["num_decoder_layers"] = 1
     marker.write_text(json.dumps(record))
     with pytest.raises(
-        UserError, match=r"was made with draft.num_decoder_layers=1, not draft.num_decoder_layers=2; delete"
+        UserError,
+        match=r"was made with draft.dflash.num_decoder_layers=1, not draft.dflash.num_decoder_layers=2; delete",
     ) as e:
         pipeline(cfg, b)
     assert "\n" not in str(e.value)
@@ -108,13 +109,13 @@ def test_every_dflash_row_but_the_defaults_keeps_the_one_layer_recipe_it_was_mea
     assert ABLATIONS["dflash 1 layer"] == ["draft=dflash", *ONE]
     assert ABLATIONS["dflash 2 layers"] == [
         "draft=dflash",
-        "draft.loss_gamma=0.5",
-        "draft.num_decoder_layers=2",
+        "draft.dflash.loss_gamma=0.5",
+        "draft.dflash.num_decoder_layers=2",
     ]
     assert ABLATIONS["dflash 2 layers gamma 1"] == [
         "draft=dflash",
-        "draft.num_decoder_layers=2",
-        "draft.loss_gamma=1",
+        "draft.dflash.num_decoder_layers=2",
+        "draft.dflash.loss_gamma=1",
     ]
     defaults = {"dflash", "dflash drafter only", "dflash full tree"}  # draft=dflash as it is
     rows = {n: r for n, r in ABLATIONS.items() if r[:1] == ["draft=dflash"] and n not in defaults}
@@ -162,7 +163,7 @@ def test_a_row_that_starts_from_another_rows_drafter_trains_after_it_and_reads_i
     ]
     assert with_refs(["eagle3", "peagle from eagle3"]) == ["eagle3", "peagle from eagle3"]
     resolved = resolve_refs(ABLATIONS["peagle from eagle3"], tmp_path)
-    assert resolved == ["draft=peagle", f"draft.init_from_eagle3={tmp_path / 'eagle3' / 'drafter'}"]
+    assert resolved == ["draft=peagle", f"draft.peagle.init_from_eagle3={tmp_path / 'eagle3' / 'drafter'}"]
     for name, row in ABLATIONS.items():
         if name.startswith("peagle"):
             trained = [o for o in resolve_refs(row, tmp_path) if not o.startswith("decode.")]

@@ -309,7 +309,7 @@ def test_reduced_vocabulary_goes_to_vllm_only(tmp_path, tiny_llama):
     assert torch.equal(sd["lm_head.weight"], model.get_output_embeddings().weight.detach()[ids])
     back = Drafter.from_pretrained(out, target=model, tokenizer=tok)
     assert back.draft_vocab_size == 40 and same(back, d, model)
-    with pytest.raises(UserError, match="draft.draft_vocab_size=null") as e:
+    with pytest.raises(UserError, match="draft.dflash.draft_vocab_size=null") as e:
         export_drafter(d, "sglang", tmp_path / "sglang")
     one_line(e)
     assert not (tmp_path / "sglang").exists()
@@ -374,7 +374,7 @@ def test_card_of_a_reduced_vocabulary_drafter_names_vllm_only(tiny_llama):
     model, tok, fp = tiny_llama
     text = model_card(dflash(model, fp, draft_vocab=40).config_dict(), "org/x").text
     assert "draft vocabulary 40" in text and '"method": "dflash"' in text
-    assert "--speculative-algorithm DFLASH" not in text and "draft.draft_vocab_size=null" in text
+    assert "--speculative-algorithm DFLASH" not in text and "draft.dflash.draft_vocab_size=null" in text
 
 
 def test_info_imports_an_export_onto_the_named_target(tmp_path, tiny_llama, capsys):

@@ -1,6 +1,6 @@
-"""A DFlash drafter's starting weights: ``draft.anchor_prior`` (the first layer's block rows start
+"""A DFlash drafter's starting weights: ``draft.dflash.anchor_prior`` (the first layer's block rows start
 reading their anchor row, in one rotary dimension that no context state and no mask row has) and
-``draft.out_gain`` (the output norm's starting gain)."""
+``draft.dflash.out_gain`` (the output norm's starting gain)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_block_position_1_starts_on_its_anchor_and_no_context_state_carries_the_
 
 def test_the_prior_reaches_the_checkpoint_through_training_and_a_negative_boost_is_refused(tmp_path, rows):  # noqa: F811
     out = train(
-        config(tmp_path, *DFLASH, "draft.anchor_prior=4", "train.lr=1e-12", "train.max_steps=1"),
+        config(tmp_path, *DFLASH, "draft.dflash.anchor_prior=4", "train.lr=1e-12", "train.max_steps=1"),
         rows,
         target=tiny_target(),
     )
@@ -83,14 +83,14 @@ def test_the_prior_reaches_the_checkpoint_through_training_and_a_negative_boost_
         assert torch.equal(norm.weight[:i], torch.ones(i))
     ctx = d.fuse(torch.randn(3, 7, d.fc.in_features))  # any features: no component along the prior
     assert attn.k_proj(ctx).unflatten(-1, (-1, attn.head_dim))[..., i].abs().max() < 1e-4
-    with pytest.raises(UserError, match=r"draft.anchor_prior=-1.0 must not be negative") as e:
-        DraftConfig(kind="dflash", anchor_prior=-1.0)
+    with pytest.raises(UserError, match=r"draft.dflash.anchor_prior=-1.0 must not be negative") as e:
+        DraftConfig.of(kind="dflash", anchor_prior=-1.0)
     assert "\n" not in str(e.value)
 
 
 def test_out_gain_scales_the_first_draft_logits_and_a_non_positive_one_is_refused(tmp_path, rows):  # noqa: F811
     out = train(
-        config(tmp_path, *DFLASH, "draft.out_gain=0.25", "train.lr=1e-12", "train.max_steps=1"),
+        config(tmp_path, *DFLASH, "draft.dflash.out_gain=0.25", "train.lr=1e-12", "train.max_steps=1"),
         rows,
         target=tiny_target(),
     )
@@ -101,6 +101,6 @@ def test_out_gain_scales_the_first_draft_logits_and_a_non_positive_one_is_refuse
     scaled = d.logits(d.norm(x))
     d.norm.weight.data.fill_(1.0)
     torch.testing.assert_close(scaled, 0.25 * d.logits(d.norm(x)))  # the head is linear, bias-free
-    with pytest.raises(UserError, match=r"draft.out_gain=0.0 must be positive") as e:
-        DraftConfig(kind="dflash", out_gain=0.0)
+    with pytest.raises(UserError, match=r"draft.dflash.out_gain=0.0 must be positive") as e:
+        DraftConfig.of(kind="dflash", out_gain=0.0)
     assert "\n" not in str(e.value)

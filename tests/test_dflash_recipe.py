@@ -25,7 +25,7 @@ from tests.test_train_dflash import DFLASH, drafter_and_batch
 from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
 # a starting-weights lever on its own: without the anchor prior, which rewrites one q/k row per head after it
-ALONE = ("draft.anchor_prior=0",)
+ALONE = ("draft.dflash.anchor_prior=0",)
 ONE = [f"{k}={v}" for k, v in ONE_LAYER.items()]  # the one-layer recipe every DFlash row keeps
 
 
@@ -43,23 +43,33 @@ def test_spread_rule_is_one_target_layer_per_drafter_layer_from_1_to_l_minus_3()
     for depth in range(2, 28):
         ids = spread_layers(30, depth)
         assert len(set(ids)) == depth and ids == sorted(ids) and ids[0] == 1 and ids[-1] == 27
-    d = DraftConfig(kind="dflash", num_decoder_layers=3, feature_rule="spread")
+    d = DraftConfig.of(kind="dflash", num_decoder_layers=3, feature_rule="spread")
     assert d.training_layers(30) == [1, 14, 27]
-    assert DraftConfig(kind="dflash", num_decoder_layers=3).training_layers(30) == [2, 15, 27]  # eagle3 rule
+    assert DraftConfig.of(kind="dflash", num_decoder_layers=3).training_layers(30) == [
+        2,
+        15,
+        27,
+    ]  # eagle3 rule
 
 
 def test_a_depth_the_spread_rule_cannot_place_is_refused_in_one_line():
-    with pytest.raises(UserError, match=r"num_decoder_layers=5 with draft.feature_rule=spread needs 5") as e:
+    with pytest.raises(
+        UserError, match=r"num_decoder_layers=5 with draft.dflash.feature_rule=spread needs 5"
+    ) as e:
         spread_layers(6, 5)
     assert "\n" not in str(e.value) and "feature_rule=eagle3" in str(e.value)
-    with pytest.raises(UserError, match=r"draft.feature_rule='wide' is unknown"):
-        DraftConfig(kind="dflash", feature_rule="wide")
+    with pytest.raises(UserError, match=r"draft.dflash.feature_rule='wide' is unknown"):
+        DraftConfig.of(kind="dflash", feature_rule="wide")
 
 
 def test_training_a_spread_drafter_reads_the_rules_layers(tmp_path, rows):
     out = train(
         config(
-            tmp_path, *DFLASH, "draft.feature_rule=spread", "draft.num_decoder_layers=1", "train.max_steps=2"
+            tmp_path,
+            *DFLASH,
+            "draft.dflash.feature_rule=spread",
+            "draft.dflash.num_decoder_layers=1",
+            "train.max_steps=2",
         ),
         rows,
         target=tiny_target(),
@@ -68,7 +78,13 @@ def test_training_a_spread_drafter_reads_the_rules_layers(tmp_path, rows):
     assert Drafter.from_pretrained(out, target=model, tokenizer=tok).feature_layers() == [2]  # L // 2
     with pytest.raises(UserError, match=r"the target has 4 layers"):
         train(
-            config(tmp_path, *DFLASH, "draft.feature_rule=spread", "draft.num_decoder_layers=2", name="deep"),
+            config(
+                tmp_path,
+                *DFLASH,
+                "draft.dflash.feature_rule=spread",
+                "draft.dflash.num_decoder_layers=2",
+                name="deep",
+            ),
             rows,
             target=tiny_target(),
         )
@@ -79,7 +95,7 @@ def test_blocks_drafted_in_bounded_passes_give_the_one_pass_loss_and_gradients(a
     """Training drafts its blocks TRAIN_ANCHORS per row at a time: the loss, every gradient and
     the summed stats equal one pass over all of them (blocks never see each other)."""
     model, d, batch = drafter_and_batch(soft=True)
-    cfg = DraftConfig(kind="dflash", block_size=4, anchors_per_row=anchors)
+    cfg = DraftConfig.of(kind="dflash", block_size=4, anchors_per_row=anchors)
     results = []
     for chunk in (64, 2):
         obj = DFlashObjective(d, model, cfg, topk=5)
@@ -108,14 +124,14 @@ def test_an_anchor_count_above_every_rows_answer_tokens_is_refused_before_traini
         UserError, match=rf"anchors_per_row={most + 1} is above .* \({most}\).* or 0 for"
     ) as e:
         train(
-            config(tmp_path, *DFLASH, f"draft.anchors_per_row={most + 1}", name="many"),
+            config(tmp_path, *DFLASH, f"draft.dflash.anchors_per_row={most + 1}", name="many"),
             rows,
             target=tiny_target(),
         )
     assert "\n" not in str(e.value)
     assert not (tmp_path / "many" / "metrics.jsonl").exists()
     every = train(
-        config(tmp_path, *DFLASH, "draft.anchors_per_row=0", "train.max_steps=2", name="every"),
+        config(tmp_path, *DFLASH, "draft.dflash.anchors_per_row=0", "train.max_steps=2", name="every"),
         rows,
         target=tiny_target(),
     )
@@ -128,8 +144,8 @@ def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, row
             tmp_path,
             *DFLASH,
             *ALONE,
-            "draft.num_decoder_layers=1",
-            "draft.init_from_target=true",
+            "draft.dflash.num_decoder_layers=1",
+            "draft.dflash.init_from_target=true",
             "train.lr=1e-12",
             "train.max_steps=1",
         ),
@@ -147,10 +163,17 @@ def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, row
     ):
         torch.testing.assert_close(d.layers[0].state_dict()[name], last.state_dict()[name], rtol=0, atol=1e-8)
     with pytest.raises(
-        UserError, match=r"num_decoder_layers=5 with draft.init_from_target=true: the target has only 4"
+        UserError,
+        match=r"num_decoder_layers=5 with draft.dflash.init_from_target=true: the target has only 4",
     ):
         train(
-            config(tmp_path, *DFLASH, "draft.init_from_target=true", "draft.num_decoder_layers=5", name="d5"),
+            config(
+                tmp_path,
+                *DFLASH,
+                "draft.dflash.init_from_target=true",
+                "draft.dflash.num_decoder_layers=5",
+                name="d5",
+            ),
             rows,
             target=tiny_target(),
         )
@@ -158,7 +181,7 @@ def test_init_from_target_starts_dflash_layers_as_the_targets_last(tmp_path, row
 
 def test_qk_gain_starts_the_attention_sharper_by_its_square(tmp_path, rows):
     out = train(
-        config(tmp_path, *DFLASH, *ALONE, "draft.qk_gain=3", "train.lr=1e-12", "train.max_steps=1"),
+        config(tmp_path, *DFLASH, *ALONE, "draft.dflash.qk_gain=3", "train.lr=1e-12", "train.max_steps=1"),
         rows,
         target=tiny_target(),
     )
@@ -175,8 +198,8 @@ def test_qk_gain_starts_the_attention_sharper_by_its_square(tmp_path, rows):
     plain = tuple(n(p(x).unflatten(-1, (-1, attn.head_dim))) for n, p in heads)
     for a, b in zip(gained, plain):
         torch.testing.assert_close(a, 3.0 * b)
-    with pytest.raises(UserError, match=r"draft.qk_gain=0.0 must be positive"):
-        DraftConfig(kind="dflash", qk_gain=0.0)
+    with pytest.raises(UserError, match=r"draft.dflash.qk_gain=0.0 must be positive"):
+        DraftConfig.of(kind="dflash", qk_gain=0.0)
 
 
 def test_warmup_ratio_warms_up_over_that_share_of_the_steps(tmp_path, rows):

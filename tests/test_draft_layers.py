@@ -127,6 +127,8 @@ def test_init_from_target_copies_what_matches_and_refuses_a_target_with_nothing_
     assert torch.equal(d.layers[0].mlp.down_proj.weight, last.mlp.down_proj.weight)
     gpt2, gtok = get_target("gpt2")
     e = EagleDrafter(fingerprint(gpt2, gtok), target_config=gpt2.config.to_dict(), version=3).attach(gpt2)
-    with pytest.raises(UserError, match="GPT2Block shares no tensor.*draft.init_from_target=false") as err:
+    with pytest.raises(
+        UserError, match="GPT2Block shares no tensor.*draft.eagle.init_from_target=false"
+    ) as err:
         e.init_from_target(gpt2)
     assert "\n" not in str(err.value)

@@ -209,7 +209,7 @@ def test_norm_variants_are_draft_keys_that_train(tmp_path, tiny_llama):
     from draftheads.train.drafters import build_drafter, build_objective
 
     model, tok, _ = tiny_llama
-    draft = DraftConfig(
+    draft = DraftConfig.of(
         kind="eagle", version=3, draft_vocab_size=300, feature_layers=[1, 2, 3], ttt_steps=2,
         norm_before_residual=True, fc_norm=True, norm_output=True,
     )  # fmt: skip
@@ -238,7 +238,7 @@ def test_norm_variants_are_draft_keys_that_train(tmp_path, tiny_llama):
 @pytest.mark.parametrize(
     "kw,match",
     [
-        (dict(version=1, norm_output=True), "draft.norm_output=true is an EAGLE-3 variant"),
+        (dict(version=1, norm_output=True), "draft.eagle.norm_output=true is an EAGLE-3 variant"),
         (dict(version=3, norm_before_fc=True, fc_norm=True), "they are alternatives"),
     ],
 )

@@ -146,7 +146,7 @@ def trained(
 
 @pytest.fixture(scope="module")
 def eagle3(target, tmp_path_factory):
-    draft = DraftConfig(
+    draft = DraftConfig.of(
         kind="eagle", version=3, draft_vocab_size=1024, ttt_steps=CHAIN, feature_loss_weight=0.0
     )
     return trained(target, draft, steps=60, lr=3e-3, out=tmp_path_factory.mktemp("eagle3") / "drafter")
@@ -154,13 +154,13 @@ def eagle3(target, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def eagle1(target, tmp_path_factory):
-    draft = DraftConfig(kind="eagle", version=1, ttt_steps=CHAIN, feature_loss_weight=1.0, fc_bias=False)
+    draft = DraftConfig.of(kind="eagle", version=1, ttt_steps=CHAIN, feature_loss_weight=1.0, fc_bias=False)
     return trained(target, draft, steps=21, lr=3e-3, out=tmp_path_factory.mktemp("eagle1") / "drafter")
 
 
 @pytest.fixture(scope="module")
 def medusa(target, tmp_path_factory):
-    draft = DraftConfig(kind="medusa", num_heads=CHAIN, num_layers=1, lm_head="copy")
+    draft = DraftConfig.of(kind="medusa", num_heads=CHAIN, num_layers=1, lm_head="copy")
     return trained(target, draft, steps=100, lr=1e-2, out=tmp_path_factory.mktemp("medusa") / "drafter")
 
 
@@ -168,14 +168,14 @@ def medusa(target, tmp_path_factory):
 def peagle(target, tmp_path_factory):
     """Its first slot learns the text long before its parallel ones do: trained until the third
     is accepted now and then, it no longer misses the first, so its vocabulary lacks every 7th id."""
-    draft = DraftConfig(kind="peagle", draft_vocab_size=1024, num_depths=CHAIN)
+    draft = DraftConfig.of(kind="peagle", draft_vocab_size=1024, num_depths=CHAIN)
     out = tmp_path_factory.mktemp("peagle") / "drafter"
     return trained(target, draft, steps=900, lr=1e-2, out=out, vocab_gap=7)
 
 
 @pytest.fixture(scope="module")
 def dflash(target, tmp_path_factory):
-    draft = DraftConfig(
+    draft = DraftConfig.of(
         kind="dflash", block_size=BLOCK, num_decoder_layers=1, draft_vocab_size=1024, anchors_per_row=16
     )
     return trained(target, draft, steps=800, lr=1e-2, out=tmp_path_factory.mktemp("dflash") / "drafter")

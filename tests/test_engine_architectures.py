@@ -148,7 +148,7 @@ def served(tmp_path_factory) -> dict[str, dict[str, Any]]:
     from draftheads.heads.target.load import load_tokenizer
 
     tok = load_tokenizer(TargetConfig(name_or_path="tiny-llama", tiny="llama"))
-    draft = DraftConfig(
+    draft = DraftConfig.of(
         kind="eagle", version=3, draft_vocab_size=1024, ttt_steps=CHAIN, feature_loss_weight=0.0
     )
     runs, jobs, names = {}, [], []

@@ -47,7 +47,7 @@ def saved_eagle3(target: Path, out: Path) -> Path:
     from draftheads.heads.target.load import load_target
     from draftheads.train.drafters import build_drafter
 
-    cfg = Config(target=TargetConfig(name_or_path=str(target)), draft=DraftConfig(kind="eagle", version=3))
+    cfg = Config(target=TargetConfig(name_or_path=str(target)), draft=DraftConfig.of(kind="eagle", version=3))
     model, tok = load_target(cfg.target)
     build_drafter(cfg, model, tok).save_pretrained(out)
     return out

@@ -72,7 +72,7 @@ def test_eagle3_export_renames_and_round_trips(tmp_path, tiny_llama, engine):
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_eagle1_export(tmp_path, tiny_llama, engine):
     model, tok, fp = tiny_llama
-    # vLLM's fc has no bias: a drafter meant for it is built (and trained) with draft.fc_bias=false.
+    # vLLM's fc has no bias: a drafter meant for it is built (and trained) with draft.eagle.fc_bias=false.
     d = eagle(model, fp, 1, num_decoder_layers=2, fc_bias=engine == "sglang")
     assert ("fc.bias" in d.state_dict()) == (engine == "sglang")
     out = export_drafter(d, engine, tmp_path / engine)
@@ -97,7 +97,7 @@ def test_fc_bias_false_is_recorded_and_trains_without_a_bias(tmp_path, tiny_llam
     from draftheads.train.drafters import build_drafter
 
     model, tok, _ = tiny_llama
-    d = build_drafter(Config(draft=DraftConfig(kind="eagle", version=1, fc_bias=False)), model, tok)
+    d = build_drafter(Config(draft=DraftConfig.of(kind="eagle", version=1, fc_bias=False)), model, tok)
     assert d.fc.bias is None and "fc.bias" not in d.state_dict()
     d.save_pretrained(tmp_path / "d")
     assert json.loads((tmp_path / "d" / "config.json").read_text())["spec"]["fc_bias"] is False
@@ -106,7 +106,7 @@ def test_fc_bias_false_is_recorded_and_trains_without_a_bias(tmp_path, tiny_llam
 
 def test_vllm_refuses_a_nonzero_eagle_fc_bias(tmp_path, tiny_llama):
     model, _, fp = tiny_llama
-    with pytest.raises(UserError, match="silently drops fc.bias.*format=sglang.*draft.fc_bias=false"):
+    with pytest.raises(UserError, match="silently drops fc.bias.*format=sglang.*draft.eagle.fc_bias=false"):
         export_drafter(eagle(model, fp, 1), "vllm", tmp_path)
     assert not (tmp_path / "config.json").exists()
 

@@ -193,7 +193,7 @@ def test_config_and_drafter_agree_on_training_layers(tiny_llama, draft):
     from draftheads.train.drafters import build_drafter
 
     model, tok, fp = tiny_llama
-    cfg = Config(draft=DraftConfig(**draft))
+    cfg = Config(draft=DraftConfig.of(**draft))
     drafter = build_drafter(cfg, model, tok)
     L = fp.num_layers
     assert drafter.training_layers() == cfg.draft.training_layers(L)
@@ -214,17 +214,19 @@ def test_default_eagle3_layers_are_distinct_ascending_and_servable():
         assert len(set(layers)) == 3 and layers == sorted(layers) and 1 <= layers[0] and layers[-1] <= L - 1
     assert default_eagle3_layers(32) == [2, 16, 29]  # EAGLE-3's own choice where it is distinct
     for L in (1, 2, 3):  # fewer than three servable layers (1..L-1): refused, with the way out
-        with pytest.raises(UserError, match="draft.feature_layers") as e:
+        with pytest.raises(UserError, match="draft.eagle.feature_layers") as e:
             default_eagle3_layers(L)
         assert "\n" not in str(e.value)
 
 
-def _read_draft(**overrides):
-    """A DraftConfig as the command line reads it: the schema merged with overrides, then built."""
+def _read_draft(kind: str, **keys):
+    """A DraftConfig as the command line reads it: the schema merged with ``keys`` in ``kind``'s
+    section, then built."""
     from omegaconf import OmegaConf
 
     from draftheads.conf.schema.heads import DraftConfig
 
+    overrides = {"kind": kind, kind: keys} if keys else {"kind": kind}
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DraftConfig), overrides))
 
 
@@ -235,18 +237,20 @@ def _read_draft(**overrides):
         (dict(feature_layers=[1, 1, 2]), "listed twice"),
         (dict(feature_layers=[0, 1, 2]), "layer 0"),
         (dict(feature_layers=[1, 2]), "reads 3 target layer"),
-        (dict(draft_vocab_size=0), "draft.draft_vocab_size=0"),
-        (dict(ttt_steps=0), "draft.ttt_steps=0"),
-        (dict(token_loss_weight=-1.0), "draft.token_loss_weight=-1.0 must not be negative"),
-        (dict(kind="medusa", num_heads=0), "draft.num_heads=0"),
-        (dict(kind="medusa", lm_head="tied"), "draft.lm_head='tied'"),
-        (dict(kind="mtp"), "draft.kind='mtp'"),
-        (dict(version=2), "draft.version=2"),
+        (dict(draft_vocab_size=0), "draft.eagle.draft_vocab_size=0"),
+        (dict(ttt_steps=0), "draft.eagle.ttt_steps=0"),
+        (dict(token_loss_weight=-1.0), "draft.eagle.token_loss_weight=-1.0 must not be negative"),
+        (dict(kind="medusa", num_heads=0), "draft.medusa.num_heads=0"),
+        (dict(kind="medusa", lm_head="tied"), "draft.medusa.lm_head='tied'"),
+        (dict(kind="nokind"), "draft.kind='nokind'"),
+        (dict(version=2), "draft.eagle.version=2"),
     ],
 )
 def test_nonsensical_draft_configs_are_refused_when_read(overrides, match):
     with pytest.raises(UserError, match=match) as e:
-        _read_draft(**{"kind": "eagle", "version": 3, **overrides})
+        overrides = dict(overrides)
+        kind = overrides.pop("kind", "eagle")
+        _read_draft(kind, **({"version": 3} if kind == "eagle" else {}) | overrides)
     assert "\n" not in str(e.value)
 
 
@@ -328,7 +332,7 @@ def test_medusa2_checkpoint_loads_its_adapters_and_decodes_like_the_adapted_targ
     tcfg = TargetConfig(name_or_path="tiny-llama", tiny="llama")
     base, tok = load_target(tcfg)
     fp = fingerprint(base, tok)
-    adapted = add_lora(base, DraftConfig(lora=True, lora_r=4, lora_target_modules=["q_proj", "v_proj"]))
+    adapted = add_lora(base, DraftConfig.of(lora=True, lora_r=4, lora_target_modules=["q_proj", "v_proj"]))
     torch.manual_seed(3)
     with torch.no_grad():
         for name, p in adapted.named_parameters():

@@ -42,16 +42,20 @@ def test_every_record_is_complete(record):
     assert record.folders == tuple(b.name for b in record.bench)
 
 
-def test_the_draft_config_is_the_sections_union():
-    """``draft.*`` holds ``kind`` and every section's keys, with the section's defaults."""
+def test_the_draft_config_holds_the_chosen_kinds_section_only():
+    """``draft.*`` holds ``kind`` and one section per kind, named by it: the chosen kind's is set
+    (its defaults), the others are None, and the config reads its section's keys as its own."""
     from draftheads.conf.schema.heads import DraftConfig
 
-    d = DraftConfig()
-    union = {"kind"} | {key for record in BUILTIN_KINDS for key in record.section.keys}
-    assert {f.name for f in dataclasses.fields(DraftConfig)} == union
+    assert [f.name for f in dataclasses.fields(DraftConfig)] == ["kind", *NAMES]
     for record in BUILTIN_KINDS:
-        section = record.section.schema()
-        assert all(getattr(d, key) == getattr(section, key) for key in record.section.keys)
+        d = DraftConfig(kind=record.name)
+        assert d.section == record.section.schema()
+        assert [n for n in NAMES if getattr(d, n) is not None] == [record.name]
+        assert all(getattr(d, key) == getattr(d.section, key) for key in record.section.keys)
+        other = next(k for r in BUILTIN_KINDS for k in r.section.keys if k not in record.section.keys)
+        with pytest.raises(AttributeError, match=f"draft.kind={record.name} has no key '{other}'"):
+            getattr(d, other)
 
 
 def test_every_lookup_reads_the_records():
@@ -91,11 +95,14 @@ def test_nothing_registers_by_being_imported():
 def test_a_typed_key_of_another_kind_is_refused_whatever_its_value():
     from draftheads.conf.cli import parse
 
-    with pytest.raises(UserError, match="use draft.num_decoder_layers=1"):
-        parse(["train", "draft=dflash", "draft.num_layers=1"])  # 1 is Medusa's default
+    with pytest.raises(UserError, match="use draft.dflash.num_decoder_layers=1"):
+        parse(["train", "draft=dflash", "draft.medusa.num_layers=1"])  # 1 is Medusa's default
     with pytest.raises(UserError, match=r"drop it \(draft=dflash reads it\)"):
-        parse(["train", "draft=eagle3", "draft.block_size=16"])
-    assert parse(["train", "draft=dflash", "draft.num_decoder_layers=1"]).args.draft.num_decoder_layers == 1
+        parse(["train", "draft=eagle3", "draft.dflash.block_size=16"])
+    assert (
+        parse(["train", "draft=dflash", "draft.dflash.num_decoder_layers=1"]).args.draft.num_decoder_layers
+        == 1
+    )
 
 
 def test_help_lists_the_chosen_kinds_draft_keys_only():
@@ -108,7 +115,7 @@ def test_help_lists_the_chosen_kinds_draft_keys_only():
             for line in text.splitlines()
             if line.strip().startswith("draft.") and " = " in line
         }
-        assert listed == {"kind", *record.section.keys}, record.name
+        assert listed == {"kind", *(f"{record.name}.{key}" for key in record.section.keys)}, record.name
 
 
 # Kind names generic modules may still hold: DFlash's feature_rule value "eagle3" names EAGLE-3's
@@ -165,7 +172,7 @@ def test_no_generic_module_names_a_kind():
 def test_cfg_job_prints_the_chosen_kinds_draft_keys_only(capsys):
     from draftheads.conf.cli import main
 
-    assert main(["train", "draft=dflash", "draft.block_size=4", "--cfg", "job"]) == 0
+    assert main(["train", "draft=dflash", "draft.dflash.block_size=4", "--cfg", "job"]) == 0
     out = capsys.readouterr().out
     assert (
         "kind: dflash" in out and "block_size: 4" in out and "num_heads" not in out and "ttt_steps" not in out

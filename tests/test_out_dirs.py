@@ -66,7 +66,10 @@ def project(tmp_path, monkeypatch) -> Path:
 SMALL = ["target=tiny-llama", "data.max_rows=2"]
 # every command that writes, with the key of its output folder and what else it needs to run tiny
 WRITERS = {
-    "train": ("train.out_dir", [*SMALL, "train.max_steps=1", "train.eval_every=0", "draft.num_heads=1"]),
+    "train": (
+        "train.out_dir",
+        [*SMALL, "train.max_steps=1", "train.eval_every=0", "draft.medusa.num_heads=1"],
+    ),
     "distill": ("data.distill.out_dir", [*SMALL, "data.distill.max_new_tokens=2"]),
     "features": ("data.features.out_dir", SMALL),
     "data": ("out_dir", SMALL),
@@ -165,7 +168,7 @@ def train_config(out: Path, *overrides: str):
         [
             "target=tiny-llama",
             "draft=medusa",
-            "draft.num_heads=1",
+            "draft.medusa.num_heads=1",
             f"train.output_dir={out}",
             "train.max_steps=1",
             "train.eval_every=0",

@@ -100,7 +100,7 @@ def test_packed_rows_give_the_loss_of_the_same_documents_unpacked(tiny_llama):
     )
     torch.manual_seed(0)
     medusa = MedusaObjective(MedusaHeads(fp, num_heads=3).attach(model), model, DraftConfig(), topk=5)
-    eagle_cfg = DraftConfig(kind="eagle", version=3, ttt_steps=3, draft_vocab_size=fp.vocab_size)
+    eagle_cfg = DraftConfig.of(kind="eagle", version=3, ttt_steps=3, draft_vocab_size=fp.vocab_size)
     eagle3 = EagleDrafter(fp, model.config.to_dict(), version=3, draft_vocab_size=fp.vocab_size).attach(model)
     eagle = EagleObjective(eagle3, model, eagle_cfg, topk=5)
     for objective in (medusa, eagle):
@@ -159,7 +159,7 @@ def test_a_packed_micro_batch_trains_like_the_padded_one(tiny_llama):
     assert packed["input_ids"].shape == (1, 31) and packed["features"].shape == (1, 31, 4 * fp.hidden_size)
     assert packed["position_ids"][0, 9:14].tolist() == [0, 1, 2, 3, 0]
     torch.manual_seed(0)
-    cfg = DraftConfig(kind="eagle", version=3, ttt_steps=3, draft_vocab_size=fp.vocab_size)
+    cfg = DraftConfig.of(kind="eagle", version=3, ttt_steps=3, draft_vocab_size=fp.vocab_size)
     drafter = EagleDrafter(fp, model.config.to_dict(), version=3, draft_vocab_size=fp.vocab_size).attach(
         model
     )

@@ -174,10 +174,10 @@ def test_a_checkpoint_round_trips_with_its_mask_parameters(tmp_path, tiny_llama,
 @pytest.mark.parametrize(
     "kw,match",
     [
-        (dict(mask_token_id=49152), "draft.mask_token_id=49152 is not a token id of the target"),
+        (dict(mask_token_id=49152), "draft.peagle.mask_token_id=49152 is not a token id of the target"),
         (
             dict(mask_token_id=MASK, num_depths=0),
-            "draft.num_depths=0: a P-EAGLE group drafts at least one token",
+            "draft.peagle.num_depths=0: a P-EAGLE group drafts at least one token",
         ),
     ],
 )
@@ -190,7 +190,7 @@ def test_impossible_settings_are_refused_in_one_line(tiny_llama, kw, match):
 
 # ---- the objective ---------------------------------------------------------------------------
 def objective(d, model) -> PEagleObjective:
-    cfg = DraftConfig(kind="eagle", version=3, feature_layers=LAYERS, draft_vocab_size=300)
+    cfg = DraftConfig.of(kind="eagle", version=3, feature_layers=LAYERS, draft_vocab_size=300)
     return PEagleObjective(d, model, cfg, topk=2)
 
 
@@ -227,7 +227,7 @@ def test_evaluation_chains_are_chunk_free_and_depth_0_is_eagle3s(tiny_llama):
         fp, target_config=model.config.to_dict(), version=3, feature_layers=LAYERS, draft_vocab_size=300
     )
     e.load_state_dict({k: v for k, v in d.state_dict().items() if not k.startswith("mask_")})
-    cfg = DraftConfig(kind="eagle", version=3, feature_layers=LAYERS, draft_vocab_size=300, ttt_steps=1)
+    cfg = DraftConfig.of(kind="eagle", version=3, feature_layers=LAYERS, draft_vocab_size=300, ttt_steps=1)
     eagle_correct, eagle_valid = EagleObjective(e.attach(model).eval(), model, cfg, 1).chains(batch, 1)
     assert torch.equal(correct[0], eagle_correct[0]) and torch.equal(valid[0], eagle_valid[0])
 

@@ -126,7 +126,7 @@ def entries(batch: dict, seed: int = 0):
 
 
 def objective(drafter, model) -> PEagleObjective:
-    cfg = DraftConfig(
+    cfg = DraftConfig.of(
         kind="eagle", version=3, feature_layers=LAYERS, draft_vocab_size=drafter.draft_vocab_size
     )
     return PEagleObjective(drafter, model, cfg, topk=1)

@@ -21,7 +21,7 @@ from tests.conftest import get_target
 from tests.test_recipes import figure
 from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
-PEAGLE = ("draft=peagle", "draft.num_depths=3", "train.lr=1e-2")
+PEAGLE = ("draft=peagle", "draft.peagle.num_depths=3", "train.lr=1e-2")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,9 @@ def test_peagle_trains_saves_and_loads_through_the_recipe(tmp_path, rows):
 
 def test_own_embedding_trains_a_copy_of_the_whole_table(tmp_path, rows):
     out = train(
-        config(tmp_path, *PEAGLE, "draft.own_embedding=true", "train.max_steps=2"), rows, target=tiny_target()
+        config(tmp_path, *PEAGLE, "draft.peagle.own_embedding=true", "train.max_steps=2"),
+        rows,
+        target=tiny_target(),
     )
     model, tok = get_target("llama")
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
@@ -59,13 +61,16 @@ def test_own_embedding_trains_a_copy_of_the_whole_table(tmp_path, rows):
 @pytest.mark.parametrize(
     "override, match",
     [
-        ("draft.num_depths=99", "draft.num_depths=99: a P-EAGLE group drafts 1 to 32"),
-        ("draft.num_depths=0", "draft.num_depths=0: a P-EAGLE group drafts 1 to 32"),
-        ("draft.down_sample_ratio=0", r"draft.down_sample_ratio=0.0 must be in \(0, 1\]"),
-        ("draft.max_anchors=0", "draft.max_anchors=0 must be at least 1"),
-        ("draft.feature_layers=[1,2]", "EAGLE-3 reads 3 target layer"),
-        ("draft.ttt_steps=3", "draft.ttt_steps=3 is a key of eagle drafters.*use draft.num_depths=3"),
-        ("draft.block_size=4", "use draft.num_depths=4"),
+        ("draft.peagle.num_depths=99", "draft.peagle.num_depths=99: a P-EAGLE group drafts 1 to 32"),
+        ("draft.peagle.num_depths=0", "draft.peagle.num_depths=0: a P-EAGLE group drafts 1 to 32"),
+        ("draft.peagle.down_sample_ratio=0", r"draft.peagle.down_sample_ratio=0.0 must be in \(0, 1\]"),
+        ("draft.peagle.max_anchors=0", "draft.peagle.max_anchors=0 must be at least 1"),
+        ("draft.peagle.feature_layers=[1,2]", "EAGLE-3 reads 3 target layer"),
+        (
+            "draft.eagle.ttt_steps=3",
+            "draft.eagle.ttt_steps=3 is a key of eagle drafters.*use draft.peagle.num_depths=3",
+        ),
+        ("draft.dflash.block_size=4", "use draft.peagle.num_depths=4"),
     ],
 )
 def test_bad_settings_are_refused_when_the_config_is_read(override, match):
@@ -75,21 +80,29 @@ def test_bad_settings_are_refused_when_the_config_is_read(override, match):
 
 
 def test_a_group_deeper_than_every_answer_or_a_text_token_as_mask_is_refused_before_training(tmp_path, rows):
-    with pytest.raises(UserError, match="draft.num_depths=30 is more than the longest answer") as err:
+    with pytest.raises(UserError, match="draft.peagle.num_depths=30 is more than the longest answer") as err:
         train(
-            config(tmp_path, "draft=peagle", "draft.num_depths=30", name="deep"), rows, target=tiny_target()
+            config(tmp_path, "draft=peagle", "draft.peagle.num_depths=30", name="deep"),
+            rows,
+            target=tiny_target(),
         )
     assert "\n" not in str(err.value) and not (tmp_path / "deep" / "model.safetensors").exists()
-    with pytest.raises(UserError, match="draft.mask_token_id=100 is the ordinary text token") as err:
-        train(config(tmp_path, *PEAGLE, "draft.mask_token_id=100", name="mask"), rows, target=tiny_target())
+    with pytest.raises(UserError, match="draft.peagle.mask_token_id=100 is the ordinary text token") as err:
+        train(
+            config(tmp_path, *PEAGLE, "draft.peagle.mask_token_id=100", name="mask"),
+            rows,
+            target=tiny_target(),
+        )
     assert "\n" not in str(err.value) and not (tmp_path / "mask" / "model.safetensors").exists()
 
 
 def test_a_target_whose_features_it_cannot_read_is_refused_in_one_line(tmp_path, rows):
     """The tiny target has 4 layers: a feature layer past its final state cannot be read."""
-    with pytest.raises(UserError, match=r"draft.feature_layers=\[1, 2, 7\]") as err:
+    with pytest.raises(UserError, match=r"draft.peagle.feature_layers=\[1, 2, 7\]") as err:
         train(
-            config(tmp_path, *PEAGLE, "draft.feature_layers=[1,2,7]", name="far"), rows, target=tiny_target()
+            config(tmp_path, *PEAGLE, "draft.peagle.feature_layers=[1,2,7]", name="far"),
+            rows,
+            target=tiny_target(),
         )
     assert "\n" not in str(err.value) and not (tmp_path / "far" / "model.safetensors").exists()
 
@@ -100,7 +113,16 @@ def test_the_dry_run_sizes_a_peagle_recipe_from_the_kind_registry():
     feature (3H) and the mask token's row (H), and its queries are the kept group entries."""
     out = io.StringIO()
     with redirect_stdout(out):
-        code = main(["train", "recipe=llama3.1-8b-eagle3", "draft=peagle", "train.dry_run=true"])
+        code = main(
+            [
+                "train",
+                "recipe=llama3.1-8b-eagle3",
+                "draft=peagle",
+                "draft.eagle=null",  # the recipe's EAGLE-3 section, which a P-EAGLE drafter does not read
+                "draft.peagle.draft_vocab_size=32000",
+                "train.dry_run=true",
+            ]
+        )
     text = out.getvalue()
     assert code == 0, text
     assert "dry run of recipe llama3.1-8b-eagle3: P-EAGLE (8 per pass)" in text
@@ -124,9 +146,14 @@ def test_a_start_from_eagle3_copies_its_tensors_so_depth_0_drafts_as_eagle3(eagl
     """P-EAGLE's depth 0 is EAGLE-3's first step exactly, so after the start both give the same logits."""
     model, tok = get_target("llama")
     eagle = Drafter.from_pretrained(eagle3_run, target=model, tokenizer=tok)
-    cfg = compose(["draft=peagle", "target=tiny-llama", "draft.num_depths=3", "draft.draft_vocab_size=512"])[
-        0
-    ]
+    cfg = compose(
+        [
+            "draft=peagle",
+            "target=tiny-llama",
+            "draft.peagle.num_depths=3",
+            "draft.peagle.draft_vocab_size=512",
+        ]
+    )[0]
     peagle = build_drafter(cfg, model, tok)
     left = start_from_eagle3(peagle, str(eagle3_run))
     assert left == ["mask_embed", "mask_hidden"]
@@ -147,7 +174,7 @@ def test_a_start_from_eagle3_trains_from_its_weights_through_the_recipe(tmp_path
             *PEAGLE[:2],
             "train.lr=1e-9",
             "train.max_steps=1",
-            f"draft.init_from_eagle3={eagle3_run}",
+            f"draft.peagle.init_from_eagle3={eagle3_run}",
         ),
         rows,
         target=tiny_target(),
@@ -165,10 +192,10 @@ def test_a_start_from_eagle3_trains_from_its_weights_through_the_recipe(tmp_path
         ("medusa", [], "is a medusa drafter, not EAGLE-3; give a drafter trained with draft=eagle3"),
         (
             "eagle3",
-            ["draft.draft_vocab_size=256"],
-            "has draft_vocab_size=512 but this P-EAGLE drafter 256; set draft.draft_vocab_size=512",
+            ["draft.peagle.draft_vocab_size=256"],
+            "has draft_vocab_size=512 but this P-EAGLE drafter 256; set draft.peagle.draft_vocab_size=512",
         ),
-        ("eagle3", ["draft.fc_norm=true"], "has fc_norm=False; set draft.fc_norm=false"),
+        ("eagle3", ["draft.peagle.fc_norm=true"], "has fc_norm=False; set draft.peagle.fc_norm=false"),
         ("missing", [], "no such checkpoint directory"),
     ],
 )
@@ -182,7 +209,7 @@ def test_a_start_from_another_drafter_is_refused_before_training(
         path = eagle3_run if source == "eagle3" else tmp_path / "nowhere"
     with pytest.raises(UserError, match=match) as err:
         train(
-            config(tmp_path, *PEAGLE, *extra, f"draft.init_from_eagle3={path}", name="start"),
+            config(tmp_path, *PEAGLE, *extra, f"draft.peagle.init_from_eagle3={path}", name="start"),
             rows,
             target=tiny_target(),
         )

@@ -179,8 +179,8 @@ def test_devices_are_counted_per_process_or_for_the_sharded_target():
             "recipe.shape.hidden_size=100 is not a multiple of recipe.shape.num_attention_heads=32",
         ),
         (
-            ["train", "recipe=llama3.1-8b-eagle3", "train.dry_run=true", "draft.num_decoder_layers=40"],
-            "draft.num_decoder_layers=40 is more than the target's 32 layers",
+            ["train", "recipe=llama3.1-8b-eagle3", "train.dry_run=true", "draft.eagle.num_decoder_layers=40"],
+            "draft.eagle.num_decoder_layers=40 is more than the target's 32 layers",
         ),
     ],
     ids=[

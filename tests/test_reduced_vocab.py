@@ -81,10 +81,10 @@ def test_frozen_rows_is_frozen_and_draws_nothing():
 
 
 def test_checks_refuse_bad_sizes_and_corrupt_maps():
-    assert check_draft_vocab_size(8, 10) == 8
+    assert check_draft_vocab_size(8, 10, "eagle") == 8
     for size in (0, 11):
-        with pytest.raises(UserError, match=f"draft.draft_vocab_size={size} must be between 1 and"):
-            check_draft_vocab_size(size, 10)
+        with pytest.raises(UserError, match=f"draft.dflash.draft_vocab_size={size} must be between 1 and"):
+            check_draft_vocab_size(size, 10, "dflash")
     d2t = torch.tensor([0, 1, 1])  # ids 0, 2, 3
     check_vocab_maps(d2t, t2d_from_d2t(d2t, 6), 6, "ok")
     with pytest.raises(UserError, match="outside the target vocabulary or twice"):

@@ -32,9 +32,9 @@ def teacher_config(tmp_path, *overrides: str):
             "data.max_rows=4",
             "data.max_length=256",
             "draft=eagle3",
-            "draft.ttt_steps=2",
-            "draft.draft_vocab_size=512",
-            "draft.feature_loss_weight=0",
+            "draft.eagle.ttt_steps=2",
+            "draft.eagle.draft_vocab_size=512",
+            "draft.eagle.feature_loss_weight=0",
             *overrides,
         ]
     )
@@ -89,7 +89,7 @@ def test_teacher_rows_carry_the_targets_own_topk_and_one_step_learns_it(teacher_
 
     torch.manual_seed(0)
     # a draft vocabulary of the whole target vocabulary, so every top-k entry is a label
-    cfg = teacher_config(tmp, f"draft.draft_vocab_size={model.config.vocab_size}")
+    cfg = teacher_config(tmp, f"draft.eagle.draft_vocab_size={model.config.vocab_size}")
     drafter = build_drafter(cfg, model, tok)
     objective = EagleObjective(drafter, model, cfg.draft, 5)
     batch = collate([cache[i] for i in range(len(cache))], tok.pad_token_id or 0)
@@ -124,7 +124,7 @@ def test_init_from_target_starts_the_drafter_layer_as_the_targets_last_layer(tmp
     last = model.model.layers[-1]
     for init in (True, False):
         cfg = config(
-            tmp_path, draft, f"draft.init_from_target={str(init).lower()}", name=f"v{version}-{init}"
+            tmp_path, draft, f"draft.eagle.init_from_target={str(init).lower()}", name=f"v{version}-{init}"
         )
         layer = TrainRecipe(cfg, make_rows()).setup().drafter.layers[0]
         same = torch.equal(layer.mlp.down_proj.weight, last.mlp.down_proj.weight)

@@ -141,17 +141,17 @@ def test_draft_vocab_counts_only_assistant_tokens_and_is_deterministic():
         ("train.micro_batch_size=0", "train.micro_batch_size"),
         ("train.features=offline", "train.feature_cache"),
         ("train.resume=/no/such/dir", "train.resume"),
-        ("draft.head_loss_decay=0", "draft.head_loss_decay"),
-        ("draft.head_warmup=cos", "draft.head_warmup"),
+        ("draft.medusa.head_loss_decay=0", "draft.medusa.head_loss_decay"),
+        ("draft.medusa.head_warmup=cos", "draft.medusa.head_warmup"),
         ("logger.mode=sometimes", "logger.mode"),
         ("+deepspeed.gradient_clipping=2", "deepspeed.gradient_clipping"),
         ("deepspeed.zero_optimization.stage=4", "deepspeed.zero_optimization.stage"),
     ],
 )
 def test_bad_values_fail_before_any_work_naming_the_key(override, key):
-    cfg, _ = compose([override])
+    """Refused when the config is read (a drafter key) or validated (the run's settings)."""
     with pytest.raises(UserError, match=key.replace(".", r"\.")) as e:
-        validate(cfg)
+        validate(compose([override])[0])
     assert "\n" not in str(e.value)
 
 
@@ -194,7 +194,7 @@ def test_eagle_loss_equals_the_per_step_definition(tiny_llama, version):
     drafter = EagleDrafter(fp, model.config.to_dict(), version=version, draft_vocab_size=V // 2).attach(model)
     if version == 3:
         drafter.set_vocab(torch.randperm(V)[: V // 2])
-    cfg = DraftConfig(
+    cfg = DraftConfig.of(
         kind="eagle", version=version, ttt_steps=3, feature_loss_weight=0.5, token_loss_weight=1.0
     )
     obj = EagleObjective(drafter, model, cfg, topk=5)
@@ -248,7 +248,7 @@ def test_resume_config_check_names_the_first_differing_key_and_ignores_free_ones
     other_layers = {**saved, "draft": {"kind": "eagle", "feature_layers": [2, 15, 28]}}
     assert (
         config_mismatch(saved, other_layers)
-        == "draft.feature_layers=[2, 15, 27] in the checkpoint, [2, 15, 28] now"
+        == "draft.eagle.feature_layers=[2, 15, 27] in the checkpoint, [2, 15, 28] now"
     )
     zero2 = {**saved, "deepspeed": {"zero_optimization": {"stage": 2}}}
     assert config_mismatch(saved, zero2) == "deepspeed.zero_optimization.stage=0 in the checkpoint, 2 now"

@@ -39,7 +39,7 @@ from tests.conftest import get_target
 from tests.test_decode_dflash import dflash
 from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
-DFLASH = ("draft=dflash", "draft.block_size=4", "draft.anchors_per_row=4", "train.lr=1e-2")
+DFLASH = ("draft=dflash", "draft.dflash.block_size=4", "draft.dflash.anchors_per_row=4", "train.lr=1e-2")
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_one_pass_over_all_blocks_equals_each_block_drafted_alone(soft, weights)
     positions weighed by the decay or (dpace) by the reach of the block's chain past them."""
     model, d, batch = drafter_and_batch(soft)
     gamma, alpha = 3.0, 0.25
-    cfg = DraftConfig(
+    cfg = DraftConfig.of(
         kind="dflash", block_size=4, loss_gamma=gamma, position_weights=weights, dpace_alpha=alpha
     )
     obj = DFlashObjective(d, model, cfg, topk=5)
@@ -239,14 +239,14 @@ def test_context_dropout_hides_the_features_from_the_blocks_it_draws():
     scaled = {**batch, "features": batch["features"] + torch.randn(batch["features"].shape, generator=g)}
 
     def loss(dropout: float, b: dict) -> torch.Tensor:
-        cfg = DraftConfig(kind="dflash", block_size=4, context_dropout=dropout)
+        cfg = DraftConfig.of(kind="dflash", block_size=4, context_dropout=dropout)
         torch.manual_seed(7)
         return DFlashObjective(d, model, cfg, topk=5)(b)[0]
 
     assert loss(0.999999, batch) == loss(0.999999, scaled)
     assert loss(0.0, batch) != loss(0.0, scaled)
     torch.manual_seed(7)
-    DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=4), topk=5)(batch)
+    DFlashObjective(d, model, DraftConfig.of(kind="dflash", block_size=4), topk=5)(batch)
     after = torch.get_rng_state()
     torch.manual_seed(7)
     sample_anchors(
@@ -256,21 +256,21 @@ def test_context_dropout_hides_the_features_from_the_blocks_it_draws():
         token_uniforms(batch["attention_mask"]),
     )
     assert torch.equal(torch.get_rng_state(), after)
-    # the first draft.blind_steps optimizer steps train every block blind, then the context is back
-    early = DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=4, blind_steps=2), topk=5)
+    # the first draft.dflash.blind_steps optimizer steps train every block blind, then the context is back
+    early = DFlashObjective(d, model, DraftConfig.of(kind="dflash", block_size=4, blind_steps=2), topk=5)
     assert early(batch, step=1)[0] == early(scaled, step=1)[0]
     assert early(batch, step=2)[0] != early(scaled, step=2)[0]
-    with pytest.raises(UserError, match=r"draft.blind_steps=-1 must be at least 0"):
-        DraftConfig(kind="dflash", blind_steps=-1)
+    with pytest.raises(UserError, match=r"draft.dflash.blind_steps=-1 must be at least 0"):
+        DraftConfig.of(kind="dflash", blind_steps=-1)
     for bad in (1.0, -0.1):
-        with pytest.raises(UserError, match=rf"draft.context_dropout={bad} must be in \[0, 1\)"):
-            DraftConfig(kind="dflash", context_dropout=bad)
+        with pytest.raises(UserError, match=rf"draft.dflash.context_dropout={bad} must be in \[0, 1\)"):
+            DraftConfig.of(kind="dflash", context_dropout=bad)
 
 
 def test_chains_give_each_answer_positions_block_acceptance():
     """Evaluation drafts a block at every candidate anchor; τ per block is the decoder's."""
     model, d, batch = drafter_and_batch(soft=True)
-    obj = DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=4), topk=5)
+    obj = DFlashObjective(d, model, DraftConfig.of(kind="dflash", block_size=4), topk=5)
     correct, valid = obj.chains(batch, depth=3)
     pos, greedy = batch["position_ids"], batch["topk_ids"][0, :, 0]
     candidates = anchor_candidates(batch["loss_mask"], pos)[0].nonzero().flatten().tolist()
@@ -306,7 +306,7 @@ def test_logged_flops_are_the_matmuls_autograd_runs_plus_attention(layers):
         num_decoder_layers=layers,
         draft_vocab_size=512,
     ).attach(model)
-    obj = DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=4), topk=5)
+    obj = DFlashObjective(d, model, DraftConfig.of(kind="dflash", block_size=4), topk=5)
     torch.manual_seed(0)
     with FlopCounterMode(display=False) as counter:
         loss, stats = obj(batch)
@@ -343,7 +343,7 @@ def test_dflash_trains_learns_and_writes_a_loadable_drafter(tmp_path, rows):
 
 def test_dpace_weights_train_from_the_command_line_and_bad_values_are_refused(tmp_path, rows):
     out = train(
-        config(tmp_path, *DFLASH, "draft.position_weights=dpace", "train.max_steps=2"),
+        config(tmp_path, *DFLASH, "draft.dflash.position_weights=dpace", "train.max_steps=2"),
         rows,
         target=tiny_target(),
     )
@@ -353,12 +353,12 @@ def test_dpace_weights_train_from_the_command_line_and_bad_values_are_refused(tm
     for bad, message in (
         (
             {"position_weights": "linear"},
-            r"draft.position_weights='linear' is unknown; use one of decay, dpace",
+            r"draft.dflash.position_weights='linear' is unknown; use one of decay, dpace",
         ),
-        ({"dpace_alpha": 0.0}, r"draft.dpace_alpha=0.0 must be in \(0, 1\]"),
+        ({"dpace_alpha": 0.0}, r"draft.dflash.dpace_alpha=0.0 must be in \(0, 1\]"),
     ):
         with pytest.raises(UserError, match=message) as e:
-            DraftConfig(kind="dflash", **bad)
+            DraftConfig.of(kind="dflash", **bad)
         assert "\n" not in str(e.value)
 
 
@@ -368,7 +368,7 @@ def test_kv_heads_widen_the_drafter_layers_through_training_and_export(tmp_path,
 
     model, tok = get_target("llama")  # 4 query heads over 2 key/value heads
     out = train(
-        config(tmp_path, *DFLASH, "draft.kv_heads=4", "train.max_steps=1"), rows, target=tiny_target()
+        config(tmp_path, *DFLASH, "draft.dflash.kv_heads=4", "train.max_steps=1"), rows, target=tiny_target()
     )
     d = Drafter.from_pretrained(out, target=model, tokenizer=tok)
     attn = d.layers[0].self_attn
@@ -376,7 +376,7 @@ def test_kv_heads_widen_the_drafter_layers_through_training_and_export(tmp_path,
     exported = export_drafter(d, "vllm", tmp_path / "vllm")
     assert json.loads((exported / "config.json").read_text())["num_key_value_heads"] == 4
     assert validate_export(exported, "vllm", d.target_fingerprint.num_layers).method == "dflash"
-    with pytest.raises(UserError, match=r"draft.kv_heads=3 does not divide the 4 query heads") as e:
+    with pytest.raises(UserError, match=r"draft.dflash.kv_heads=3 does not divide the 4 query heads") as e:
         DFlashDrafter(
             fingerprint(model, tok),
             model.config.to_dict(),
@@ -385,9 +385,9 @@ def test_kv_heads_widen_the_drafter_layers_through_training_and_export(tmp_path,
         )
     assert "\n" not in str(e.value)
     with pytest.raises(
-        UserError, match=r"draft.kv_heads=4 is a key of dflash drafters, and draft.kind=eagle"
+        UserError, match=r"draft.eagle.kv_heads=4 is a key of dflash drafters, and draft.kind=eagle"
     ):
-        DraftConfig(kind="eagle", kv_heads=4)
+        DraftConfig.of(kind="eagle", kv_heads=4)
 
 
 def test_zero3_and_gradient_accumulation_train_dflash(tmp_path, rows):
@@ -458,9 +458,9 @@ def test_a_mask_token_that_occurs_in_the_data_is_refused_before_training(tmp_pat
     ids = [list(r) for r in rows["input_ids"]]
     ids[3][6] = used
     rows = datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": rows["loss_mask"]})
-    cfg = config(tmp_path, *DFLASH, f"draft.mask_token_id={used}", name="mask")
+    cfg = config(tmp_path, *DFLASH, f"draft.dflash.mask_token_id={used}", name="mask")
     with pytest.raises(
-        UserError, match=rf"draft.mask_token_id={used} occurs \d+ time\(s\) in the training rows"
+        UserError, match=rf"draft.dflash.mask_token_id={used} occurs \d+ time\(s\) in the training rows"
     ) as e:
         train(cfg, rows, target=tiny_target())
     assert "\n" not in str(e.value)

@@ -36,7 +36,7 @@ def consistency(tmp_path_factory):
     target's top-8 as soft labels)."""
     model, tok = get_target("llama")
     d = dflash("llama")
-    obj = DFlashObjective(d, model, DraftConfig(kind="dflash", block_size=BLOCK), topk=5)
+    obj = DFlashObjective(d, model, DraftConfig.of(kind="dflash", block_size=BLOCK), topk=5)
     docs = consistency_docs()
     directory = tmp_path_factory.mktemp("dflash-consistency")
     columns = {k: [r[k] for r in docs] for k in ("input_ids", "loss_mask")}

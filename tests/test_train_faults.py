@@ -142,7 +142,7 @@ def test_an_unusable_output_directory_is_one_line_before_any_work(tmp_path, kind
 
 
 def test_a_finished_run_of_another_drafter_is_refused_and_nothing_changes(tmp_path, rows):
-    medusa = ("draft=medusa", "draft.num_heads=1", "train.max_steps=1", "train.eval_every=0")
+    medusa = ("draft=medusa", "draft.medusa.num_heads=1", "train.max_steps=1", "train.eval_every=0")
     out = train(config(tmp_path, *medusa), rows, target=tiny_target())
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(UserError, match=r"holds a finished drafter of another run \(draft\.") as e:

@@ -25,7 +25,13 @@ from draftheads.train.recipe import train
 from tests.conftest import get_target
 from tests.test_train_recipe import config, losses, make_rows, tiny_target
 
-EAGLE3 = ("draft=eagle3", "draft.ttt_steps=2", "train.lr=3e-3", "train.max_steps=2", "train.eval_every=2")
+EAGLE3 = (
+    "draft=eagle3",
+    "draft.eagle.ttt_steps=2",
+    "train.lr=3e-3",
+    "train.max_steps=2",
+    "train.eval_every=2",
+)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +138,7 @@ def test_topk_loss_equals_the_full_vocabulary_loss_restricted_to_the_same_suppor
 
 def test_eagle3_logged_loss_weights_each_micro_batch_by_its_counted_rows(tmp_path, rows):
     model, tok = get_target("llama")
-    cfg = config(tmp_path, "draft=eagle3", "draft.ttt_steps=1")
+    cfg = config(tmp_path, "draft=eagle3", "draft.eagle.ttt_steps=1")
     drafter = build_drafter(cfg, model, tok)
     batches = [collate(list(rows.select(r)), 0) for r in (range(0, 3), range(3, 8))]
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from draftheads.conf.cli import compose
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import Config
+from draftheads.conf.schema.kinds import BUILTIN_KINDS
 from draftheads.heads import Drafter
 from draftheads.train.metrics import read_metrics
 from draftheads.train.recipe import train
@@ -33,7 +34,8 @@ def make_rows():
 
 def config(tmp_path, *overrides: str, name: str = "run"):
     group = next((o.split("=", 1)[1] for o in overrides if o.startswith("draft=")), "medusa")
-    vocab = [] if group.startswith("medusa") else ["draft.draft_vocab_size=512"]  # Medusa reads none
+    kind = next(r.name for r in BUILTIN_KINDS if group in r.groups)
+    vocab = [] if kind == "medusa" else [f"draft.{kind}.draft_vocab_size=512"]  # Medusa reads none
     cfg, _ = compose(
         [
             "target=tiny-llama",
@@ -73,8 +75,8 @@ def test_medusa_learns_and_writes_a_loadable_drafter(tmp_path, rows):
     cfg = config(
         tmp_path,
         "draft=medusa",
-        "draft.lm_head=copy",
-        "draft.num_heads=2",
+        "draft.medusa.lm_head=copy",
+        "draft.medusa.num_heads=2",
         "train.lr=3e-2",
         "train.max_steps=12",
         "train.eval_every=12",
@@ -101,9 +103,9 @@ def test_medusa_learns_and_writes_a_loadable_drafter(tmp_path, rows):
     "overrides",
     [
         ["draft=eagle", "train.lr=3e-3"],
-        ["draft=eagle3", "train.lr=3e-3", "draft.ttt_steps=2"],
-        ["draft=medusa", "draft.lm_head=copy", "deepspeed=zero2"],
-        ["draft=medusa", "draft.num_heads=2", "deepspeed=zero3", "train.grad_accum=2"],
+        ["draft=eagle3", "train.lr=3e-3", "draft.eagle.ttt_steps=2"],
+        ["draft=medusa", "draft.medusa.lm_head=copy", "deepspeed=zero2"],
+        ["draft=medusa", "draft.medusa.num_heads=2", "deepspeed=zero3", "train.grad_accum=2"],
     ],
     ids=["eagle", "eagle3", "medusa-v1-zero2", "medusa-zero3"],
 )
@@ -140,9 +142,9 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path, rows):
             rows,
             target=tiny_target(),
         )
-    with pytest.raises(UserError, match=r"draft.num_decoder_layers=1 in the checkpoint, 2 now"):
+    with pytest.raises(UserError, match=r"draft.eagle.num_decoder_layers=1 in the checkpoint, 2 now"):
         train(
-            config(tmp_path, *common, "draft.num_decoder_layers=2", "train.resume=auto", name="cut"),
+            config(tmp_path, *common, "draft.eagle.num_decoder_layers=2", "train.resume=auto", name="cut"),
             rows,
             target=tiny_target(),
         )
@@ -157,7 +159,7 @@ def test_nan_loss_stops_and_names_the_last_good_checkpoint(tmp_path, rows):
     cfg = config(
         tmp_path,
         "draft=medusa",
-        "draft.lm_head=copy",
+        "draft.medusa.lm_head=copy",
         "train.lr=1e30",
         "train.grad_clip=0",
         "train.save_every=1",
@@ -181,8 +183,8 @@ def test_medusa2_saves_adapters_and_loads_them_onto_the_target(tmp_path, rows):
         "draft=medusa2",
         "train.max_steps=4",
         "train.eval_every=4",
-        "draft.head_warmup_steps=2",
-        "draft.lora_r=4",
+        "draft.medusa.head_warmup_steps=2",
+        "draft.medusa.lora_r=4",
     )
     out = train(cfg, rows)
     conf = json.loads((out / "config.json").read_text())

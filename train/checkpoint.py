@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from draftheads.conf.errors import UserError
+from draftheads.conf.schema.flat_keys import nested_draft
 from draftheads.heads.files import follow_umask
 
 PREFIX = "step-"
@@ -347,6 +348,11 @@ def config_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | Non
         return out or {prefix: d}
 
     keys = [*RESUME_SECTIONS, *(f"train.{k}" for k in RESUME_TRAIN_KEYS)]
+    # a run of the last release saved its draft keys flat
+    saved, current = (
+        {**c, "draft": nested_draft(c["draft"])} if isinstance(c.get("draft"), dict) else c
+        for c in (saved, current)
+    )
     a, b = {}, {}
     for key in keys:
         section, _, sub = key.partition(".")

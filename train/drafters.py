@@ -32,8 +32,9 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
     """The drafter ``cfg.draft`` describes, for ``target``, attached to it (its shared weights)."""
     fp = fingerprint(target, tokenizer, name=target_name(cfg.target))
     d = cfg.draft
-    if d.init_from_target:  # refused before anything is built (only kinds with decoder layers take it)
-        last_layers(target, d.num_decoder_layers)
+    # refused before anything is built (only the sections of kinds with decoder layers have the key)
+    if getattr(d.section, "init_from_target", False):
+        last_layers(target, d.num_decoder_layers, d.kind)
     problem = depth_problem(d, fp.num_layers)
     if problem:
         raise UserError(problem)
@@ -44,7 +45,7 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
 
 def build_objective(drafter: Drafter, target: nn.Module, d: DraftConfig, topk: int) -> Objective:
     """The module DeepSpeed trains, as the objective of the kind's record builds it (Medusa-2,
-    ``draft.lora``, first adds LoRA adapters to the target and marks the drafter as needing them)."""
+    ``draft.medusa.lora``, first adds LoRA adapters to the target and marks the drafter as needing them)."""
     return objective_class(d.kind).build(drafter, target, d, topk)
 
 
@@ -59,7 +60,7 @@ def init_drafter_weights(
     lm_head = drafter.shared("lm_head")
     with gathered([lm_head.weight], stage):  # the full weight, even if the target is partitioned
         info = objective.init_head(drafter, tokens)
-    if d.init_from_target:
+    if getattr(d.section, "init_from_target", False):
         with gathered(list(target.parameters()), stage):
             drafter.init_from_target(target)
     objective.init_rest(drafter, d, stage)

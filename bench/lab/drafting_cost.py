@@ -49,8 +49,8 @@ def depth_row(layers: int) -> list[str]:
     one layer)."""
     return [
         "draft=dflash",
-        f"draft.num_decoder_layers={layers}",
-        f"draft.feature_rule={'spread' if layers > 1 else 'eagle3'}",
+        f"draft.dflash.num_decoder_layers={layers}",
+        f"draft.dflash.feature_rule={'spread' if layers > 1 else 'eagle3'}",
     ]
 
 

@@ -19,7 +19,17 @@ def group_options(group: str) -> list[str]:
 
 
 def compose(overrides: list[str]):
-    """Compose and validate the config; returns the typed :class:`Config` and its DictConfig."""
+    """Compose and validate the config; returns the typed :class:`Config` and its DictConfig.
+
+    The drafter's keys are checked against the kinds' sections, and flat ones moved into the
+    chosen kind's (:mod:`draftheads.conf.commands.draft_keys`)."""
+    from draftheads.conf.commands.draft_keys import compose_draft
+
+    return compose_draft(overrides, compose_checked)
+
+
+def compose_checked(overrides: list[str]):
+    """Compose and validate the config from overrides in its own spelling."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra

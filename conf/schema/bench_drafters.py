@@ -52,7 +52,12 @@ def bench_drafter(name: str) -> BenchDrafter:
 def bench_drafter_for(d: DraftConfig) -> BenchDrafter | None:
     """The bench drafter that trains ``d``'s kind (and version), or None."""
     return next(
-        (b for b in BENCH_DRAFTERS.values() if b.kind == d.kind and b.version in (None, d.version)), None
+        (
+            b
+            for b in BENCH_DRAFTERS.values()
+            if b.kind == d.kind and (b.version is None or b.version == d.version)
+        ),
+        None,
     )
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass
-from typing import Any
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, Optional
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds import BUILTIN_KINDS, DRAFT_KINDS, draft_kind, unknown_kind_problem
@@ -166,16 +166,62 @@ def max_memory_problem(t: TargetConfig) -> str | None:
 
 
 class DraftMethods:
-    """What a :data:`DraftConfig` does beside holding its keys: its check when it is read, and the
-    facts its kind answers for it."""
+    """What a :data:`DraftConfig` does beside holding its sections: its check when it is read, its
+    kind's section, and the facts its kind answers for it.
+
+    A config holds one section, the chosen kind's (``draft.eagle.*`` under ``draft.kind=eagle``);
+    the others are None. Code reads the chosen section's keys as the config's own attributes
+    (``d.ttt_steps`` is ``d.eagle.ttt_steps``), so a key of another kind is an AttributeError there
+    as it is a refusal on the command line.
+    """
 
     kind: str
 
     def __post_init__(self) -> None:
-        """Refuse values that cannot build or train a drafter, when the config is read."""
+        """Fill the chosen kind's section with its defaults when none is given, drop the other
+        sections where they hold only defaults (the schema's own default, merged under every
+        group, cannot be told from an unset one), and refuse values that cannot build or train a
+        drafter, when the config is read."""
+        problem = unknown_kind_problem(self.kind)
+        if problem:
+            raise UserError(problem)
+        for record in BUILTIN_KINDS:
+            section = getattr(self, record.name)
+            if record.name == self.kind:
+                if section is None:
+                    setattr(self, record.name, record.section.schema())
+            elif section is not None and section == record.section.schema():
+                setattr(self, record.name, None)
         problem = draft_config_problem(self)
         if problem:
             raise UserError(problem)
+
+    @classmethod
+    def of(cls, kind: str = BUILTIN_KINDS[0].name, **keys: Any) -> DraftConfig:
+        """The config of ``kind`` with ``keys`` in its section (``DraftConfig.of("eagle",
+        version=3)``); a key the kind does not read is refused in one line, naming the key it reads."""
+        problem = unknown_kind_problem(kind)
+        if problem:
+            raise UserError(problem)
+        for key, value in keys.items():
+            line = foreign_key_line(kind, kind, key, shown(value))
+            if line:
+                raise UserError(line)
+        return cls(kind=kind, **{kind: draft_kind(kind).schema(**keys)})
+
+    @property
+    def section(self) -> Any:
+        """The chosen kind's section: the ``draft.<kind>.*`` keys this config reads."""
+        return getattr(self, self.kind)
+
+    def __getattr__(self, name: str) -> Any:
+        """A key of the chosen kind's section, read as the config's own (only asked for names
+        that are not attributes of the config itself)."""
+        kind = self.__dict__.get("kind")
+        section = self.__dict__.get(kind) if isinstance(kind, str) else None
+        if name.startswith("_") or section is None or name not in draft_kind(kind).keys:
+            raise AttributeError(f"draft.kind={kind} has no key {name!r}")
+        return getattr(section, name)
 
     def norm_flags(self) -> dict[str, bool]:
         """EAGLE-3's norm variants, as the drafter's keyword arguments (it refuses them elsewhere)."""
@@ -193,75 +239,67 @@ class DraftMethods:
         return draft_kind(self.kind).training_layers(self, num_layers)
 
 
-def default_of(f: Field) -> Any:
-    """A dataclass field's default value (its factory's product for a list)."""
-    return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
-
-
-def union_fields() -> list[tuple[str, Any, Any]]:
-    """``kind`` (the first record's by default), then every kind's section fields once, in the
-    records' order: the flat ``draft.*`` keys. A key several sections declare (``mask_token_id``)
-    has one type and one default in all of them."""
-    union: dict[str, Field] = {}
-    for record in BUILTIN_KINDS:
-        for f in fields(record.section.schema):
-            first = union.setdefault(f.name, f)
-            if (first.type, default_of(first)) != (f.type, default_of(f)):
-                raise ValueError(f"draft.{f.name} is declared with another type or default by {record.name}")
+def section_fields() -> list[tuple[str, Any, Any]]:
+    """``kind`` (the first record's by default), then one optional section per kind, named by
+    the kind, in the records' order: ``draft.<kind>.*``."""
     return [("kind", str, field(default=BUILTIN_KINDS[0].name))] + [
-        (f.name, f.type, field(default=f.default, default_factory=f.default_factory)) for f in union.values()
+        (record.name, Optional[record.section.schema], field(default=None))  # noqa: UP045 (OmegaConf)
+        for record in BUILTIN_KINDS
     ]
 
 
 # The drafter's config (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3, dflash, peagle):
-# ``kind`` and the fields of every kind's section (conf/schema/kinds/<kind>.py), each once; a kind
-# reads its own section's keys and refuses the others'.
-DraftConfig = make_dataclass("DraftConfig", union_fields(), bases=(DraftMethods,))
+# ``kind`` and a section per kind (conf/schema/kinds/<kind>.py), of which the chosen kind's is set.
+DraftConfig = make_dataclass("DraftConfig", section_fields(), bases=(DraftMethods,))
 DraftConfig.__module__, DraftConfig.__qualname__ = __name__, "DraftConfig"
-DraftConfig.__doc__ = "Shape and objective of the drafter: ``kind`` and its section's ``draft.*`` keys."
+DraftConfig.__doc__ = "Shape and objective of the drafter: ``kind`` and its section, ``draft.<kind>.*``."
 
 
-def foreign_key_line(d: DraftConfig, key: str, value: Any) -> str | None:
-    """The one line refusing ``draft.<key>=<value>`` when ``d``'s kind does not read ``key``,
-    naming the key this kind reads if one means the same; None when the kind reads it."""
-    if key == "kind" or key in draft_kind(d.kind).keys:
+def key_owners(key: str) -> list[str]:
+    """The kinds whose section declares ``key``, in the records' order."""
+    return [name for name, kind in DRAFT_KINDS.items() if key in kind.keys]
+
+
+def foreign_key_line(kind: str, section: str, key: str, value: Any, typed: str = "") -> str | None:
+    """The one line refusing ``draft.<section>.<key>=<value>`` (``typed``: the key as the user
+    wrote it, if not that) when ``kind`` (the chosen ``draft.kind``) does not read it: a section
+    of another kind, or a key its section lacks, naming the key this kind reads if one means the
+    same; None when it reads it."""
+    if section == kind and key in draft_kind(kind).keys:
         return None
-    owners = [k for k, kind in DRAFT_KINDS.items() if key in kind.keys]
-    same = draft_kind(d.kind).same_meaning.get(key)
+    same = draft_kind(kind).same_meaning.get(key)
+    owners = key_owners(key) if section == kind else [section]
     fix = (
-        f"use draft.{same}={value}"
-        if same
+        f"use draft.{kind}.{same if same else key}={value}"
+        if same or key in draft_kind(kind).keys
         else f"drop it ({' / '.join(DRAFT_KINDS[k].options for k in owners)} reads it)"
         if owners
-        else "drop it"
+        else f"drop it (`draftheads <command> draft={kind} --help` lists the keys draft.kind={kind} reads)"
     )
-    whose = f"a key of {' and '.join(owners)} drafters" if owners else "read by no drafter kind"
-    return f"draft.{key}={value} is {whose}, and draft.kind={d.kind} does not read it; {fix}"
+    whose = (
+        f"a key of {' and '.join(owners)} drafters"
+        if owners and owners != [kind]
+        else f"not a key of {kind} drafters"
+        if section == kind
+        else "read by no drafter kind"
+    )
+    return f"{typed or f'draft.{section}.{key}'}={value} is {whose}, and draft.kind={kind} does not read it; {fix}"
 
 
-def foreign_key_problem(d: DraftConfig) -> str | None:
-    """A key of another kind of drafter set away from its default (a recipe's ``draft.num_layers:
-    3`` under ``draft=dflash``): this kind would ignore it, so it is refused naming the key this
-    kind reads, if one means the same. Keys typed on the command line are refused whatever their
-    value (:func:`typed_keys_problem`); here a default value cannot be told from an unset one."""
-    for f in fields(DraftConfig):
-        default = f.default_factory() if f.default is MISSING else f.default
-        if getattr(d, f.name) == default:
+def foreign_section_problem(d: DraftConfig) -> str | None:
+    """A key of another kind's section set away from its default (a recipe's ``draft.medusa.
+    num_layers: 3`` under ``draft=dflash``): this kind would ignore it, so it is refused naming
+    the key this kind reads, if one means the same. Keys typed on the command line are refused
+    whatever their value (:func:`typed_keys_problem`)."""
+    for record in BUILTIN_KINDS:
+        section = getattr(d, record.name)
+        if record.name == d.kind or section is None:
             continue
-        problem = foreign_key_line(d, f.name, shown(getattr(d, f.name)))
-        if problem:
-            return problem
-    return None
-
-
-def typed_keys_problem(d: DraftConfig, typed: dict[str, str]) -> str | None:
-    """The first ``draft.*`` key typed on the command line (``typed``: key -> value as typed) that
-    ``d``'s kind does not read, refused whatever its value (``draft=dflash draft.num_layers=1``
-    names ``draft.num_decoder_layers``), or None."""
-    for key, value in typed.items():
-        problem = foreign_key_line(d, key, value)
-        if problem:
-            return problem
+        default = record.section.schema()
+        for f in fields(section):
+            if getattr(section, f.name) != getattr(default, f.name):
+                line = foreign_key_line(d.kind, record.name, f.name, shown(getattr(section, f.name)))
+                return f"{line} (a recipe's section is dropped with draft.{record.name}=null)"
     return None
 
 
@@ -272,8 +310,5 @@ def shown(value: Any) -> Any:
 
 def draft_config_problem(d: DraftConfig) -> str | None:
     """The first nonsensical value in ``d`` as a one-line message naming the key, or None."""
-    unknown = unknown_kind_problem(d.kind)
-    if unknown:
-        return unknown
     kind = draft_kind(d.kind)
-    return bounds_problem(kind, d) or kind.problem(d) or foreign_key_problem(d)
+    return bounds_problem(kind, d) or kind.problem(d) or foreign_section_problem(d)

@@ -1,4 +1,4 @@
-"""The engines' rule for the target layers a drafter reads (``draft.feature_layers``): ids index
+"""The engines' rule for the target layers a drafter reads (``draft.<kind>.feature_layers``): ids index
 the target's ``hidden_states`` (the input of layer i) as everywhere in draftheads.
 
 Each kind's own layer facts (EAGLE-3's three default layers, the reference DFlash rule that
@@ -9,9 +9,10 @@ spreads one target layer per drafter layer) are in its config module
 from __future__ import annotations
 
 
-def layer_ids_problem(layers: list[int], num_layers: int | None, top: int | None) -> str | None:
-    """The engines' rule for feature layer ids: integers, distinct, ascending, from 1, at most ``top``."""
-    key = f"draft.feature_layers={list(layers)}"
+def layer_ids_problem(layers: list[int], num_layers: int | None, top: int | None, kind: str) -> str | None:
+    """The engines' rule for feature layer ids (``draft.<kind>.feature_layers``): integers,
+    distinct, ascending, from 1, at most ``top``."""
+    key = f"draft.{kind}.feature_layers={list(layers)}"
     if any(not isinstance(i, int) or isinstance(i, bool) for i in layers):
         return f"{key}: layer ids are integers"
     if len(set(layers)) != len(layers):

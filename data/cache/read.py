@@ -63,7 +63,7 @@ class FeatureCache(Dataset):
                 raise UserError(
                     f"feature cache {self.dir} holds layers {m['layers']}, not {missing} that the drafter reads "
                     f"({list(layers)}); rebuild it with `draftheads features` for this drafter, or set "
-                    "draft.feature_layers to layers it holds"
+                    "the drafter's feature_layers (draft.<kind>.feature_layers) to layers it holds"
                 )
             if not subset:
                 raise UserError(

@@ -1,5 +1,5 @@
 """A DFlash drafter's first layer started so that its block rows read their anchor token
-(``draft.anchor_prior``).
+(``draft.dflash.anchor_prior``).
 
 A block row k >= 1 starts from the constant mask embedding: the anchor token x_a reaches it only
 through attention, shared with hundreds of context keys. At the usual start every key is about

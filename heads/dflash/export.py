@@ -25,7 +25,7 @@ def sglang_refusal(conf: dict[str, Any]) -> str | None:
         return (
             f"SGLang's DFlash drafts with the target's full lm_head and cannot read this drafter's reduced "
             f"vocabulary ({vocab} tokens, d2t); export it with format=vllm, or retrain it with "
-            "draft.draft_vocab_size=null"
+            "draft.dflash.draft_vocab_size=null"
         )
     return None
 

@@ -31,7 +31,7 @@ class DFlashKind(DrafterKind):
         return layout.detect_files(directory, config)
 
     def build(self, d, fp, target_config, tokenizer) -> DFlashDrafter:
-        """``draft.mask_token_id``, else the tokenizer's choice (no tokenizer: the last id)."""
+        """``draft.dflash.mask_token_id``, else the tokenizer's choice (no tokenizer: the last id)."""
         mask = mask_token(d.mask_token_id, tokenizer, fp.vocab_size)
         return DFlashDrafter(
             fp,
@@ -89,7 +89,7 @@ class DFlashKind(DrafterKind):
         return dflash_engine_config(config, layers, where)
 
     def import_problem(self, spec: dict[str, Any], tokenizer: Any, origin: str) -> str | None:
-        """A mask token that text produces, refused as ``draft.mask_token_id`` is in training."""
+        """A mask token that text produces, refused as ``draft.dflash.mask_token_id`` is in training."""
         mask = spec["mask_token_id"]
         text = ordinary_token(mask, tokenizer)
         if text is None:

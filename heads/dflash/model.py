@@ -57,7 +57,7 @@ def layer_shape(target_config: dict[str, Any], given: dict[str, Any] | None = No
     heads = int(out["num_attention_heads"])
     if heads % int(out["num_key_value_heads"]):
         raise UserError(
-            f"draft.kv_heads={out['num_key_value_heads']} does not divide the {heads} query heads; "
+            f"draft.dflash.kv_heads={out['num_key_value_heads']} does not divide the {heads} query heads; "
             f"use a divisor of {heads}, or null for the target's"
         )
     return json.loads(json.dumps(out))
@@ -179,12 +179,14 @@ class DFlashDrafter(Float32Rotary, ReducedVocab, Drafter):
 
         H, V, L = target.hidden_size, target.vocab_size, target.num_layers
         if block_size < 2:
-            raise UserError(f"draft.block_size={block_size} must be at least 2 (the root and one draft)")
+            raise UserError(
+                f"draft.dflash.block_size={block_size} must be at least 2 (the root and one draft)"
+            )
         if num_decoder_layers < 1:
-            raise UserError(f"draft.num_decoder_layers={num_decoder_layers}: need at least one layer")
+            raise UserError(f"draft.dflash.num_decoder_layers={num_decoder_layers}: need at least one layer")
         if not 0 <= int(mask_token_id) < V:
             raise UserError(
-                f"draft.mask_token_id={mask_token_id} is not a token id of the target's vocabulary (0..{V - 1})"
+                f"draft.dflash.mask_token_id={mask_token_id} is not a token id of the target's vocabulary (0..{V - 1})"
             )
         self.block_size, self.num_decoder_layers = int(block_size), int(num_decoder_layers)
         self.mask_token_id = int(mask_token_id)
@@ -196,7 +198,7 @@ class DFlashDrafter(Float32Rotary, ReducedVocab, Drafter):
         self.target_config = cfg
         self.layer_shape = layer_shape(cfg, layer_config)
         self.layer_config = llama_config(H, self.layer_shape)
-        self.draft_vocab_size = check_draft_vocab_size(draft_vocab_size or V, V)
+        self.draft_vocab_size = check_draft_vocab_size(draft_vocab_size or V, V, self.kind)
         self.fc = nn.Linear(len(self._feature_layers) * H, H, bias=False)
         self.hidden_norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(self.layer_config) for _ in range(num_decoder_layers))
@@ -256,19 +258,19 @@ class DFlashDrafter(Float32Rotary, ReducedVocab, Drafter):
 
     @torch.no_grad()
     def init_from_target(self, target: nn.Module) -> None:
-        """Start the drafter layers as the target's last ones (``draft.init_from_target``): layer
+        """Start the drafter layers as the target's last ones (``draft.dflash.init_from_target``): layer
         i of n copies target layer ``L - n + i``'s projections, MLP and norms, where the target's
         layer has this layout (a Llama-like one); the q/k norms the target lacks stay identity."""
-        for mine, theirs in zip(self.layers, last_layers(target, len(self.layers))):
+        for mine, theirs in zip(self.layers, last_layers(target, len(self.layers), self.kind)):
             if not copy_layer(mine, theirs):
                 raise UserError(
-                    f"draft.init_from_target=true: {type(theirs).__name__} shares no weights with a DFlash "
-                    "layer (a Llama-like layout); use draft.init_from_target=false"
+                    f"draft.dflash.init_from_target=true: {type(theirs).__name__} shares no weights with a DFlash "
+                    "layer (a Llama-like layout); use draft.dflash.init_from_target=false"
                 )
 
     @torch.no_grad()
     def set_qk_gain(self, gain: float) -> None:
-        """Start every layer's q and k norm gains at ``gain`` (``draft.qk_gain``): logits
+        """Start every layer's q and k norm gains at ``gain`` (``draft.dflash.qk_gain``): logits
         q·k/sqrt(D) of unit-RMS heads scale by gain², so the attention can be sharp from the start."""
         for layer in self.layers:
             layer.self_attn.q_norm.weight.fill_(gain)
@@ -276,7 +278,7 @@ class DFlashDrafter(Float32Rotary, ReducedVocab, Drafter):
 
     @torch.no_grad()
     def set_out_gain(self, gain: float) -> None:
-        """Start the output norm's gain at ``gain`` (``draft.out_gain``): the draft logits
+        """Start the output norm's gain at ``gain`` (``draft.dflash.out_gain``): the draft logits
         ``lm_head(norm(x))`` scale with it, so a small one starts the drafts near uniform."""
         self.norm.weight.fill_(gain)
 
@@ -331,7 +333,7 @@ class DFlashDrafter(Float32Rotary, ReducedVocab, Drafter):
 
 
 def mask_token(asked: int | None, tokenizer, vocab_size: int) -> int:
-    """``draft.mask_token_id`` when set, else the tokenizer's choice (:func:`choose_mask_token`),
+    """``draft.dflash.mask_token_id`` when set, else the tokenizer's choice (:func:`choose_mask_token`),
     else (no tokenizer) the last id of the vocabulary."""
     if asked is not None:
         return asked
@@ -370,6 +372,6 @@ def choose_mask_token(tokenizer) -> int:
     if not candidates:
         raise UserError(
             "the tokenizer has no mask token and no unused special token to draft with; "
-            "set draft.mask_token_id=ID to a token id that never occurs in text"
+            "set draft.dflash.mask_token_id=ID to a token id that never occurs in text"
         )
     return max(candidates)

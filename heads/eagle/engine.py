@@ -106,7 +106,7 @@ def _check_aux_layers(config: dict[str, Any], target_layers: int | None) -> str 
         return "the EAGLE-3 aux layer ids are missing"
     last = target_layers - 1 if target_layers else None
     problem = feature_layers_problem(ids, 3, target_layers, last=last)
-    return problem and f"aux layers (as draft.feature_layers) {problem.split(': ', 1)[1]}"
+    return problem and f"aux layers (as draft.eagle.feature_layers) {problem.split(': ', 1)[1]}"
 
 
 def _check_one_layer(config: dict[str, Any], _: int | None) -> str | None:
@@ -142,7 +142,7 @@ EAGLE_RULES: tuple[Rule, ...] = (
         "eagle1-fc-no-bias",
         (("vllm", "eagle"),),
         "fc is built without a bias and fc.bias is dropped (a drafter trained with "
-        "draft.fc_bias=true is refused unless its bias is zero)",
+        "draft.eagle.fc_bias=true is refused unless its bias is zero)",
         ("vllm/model_executor/models/llama_eagle.py",),
         lambda config, _: None,  # enforced by the tensor table: fc.bias is an unexpected key
     ),

@@ -49,7 +49,7 @@ def export_eagle1(drafter: Drafter, engine: str) -> tuple[dict[str, Any], dict[s
             raise UserError(
                 f"vLLM builds the EAGLE fc layer without a bias and silently drops fc.bias, but this drafter's "
                 f"bias is nonzero (max |b| = {bias.abs().max().item():.3g}); serve it with format=sglang, "
-                "or retrain it with draft.fc_bias=false"
+                "or retrain it with draft.eagle.fc_bias=false"
             )
         return llama_config(drafter, ["LlamaForCausalLM"]), sd
     sglang_window_refusal(drafter)

@@ -80,7 +80,7 @@ class EagleKind(DrafterKind):
         if conf["spec"].get("version") == 3:
             return None
         works = (
-            "export it with format=sglang (vLLM drops its fc bias), or retrain it with draft.fc_bias=false "
+            "export it with format=sglang (vLLM drops its fc bias), or retrain it with draft.eagle.fc_bias=false "
             "for format=vllm"
             if conf["spec"].get("fc_bias", True)
             else "export it with format=vllm or format=sglang"

@@ -112,9 +112,9 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
         )
 
         if version not in (1, 3):
-            raise UserError(f"draft.version={version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)")
+            raise UserError(f"draft.eagle.version={version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)")
         if num_decoder_layers < 1:
-            raise UserError(f"draft.num_decoder_layers={num_decoder_layers}: need at least one layer")
+            raise UserError(f"draft.eagle.num_decoder_layers={num_decoder_layers}: need at least one layer")
         self.version, self.num_decoder_layers, self.save_shared = version, num_decoder_layers, save_shared
         H, V, L = target.hidden_size, target.vocab_size, target.num_layers
         # the target's config exactly as config.json will hold it
@@ -130,7 +130,7 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
                 "an EAGLE drafter works in the target's width"
             )
         self._feature_layers = eagle_input_layers(version, feature_layers, L)
-        problem = feature_layers_problem(self._feature_layers, version, L)
+        problem = feature_layers_problem(self._feature_layers, version, L, kind=self.kind)
         if problem:
             raise UserError(problem)
         self.fc_bias = bool(fc_bias) and version == 1  # EAGLE-3's fc never has one
@@ -142,7 +142,7 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
             norm_output=norm_output,
         )
         if version == 3:
-            self.draft_vocab_size = check_draft_vocab_size(draft_vocab_size or V, V)
+            self.draft_vocab_size = check_draft_vocab_size(draft_vocab_size or V, V, self.kind)
             self.fc = nn.Linear(3 * H, H, bias=False)
         else:
             self.draft_vocab_size = V
@@ -234,7 +234,7 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
 
     @torch.no_grad()
     def init_from_target(self, target: nn.Module, embed_scale: float = 0.0) -> None:
-        """Start the decoder layers as the target's last ones (``draft.init_from_target``).
+        """Start the decoder layers as the target's last ones (``draft.eagle.init_from_target``).
 
         Layer i of n copies target layer ``L - n + i``. EAGLE-3's widened q/k/v read
         concat(embedding, feature): the target's weights go in the feature half, and the
@@ -242,7 +242,7 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
         layer's input norm. EAGLE-1's first layer keeps no input norm.
         """
         H = self.target_fingerprint.hidden_size
-        sources = last_layers(target, len(self.layers))
+        sources = last_layers(target, len(self.layers), self.kind)
 
         def widen(value: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
             if value.dim() == 2 and value.shape[1] == 2 * H:  # [embedding half, feature half]
@@ -253,8 +253,8 @@ class EagleDrafter(Float32Rotary, ReducedVocab, Drafter):
         copied = [copy_layer(mine, theirs, widen) for mine, theirs in zip(self.layers, sources)]
         if not any(copied):
             raise UserError(
-                f"draft.init_from_target=true: the target's {type(sources[0]).__name__} shares no tensor (by name "
-                "and shape) with the drafter's Llama layers; use draft.init_from_target=false"
+                f"draft.eagle.init_from_target=true: the target's {type(sources[0]).__name__} shares no tensor (by name "
+                "and shape) with the drafter's Llama layers; use draft.eagle.init_from_target=false"
             )
         if self.version == 3 and hasattr(sources[0], "input_layernorm"):
             norm = sources[0].input_layernorm
@@ -361,11 +361,11 @@ def check_norm_flags(version: int, **flags: bool) -> dict[str, bool]:
     on = [k for k, v in flags.items() if v]
     if on and version != 3:
         raise UserError(
-            f"draft.{on[0]}=true is an EAGLE-3 variant; use it with draft=eagle3 (draft.version=3)"
+            f"draft.eagle.{on[0]}=true is an EAGLE-3 variant; use it with draft=eagle3 (draft.eagle.version=3)"
         )
     if flags["norm_before_fc"] and flags["fc_norm"]:
         raise UserError(
-            "draft.norm_before_fc and draft.fc_norm are both true; they are alternatives (one norm over the "
+            "draft.eagle.norm_before_fc and draft.eagle.fc_norm are both true; they are alternatives (one norm over the "
             "three target layers, or one per layer): set one"
         )
     return flags

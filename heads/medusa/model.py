@@ -48,11 +48,11 @@ class MedusaHeads(Drafter):
         super().__init__(target)
         if num_heads < 1 or num_layers < 0:
             raise UserError(
-                f"draft.num_heads={num_heads}, draft.num_layers={num_layers}: need at least 1 head and 0 layers"
+                f"draft.medusa.num_heads={num_heads}, draft.medusa.num_layers={num_layers}: need at least 1 head and 0 layers"
             )
         if lm_head not in ("shared", "copy"):
             raise UserError(
-                f"draft.lm_head={lm_head!r} is not valid; use 'shared' (Medusa v2) or 'copy' (Medusa v1)"
+                f"draft.medusa.lm_head={lm_head!r} is not valid; use 'shared' (Medusa v2) or 'copy' (Medusa v1)"
             )
         self.num_heads, self.num_layers, self.lm_head_mode = num_heads, num_layers, lm_head
         H, V = target.hidden_size, target.vocab_size

@@ -1,4 +1,4 @@
-"""Start a P-EAGLE drafter from a trained EAGLE-3 drafter (``draft.init_from_eagle3``).
+"""Start a P-EAGLE drafter from a trained EAGLE-3 drafter (``draft.peagle.init_from_eagle3``).
 
 P-EAGLE's drafter is EAGLE-3's plus two inputs of its own (``mask_hidden`` and the mask token's
 embedding, or the whole table with ``own_embedding``), so every other tensor of an EAGLE-3
@@ -27,7 +27,7 @@ SAME = ("feature_layers", "draft_vocab_size", "num_decoder_layers")
 
 def eagle3_checkpoint(source: str) -> tuple[Path, dict[str, Any]]:
     """The EAGLE-3 drafter's folder and config; anything else is refused naming what it is."""
-    where = f"draft.init_from_eagle3={source}"
+    where = f"draft.peagle.init_from_eagle3={source}"
     try:
         directory = resolve_checkpoint_dir(source)
         official = detect_layout(directory)
@@ -37,8 +37,8 @@ def eagle3_checkpoint(source: str) -> tuple[Path, dict[str, Any]]:
         raise UserError(
             f"{where} is a {official.origin or 'published'} {official.layout} checkpoint, not a draftheads "
             "drafter folder; P-EAGLE starts from a draftheads EAGLE-3 drafter: train one with "
-            "`draftheads train draft=eagle3 train.out_dir=DIR` and give draft.init_from_eagle3=DIR, or drop "
-            "draft.init_from_eagle3"
+            "`draftheads train draft=eagle3 train.out_dir=DIR` and give draft.peagle.init_from_eagle3=DIR, or drop "
+            "draft.peagle.init_from_eagle3"
         )
     try:
         cfg = read_config(directory)
@@ -58,12 +58,12 @@ def check_matches(cfg: dict[str, Any], spec: dict[str, Any], fp: TargetFingerpri
         if theirs.get(key) != spec.get(key):
             raise UserError(
                 f"{where} has {key}={theirs.get(key)} but this P-EAGLE drafter {spec.get(key)}; "
-                f"set draft.{key}={theirs.get(key)}"
+                f"set draft.peagle.{key}={theirs.get(key)}"
             )
     for flag in EAGLE3_FLAGS:
         if bool(theirs.get(flag)) != bool(spec.get(flag)):
             raise UserError(
-                f"{where} has {flag}={bool(theirs.get(flag))}; set draft.{flag}={str(bool(theirs.get(flag))).lower()}"
+                f"{where} has {flag}={bool(theirs.get(flag))}; set draft.peagle.{flag}={str(bool(theirs.get(flag))).lower()}"
             )
 
 
@@ -71,7 +71,7 @@ def check_matches(cfg: dict[str, Any], spec: dict[str, Any], fp: TargetFingerpri
 def start_from_eagle3(drafter: Any, source: str) -> list[str]:
     """Copy the EAGLE-3 drafter's tensors into ``drafter``; returns the P-EAGLE tensors it left
     (the mask inputs). A tensor of another shape, or one P-EAGLE lacks, is refused."""
-    where = f"draft.init_from_eagle3={source}"
+    where = f"draft.peagle.init_from_eagle3={source}"
     directory, cfg = eagle3_checkpoint(source)
     check_matches(cfg, drafter.spec(), drafter.target_fingerprint, where)
     tensors = read_weights(directory)

@@ -33,7 +33,7 @@ class PEagleKind(DrafterKind):
     title = "P-EAGLE ({num_depths} per pass)"
 
     def build(self, d, fp, target_config, tokenizer) -> PEagleDrafter:
-        """``draft.mask_token_id``, else the tokenizer's choice (no tokenizer: the last id), as DFlash."""
+        """``draft.peagle.mask_token_id``, else the tokenizer's choice (no tokenizer: the last id), as DFlash."""
         mask = mask_token(d.mask_token_id, tokenizer, fp.vocab_size)
         return PEagleDrafter(
             fp,

@@ -78,11 +78,13 @@ class PEagleDrafter(EagleDrafter):
         V, H = target.vocab_size, target.hidden_size
         if not 0 <= int(mask_token_id) < V:
             raise UserError(
-                f"draft.mask_token_id={mask_token_id} is not a token id of the target (0..{V - 1}); "
+                f"draft.peagle.mask_token_id={mask_token_id} is not a token id of the target (0..{V - 1}); "
                 "use a token the tokenizer never produces in text, e.g. an unused special token"
             )
         if int(num_depths) < 1:
-            raise UserError(f"draft.num_depths={num_depths}: a P-EAGLE group drafts at least one token")
+            raise UserError(
+                f"draft.peagle.num_depths={num_depths}: a P-EAGLE group drafts at least one token"
+            )
         self.mask_token_id, self.num_depths = int(mask_token_id), int(num_depths)
         self.own_embedding = bool(own_embedding)
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, self.fc.in_features))  # speculators' start

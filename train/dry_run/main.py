@@ -35,7 +35,7 @@ def report(cfg: Config, needs: Needs, losses: list[float], tiny: Config) -> str:
     """The printed summary: the tiny run, then the real run's needs, one figure a line."""
     shape, t, d = cfg.recipe.shape, cfg.train, cfg.draft
     stage = zero_stage(cfg.deepspeed)
-    kind = drafter_kind(d.kind).title.format(**dataclasses.asdict(d))
+    kind = drafter_kind(d.kind).title.format(**dataclasses.asdict(d.section))
     sharded = cfg.target.device_map is not None
     placement = (
         f"one process, the target over {cfg.recipe.devices} GPUs (target.device_map={cfg.target.device_map})"

@@ -34,10 +34,11 @@ def tiny_layers(d: DraftConfig) -> tuple[int, list[int] | None]:
     """(layers of the tiny target, the drafter's feature layers on it): the recipe's number of
     feature layers, as the first ones, and at least 4 layers (EAGLE-3's three distinct ones) and
     the drafter's depth + 3 (DFlash's spread rule needs them, and no drafter may be deeper than
-    its target), whatever the kind."""
-    if not d.feature_layers:
-        return max(4, d.num_decoder_layers + 3), None
-    k = len(d.feature_layers)
+    its target), whatever the kind (a kind without decoder layers has neither key)."""
+    feature_layers = getattr(d.section, "feature_layers", None)
+    if not feature_layers:
+        return max(4, getattr(d.section, "num_decoder_layers", 1) + 3), None
+    k = len(feature_layers)
     return max(4, k + 1), list(range(1, k + 1))
 
 
@@ -80,12 +81,15 @@ def tiny_config(cfg: Config, tmp: Path) -> Config:
         attn_implementation=cfg.target.attn_implementation,
         device_map=cfg.target.device_map if isinstance(cfg.target.device_map, str) else None,
     )
-    draft = dataclasses.replace(
-        cfg.draft,
-        feature_layers=feature_layers,
-        mask_token_id=None,
-        anchors_per_row=min(cfg.draft.anchors_per_row, TINY_ANCHORS),
-    )
+    section = cfg.draft.section
+    small = {  # of these keys, those the kind's section has
+        "feature_layers": feature_layers,
+        "mask_token_id": None,
+        "anchors_per_row": min(getattr(section, "anchors_per_row", 0), TINY_ANCHORS),
+    }
+    keys = {f.name for f in dataclasses.fields(section)}
+    section = dataclasses.replace(section, **{k: v for k, v in small.items() if k in keys})
+    draft = dataclasses.replace(cfg.draft, **{cfg.draft.kind: section})
     features = dataclasses.replace(cfg.data.features, out_dir=str(tmp / "features"))
     data = DataConfig(path="embedded", max_length=TINY_LENGTH, max_rows=TINY_ROWS, features=features)
     train = dataclasses.replace(

@@ -76,7 +76,7 @@ class Objective(nn.Module):
 
     @classmethod
     def init_rest(cls, drafter: Drafter, d: DraftConfig, stage: int) -> None:
-        """Further first weights, after the decoder layers (``draft.init_from_target``)."""
+        """Further first weights, after the decoder layers (``draft.<kind>.init_from_target``)."""
 
     def __init__(self, drafter: Drafter, target: nn.Module, cfg: DraftConfig, topk: int) -> None:
         super().__init__()

@@ -84,7 +84,7 @@ class DFlashObjective(Objective):
     in one drafter pass (the context keys and values computed once per row):
 
     L = sum w_k * CE(q_{a,k}, y_{a+k}) / sum w_k   over the counted positions k >= 1 of every block,
-    w_k = exp(-(k-1) / gamma)   (``draft.position_weights=dpace``: per block, :func:`dpace_weights`)
+    w_k = exp(-(k-1) / gamma)   (``draft.dflash.position_weights=dpace``: per block, :func:`dpace_weights`)
 
     y is the data's next token, or the target's top-k at a+k-1 when the feature cache holds it
     (renormalised over the draft vocabulary). A position counts when its reference token (the
@@ -105,11 +105,11 @@ class DFlashObjective(Objective):
     @classmethod
     def check_setup(cls, d, tokenizer: Any) -> None:
         if d.mask_token_id is not None:
-            check_mask_choice(d.mask_token_id, tokenizer)
+            check_mask_choice(d.mask_token_id, tokenizer, d.kind)
 
     @classmethod
     def check_rows(cls, drafter, d, tokens: Sequence[dict]) -> None:
-        check_mask_token(drafter.mask_token_id, tokens)
+        check_mask_token(drafter.mask_token_id, tokens, drafter.kind)
         check_anchor_count(d.anchors_per_row, tokens)
         check_block_size(d.block_size, tokens)
 
@@ -181,7 +181,7 @@ class DFlashObjective(Objective):
         return shift_left(batch["input_ids"], 1)
 
     def forward(self, batch: dict, step: int = 0) -> tuple[torch.Tensor, Stats]:
-        """The decayed block loss over the sampled anchors (``draft.anchors_per_row``; 0: every
+        """The decayed block loss over the sampled anchors (``draft.dflash.anchors_per_row``; 0: every
         answer position). The blocks go through the drafter :attr:`TRAIN_ANCHORS` per row at a
         time over one context pass: a block never sees another, so the chunks' losses add up to
         one pass's, and the attention over other blocks' rows stays bounded."""
@@ -246,7 +246,7 @@ class DFlashObjective(Objective):
         counted: torch.Tensor,
     ) -> torch.Tensor:
         """The loss weight of each counted row (at ``where`` in the ``[B, N, block]`` grid):
-        ``exp(-(k-1)/gamma)``, or with ``draft.position_weights=dpace`` the gradient of the
+        ``exp(-(k-1)/gamma)``, or with ``draft.dflash.position_weights=dpace`` the gradient of the
         block's expected accepted length (:func:`dpace_weights`), position k's acceptance taken
         as the draft's probability of the target's greedy token (0 outside the draft vocabulary)."""
         b, n, k = where

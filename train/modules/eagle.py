@@ -61,7 +61,7 @@ class EagleObjective(Objective):
 
     p = softmax of the target's logits at the target position; q = the drafter's. EAGLE-1:
     one step, full vocabulary through the frozen lm_head, uniform feature noise on the input.
-    EAGLE-3: ``draft.ttt_steps`` steps, its own lm_head over the draft vocabulary, p restricted
+    EAGLE-3: ``draft.eagle.ttt_steps`` steps, its own lm_head over the draft vocabulary, p restricted
     to that vocabulary, and positions whose target top-1 falls outside it not counted.
     """
 

@@ -2,7 +2,7 @@
 jointly with LoRA adapters on the target (self-distilled against the target without them).
 
 Medusa-2's adapted target *is* a submodule (its adapters train); only the adapter parameters
-require gradients, and the heads learn at ``draft.head_lr_multiplier`` times their learning rate.
+require gradients, and the heads learn at ``draft.medusa.head_lr_multiplier`` times their learning rate.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class MedusaObjective(Objective):
 
     @classmethod
     def build(cls, drafter: Drafter, target: nn.Module, d: DraftConfig, topk: int) -> Objective:
-        """Medusa-2 (``draft.lora``) first adds LoRA adapters to the target and marks the heads as
+        """Medusa-2 (``draft.medusa.lora``) first adds LoRA adapters to the target and marks the heads as
         needing them."""
         if d.lora:
             drafter.requires_adapters = True

@@ -64,7 +64,7 @@ def check_depths(depths: int, rows: Sequence[dict]) -> None:
     most = max((int(sum(r["loss_mask"])) for r in rows), default=0)
     if depths > most:
         raise UserError(
-            f"draft.num_depths={depths} is more than the longest answer in the training rows ({most} tokens); "
+            f"draft.peagle.num_depths={depths} is more than the longest answer in the training rows ({most} tokens); "
             f"use at most {most} (speculators trains groups of 8)"
         )
 
@@ -102,11 +102,11 @@ class PEagleObjective(EagleObjective):
     @classmethod
     def check_setup(cls, d, tokenizer: Any) -> None:
         if d.mask_token_id is not None:
-            check_mask_choice(d.mask_token_id, tokenizer)
+            check_mask_choice(d.mask_token_id, tokenizer, d.kind)
 
     @classmethod
     def check_rows(cls, drafter, d, tokens: Sequence[dict]) -> None:
-        check_mask_token(drafter.mask_token_id, tokens)
+        check_mask_token(drafter.mask_token_id, tokens, drafter.kind)
         check_depths(drafter.num_depths, tokens)
         if d.init_from_eagle3 is not None:  # refused before the run changes its folder
             _, cfg = eagle3_checkpoint(d.init_from_eagle3)
@@ -114,7 +114,7 @@ class PEagleObjective(EagleObjective):
                 cfg,
                 drafter.spec(),
                 drafter.target_fingerprint,
-                f"draft.init_from_eagle3={d.init_from_eagle3}",
+                f"draft.peagle.init_from_eagle3={d.init_from_eagle3}",
             )
 
     @classmethod
@@ -125,7 +125,7 @@ class PEagleObjective(EagleObjective):
     @classmethod
     def init_rest(cls, drafter, d, stage: int) -> None:
         """The mask token's embedding (with ``own_embedding``, the whole table) as the target's;
-        with ``draft.init_from_eagle3``, every other tensor as that EAGLE-3 drafter's."""
+        with ``draft.peagle.init_from_eagle3``, every other tensor as that EAGLE-3 drafter's."""
         with gathered([drafter.shared("embed").weight], stage):
             drafter.init_embedding_from_target()
         if d.init_from_eagle3 is not None:

@@ -52,15 +52,16 @@ def unknown_kind_problem(name: object) -> str | None:
 
 
 def depth_problem(d: Any, num_layers: int) -> str | None:
-    """Why the drafter ``d`` (a ``DraftConfig``) of ``draft.num_decoder_layers`` decoder layers
+    """Why the drafter ``d`` (a ``DraftConfig``) of ``draft.<kind>.num_decoder_layers`` decoder layers
     makes no sense for a target of ``num_layers`` layers (it would be deeper, so drafting would
     cost more than the target's own step), or None; a kind without decoder layers has none."""
-    facts, depth = draft_kind(d.kind), d.num_decoder_layers
-    if not facts.decoder_layers or depth <= num_layers:
+    facts = draft_kind(d.kind)
+    if not facts.decoder_layers or d.num_decoder_layers <= num_layers:
         return None
+    depth = d.num_decoder_layers
     engines = facts.depth_note(d)
     return (
-        f"draft.num_decoder_layers={depth} is more than the target's {num_layers} layers, so drafting "
+        f"draft.{d.kind}.num_decoder_layers={depth} is more than the target's {num_layers} layers, so drafting "
         f"would cost more than the target's own step; use at most {num_layers}{engines}"
     )
 

@@ -12,7 +12,7 @@ from draftheads.conf.schema.kinds.section import DecoderLayers, DraftKind, draft
 from draftheads.conf.schema.layers import layer_ids_problem
 
 POSITION_WEIGHTS = ("decay", "dpace")
-# the target layers a DFlash drafter reads when draft.feature_layers is null: EAGLE-3's three
+# the target layers a DFlash drafter reads when draft.dflash.feature_layers is null: EAGLE-3's three
 # ("eagle3") or one per drafter layer (the reference's "spread")
 FEATURE_RULES = ("eagle3", "spread")
 # Shape keys a DFlash drafter layer takes from the target's config unless given (the reference's names).
@@ -30,15 +30,15 @@ LAYER_KEYS = (
 
 
 def dflash_layers_problem(layers: list[int], num_layers: int | None = None) -> str | None:
-    """Why ``layers`` cannot be a DFlash drafter's ``draft.feature_layers``, or None.
+    """Why ``layers`` cannot be a DFlash drafter's ``draft.dflash.feature_layers``, or None.
 
     The engines' rule as for EAGLE-3 (ids index the target's ``hidden_states``: distinct,
     ascending, from 1, each the input of a layer the engine can capture, so at most L - 1), but any
     number of layers (the reference uses 1 to 5).
     """
     if not layers:
-        return f"draft.feature_layers={list(layers)}: a DFlash drafter reads at least one target layer"
-    return layer_ids_problem(layers, num_layers, None if num_layers is None else num_layers - 1)
+        return f"draft.dflash.feature_layers={list(layers)}: a DFlash drafter reads at least one target layer"
+    return layer_ids_problem(layers, num_layers, None if num_layers is None else num_layers - 1, "dflash")
 
 
 def spread_layers(num_layers: int, depth: int) -> list[int]:
@@ -51,9 +51,9 @@ def spread_layers(num_layers: int, depth: int) -> list[int]:
     ids = [round(1 + i * span / (depth - 1)) for i in range(depth)]
     if span < 1 or len(set(ids)) != depth:
         raise UserError(
-            f"draft.num_decoder_layers={depth} with draft.feature_rule=spread needs {depth} distinct target "
+            f"draft.dflash.num_decoder_layers={depth} with draft.dflash.feature_rule=spread needs {depth} distinct target "
             f"layers in 1..{num_layers - 3}, and the target has {num_layers} layers; use at most "
-            f"{max(1, num_layers - 3)} drafter layers, or draft.feature_rule=eagle3"
+            f"{max(1, num_layers - 3)} drafter layers, or draft.dflash.feature_rule=eagle3"
         )
     return ids
 
@@ -86,7 +86,7 @@ class DFlashSection(DecoderLayers):
     # blocks per training row (per packed document), anchored at random answer positions;
     # 0: a block at every answer position
     anchors_per_row: int = 8
-    # the target layers a DFlash drafter reads when draft.feature_layers is null: eagle3 (EAGLE-3's
+    # the target layers a DFlash drafter reads when draft.dflash.feature_layers is null: eagle3 (EAGLE-3's
     # three, so one feature cache serves both drafters) or spread (the reference's rule: one
     # target layer per drafter layer, L//2 for one, else evenly from 1 to L-3)
     feature_rule: str = FEATURE_RULES[0]
@@ -126,32 +126,30 @@ class DFlashDraft(DraftKind):
 
     def problem(self, d: Any) -> str | None:
         if d.kv_heads is not None and d.kv_heads < 1:
-            return f"draft.kv_heads={d.kv_heads} must be at least 1; use null for the target's"
+            return f"draft.dflash.kv_heads={d.kv_heads} must be at least 1; use null for the target's"
         vocab = draft_vocab_problem(d)
         if vocab:
             return vocab
         if d.feature_rule not in FEATURE_RULES:
-            return f"draft.feature_rule={d.feature_rule!r} is unknown; use one of {', '.join(FEATURE_RULES)}"
+            return f"draft.dflash.feature_rule={d.feature_rule!r} is unknown; use one of {', '.join(FEATURE_RULES)}"
         if d.qk_gain <= 0:
-            return f"draft.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
+            return f"draft.dflash.qk_gain={d.qk_gain} must be positive (the q/k norms' starting gain)"
         if d.out_gain <= 0:
-            return f"draft.out_gain={d.out_gain} must be positive (the output norm's starting gain)"
+            return f"draft.dflash.out_gain={d.out_gain} must be positive (the output norm's starting gain)"
         if d.anchor_prior < 0:
-            return (
-                f"draft.anchor_prior={d.anchor_prior} must not be negative (a logit boost in nats; 0 is off)"
-            )
+            return f"draft.dflash.anchor_prior={d.anchor_prior} must not be negative (a logit boost in nats; 0 is off)"
         if not 0 <= d.context_dropout < 1:
-            return f"draft.context_dropout={d.context_dropout} must be in [0, 1) (the share of blocks trained blind)"
+            return f"draft.dflash.context_dropout={d.context_dropout} must be in [0, 1) (the share of blocks trained blind)"
         if d.loss_gamma <= 0:
-            return f"draft.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
-        if d.position_weights not in POSITION_WEIGHTS:
-            return f"draft.position_weights={d.position_weights!r} is unknown; use one of {', '.join(POSITION_WEIGHTS)}"
-        if not 0 < d.dpace_alpha <= 1:
             return (
-                f"draft.dpace_alpha={d.dpace_alpha} must be in (0, 1] (D-PACE's smoothing of each acceptance)"
+                f"draft.dflash.loss_gamma={d.loss_gamma} must be positive (the loss decay exp(-(k-1)/gamma))"
             )
+        if d.position_weights not in POSITION_WEIGHTS:
+            return f"draft.dflash.position_weights={d.position_weights!r} is unknown; use one of {', '.join(POSITION_WEIGHTS)}"
+        if not 0 < d.dpace_alpha <= 1:
+            return f"draft.dflash.dpace_alpha={d.dpace_alpha} must be in (0, 1] (D-PACE's smoothing of each acceptance)"
         if d.mask_token_id is not None and d.mask_token_id < 0:
-            return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
+            return f"draft.dflash.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
         if d.feature_layers is not None:
             return dflash_layers_problem(list(d.feature_layers))
         return None
@@ -175,7 +173,13 @@ KIND = KindRecord(
     drafter="draftheads.heads.dflash.kind:DFlashKind",
     objective="draftheads.train.modules.dflash:DFlashObjective",
     cost="draftheads.train.modules.dflash:dflash_training",
-    small={"dflash": ("draft.block_size=4", "draft.num_decoder_layers=1", "draft.draft_vocab_size=512")},
+    small={
+        "dflash": (
+            "draft.dflash.block_size=4",
+            "draft.dflash.num_decoder_layers=1",
+            "draft.dflash.draft_vocab_size=512",
+        )
+    },
     proposer="draftheads.decode.proposers.dflash:DFlashProposer",
     bench=(
         BenchDrafter(
@@ -185,7 +189,7 @@ KIND = KindRecord(
             "1e-3",
             # EAGLE-3's data, passes and learning rate; 32 blocks per row make a step's matmuls per
             # row token about EAGLE-3's (0.145 against 0.144 GFLOP on the bench's packed rows)
-            recipe=("draft.anchors_per_row=32",),
+            recipe=("draft.dflash.anchors_per_row=32",),
             reads="own",
             streamed=True,
             flops="forward and backward: fc, context keys and values, the block layers and their attention, "

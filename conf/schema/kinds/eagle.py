@@ -14,9 +14,14 @@ EAGLE_VERSIONS = (1, 3)
 
 
 def feature_layers_problem(
-    layers: list[int], version: int, num_layers: int | None = None, last: int | None = None
+    layers: list[int],
+    version: int,
+    num_layers: int | None = None,
+    last: int | None = None,
+    kind: str = "eagle",
 ) -> str | None:
-    """Why ``layers`` cannot be an EAGLE drafter's ``draft.feature_layers``, or None.
+    """Why ``layers`` cannot be an EAGLE drafter's ``draft.<kind>.feature_layers`` (EAGLE's or
+    P-EAGLE's), or None.
 
     Ids index the target's ``hidden_states`` (the input of layer i). Serving engines capture each
     auxiliary layer once, in ascending layer order, as ``hidden_states + residual``, which does
@@ -24,11 +29,11 @@ def feature_layers_problem(
     permutes fc's input columns (unsorted), crashes (duplicates) or fails at layer 0. With
     ``num_layers`` the ids must also be at most ``last`` (default ``num_layers``: the final state).
     """
-    key = f"draft.feature_layers={list(layers)}"
+    key = f"draft.{kind}.feature_layers={list(layers)}"
     count = 3 if version == 3 else 1
     if len(layers) != count:
         return f"{key}: EAGLE-{version} reads {count} target layer(s), this lists {len(layers)}"
-    return layer_ids_problem(layers, num_layers, num_layers if last is None else last)
+    return layer_ids_problem(layers, num_layers, num_layers if last is None else last, kind)
 
 
 def default_eagle3_layers(num_layers: int) -> list[int]:
@@ -37,7 +42,7 @@ def default_eagle3_layers(num_layers: int) -> list[int]:
     Inputs of layers 2, L//2 and L-3 (as in EAGLE-3, SpecForge and vLLM) when those are distinct
     (L >= 7); for 4 to 6 layers, the inputs of layers 1, L//2 and L-1. Targets with fewer than 4
     layers have fewer than three servable layers (1..L-1) and are refused: name the layers
-    with ``draft.feature_layers`` or use EAGLE-1.
+    with ``draft.eagle.feature_layers`` or use EAGLE-1.
     """
     if num_layers >= 7:
         return [2, num_layers // 2, num_layers - 3]
@@ -45,7 +50,7 @@ def default_eagle3_layers(num_layers: int) -> list[int]:
         return [1, num_layers // 2, num_layers - 1]
     raise UserError(
         f"EAGLE-3 reads three distinct target layers from 1..L-1, and this target has only "
-        f"{num_layers} layer(s); set draft.feature_layers=[...] explicitly or use draft=eagle"
+        f"{num_layers} layer(s); set draft.eagle.feature_layers=[...] explicitly or use draft=eagle"
     )
 
 
@@ -96,7 +101,9 @@ class EagleDraft(DraftKind):
 
     def problem(self, d: Any) -> str | None:
         if d.version not in EAGLE_VERSIONS:
-            return f"draft.version={d.version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)"
+            return f"draft.eagle.version={d.version} is not valid; use 1 (EAGLE-1) or 3 (EAGLE-3)"
+        if not 0 < d.ttt_decay <= 1:
+            return f"draft.eagle.ttt_decay={d.ttt_decay} must be in (0, 1]"
         vocab = draft_vocab_problem(d)
         if vocab:
             return vocab
@@ -106,7 +113,7 @@ class EagleDraft(DraftKind):
 
     def train_problem(self, d: Any, t: Any) -> str | None:
         if d.version == 1 and d.ttt_steps > 1 and d.feature_loss_weight == 0:
-            return "draft=eagle with ttt_steps>1 needs draft.feature_loss_weight>0"
+            return "draft=eagle with ttt_steps>1 needs draft.eagle.feature_loss_weight>0"
         return None
 
     def training_layers(self, d: Any, num_layers: int) -> list[int]:
@@ -115,7 +122,7 @@ class EagleDraft(DraftKind):
 
     def depth_note(self, d: Any) -> str:
         return (
-            "; vLLM and SGLang serve EAGLE-3 drafters of one layer (draft.num_decoder_layers=1)"
+            "; vLLM and SGLang serve EAGLE-3 drafters of one layer (draft.eagle.num_decoder_layers=1)"
             if d.version == 3
             else ""
         )
@@ -142,7 +149,7 @@ KIND = KindRecord(
     drafter="draftheads.heads.eagle.kind:EagleKind",
     objective="draftheads.train.modules.eagle:EagleObjective",
     cost="draftheads.train.modules.eagle:eagle_training",
-    small={"eagle3": ("draft.draft_vocab_size=512",)},
+    small={"eagle3": ("draft.eagle.draft_vocab_size=512",)},
     proposer="draftheads.decode.proposers.eagle:EagleProposer",
     bench=(
         BenchDrafter("eagle", "eagle", ("draft=eagle",), "5e-4", version=1, eagle=True),

@@ -9,6 +9,7 @@ from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord
 from draftheads.conf.schema.kinds.section import DraftKind, section_keys
 
 LM_HEAD_MODES = ("shared", "copy")  # Medusa v2 (the target's lm_head) or v1 (a copy per head)
+HEAD_WARMUPS = ("sine", "linear", "constant")  # Medusa-2's head learning-rate warm-up
 
 
 @dataclass
@@ -41,7 +42,7 @@ class MedusaDraft(DraftKind):
     options = "draft=medusa or draft=medusa2"
     decoder_layers = False
     same_meaning = {"num_decoder_layers": "num_layers"}
-    minimums = {"num_heads": 1, "num_layers": 0, "lora_r": 1}
+    minimums = {"num_heads": 1, "num_layers": 0, "lora_r": 1, "head_warmup_steps": 0}
     non_negative = (
         "head_loss_weight",
         "head_loss_decay",
@@ -52,11 +53,22 @@ class MedusaDraft(DraftKind):
 
     def problem(self, d: Any) -> str | None:
         if d.lm_head not in LM_HEAD_MODES:
-            return f"draft.lm_head={d.lm_head!r} is unknown; use 'shared' (Medusa v2) or 'copy' (Medusa v1)"
-        if d.init_from_target:
+            return f"draft.medusa.lm_head={d.lm_head!r} is unknown; use 'shared' (Medusa v2) or 'copy' (Medusa v1)"
+        if d.head_warmup not in HEAD_WARMUPS:
             return (
-                "draft.init_from_target=true starts EAGLE or DFlash decoder layers as the target's; Medusa "
-                "heads have none (their lm_heads start from the target's already); use draft.init_from_target=false"
+                f"draft.medusa.head_warmup={d.head_warmup} is not valid; use one of {', '.join(HEAD_WARMUPS)}"
+            )
+        if not 0 < d.head_loss_decay <= 1:
+            return f"draft.medusa.head_loss_decay={d.head_loss_decay} must be in (0, 1]"
+        if d.lora and not d.lora_target_modules:
+            return "draft.medusa.lora_target_modules is empty; list the target's linear layers to adapt"
+        return None
+
+    def train_problem(self, d: Any, t: Any) -> str | None:
+        if d.lora and t.features == "offline":
+            return (
+                "draft=medusa2 trains LoRA adapters on the target, so its features change every step; "
+                "use train.features=online"
             )
         return None
 
@@ -67,7 +79,7 @@ KIND = KindRecord(
     groups=("medusa", "medusa2"),
     drafter="draftheads.heads.medusa.kind:MedusaKind",
     objective="draftheads.train.modules.medusa:MedusaObjective",
-    small={"medusa": ("draft.num_heads=2",), "medusa2": ("draft.num_heads=2",)},
+    small={"medusa": ("draft.medusa.num_heads=2",), "medusa2": ("draft.medusa.num_heads=2",)},
     proposer="draftheads.decode.proposers.medusa:MedusaProposer",
     bench=(
         BenchDrafter(

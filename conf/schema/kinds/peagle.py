@@ -56,32 +56,34 @@ class PEagleDraft(DraftKind):
             return vocab
         if not 1 <= d.num_depths <= MAX_DEPTHS:
             return (
-                f"draft.num_depths={d.num_depths}: a P-EAGLE group drafts 1 to {MAX_DEPTHS} tokens in one pass; "
+                f"draft.peagle.num_depths={d.num_depths}: a P-EAGLE group drafts 1 to {MAX_DEPTHS} tokens in one pass; "
                 "use e.g. 8 (speculators' default)"
             )
         if not 0 < d.down_sample_ratio <= 1:
-            return f"draft.down_sample_ratio={d.down_sample_ratio} must be in (0, 1] (depth d keeps ratio**d of the anchors)"
+            return f"draft.peagle.down_sample_ratio={d.down_sample_ratio} must be in (0, 1] (depth d keeps ratio**d of the anchors)"
         if not 0 <= d.down_sample_ratio_min <= 1:
-            return f"draft.down_sample_ratio_min={d.down_sample_ratio_min} must be in [0, 1] (the least share a depth keeps)"
+            return f"draft.peagle.down_sample_ratio_min={d.down_sample_ratio_min} must be in [0, 1] (the least share a depth keeps)"
         if d.down_sample_ratio_min > d.down_sample_ratio:
             return (
-                f"draft.down_sample_ratio_min={d.down_sample_ratio_min} is above draft.down_sample_ratio="
+                f"draft.peagle.down_sample_ratio_min={d.down_sample_ratio_min} is above draft.peagle.down_sample_ratio="
                 f"{d.down_sample_ratio}: every depth would keep the minimum and the ratio would have no effect; "
                 f"use a minimum of at most {d.down_sample_ratio}"
             )
         if d.max_anchors is not None and d.max_anchors < 1:
-            return f"draft.max_anchors={d.max_anchors} must be at least 1; use null for every answer anchor"
+            return f"draft.peagle.max_anchors={d.max_anchors} must be at least 1; use null for every answer anchor"
         if d.init_from_eagle3 is not None and not str(d.init_from_eagle3).strip():
-            return "draft.init_from_eagle3 is empty; give an EAGLE-3 drafter's folder or Hub id, or null"
+            return (
+                "draft.peagle.init_from_eagle3 is empty; give an EAGLE-3 drafter's folder or Hub id, or null"
+            )
         if d.init_from_eagle3 is not None and d.init_from_target:
             return (
-                "draft.init_from_eagle3 and draft.init_from_target both start the decoder layer; "
+                "draft.peagle.init_from_eagle3 and draft.peagle.init_from_target both start the decoder layer; "
                 "set one of them"
             )
         if d.mask_token_id is not None and d.mask_token_id < 0:
-            return f"draft.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
+            return f"draft.peagle.mask_token_id={d.mask_token_id} is not a token id; use null to choose one"
         if d.feature_layers is not None:
-            return feature_layers_problem(list(d.feature_layers), 3)
+            return feature_layers_problem(list(d.feature_layers), 3, kind="peagle")
         return None
 
     def training_layers(self, d: Any, num_layers: int) -> list[int]:
@@ -89,7 +91,7 @@ class PEagleDraft(DraftKind):
         return eagle_input_layers(3, d.feature_layers, num_layers) + [num_layers]
 
     def depth_note(self, d: Any) -> str:
-        return "; vLLM serves P-EAGLE drafters of one layer (draft.num_decoder_layers=1)"
+        return "; vLLM serves P-EAGLE drafters of one layer (draft.peagle.num_decoder_layers=1)"
 
 
 KIND = KindRecord(
@@ -99,7 +101,7 @@ KIND = KindRecord(
     drafter="draftheads.heads.peagle.kind:PEagleKind",
     objective="draftheads.train.modules.peagle:PEagleObjective",
     cost="draftheads.train.modules.peagle:peagle_cost",
-    small={"peagle": ("draft.draft_vocab_size=512", "draft.num_depths=3")},
+    small={"peagle": ("draft.peagle.draft_vocab_size=512", "draft.peagle.num_depths=3")},
     proposer="draftheads.decode.proposers.peagle:PEagleProposer",
     # EAGLE-3's recipe, data and passes, streamed from the teacher-forced cache, reading EAGLE-3's
     # layers of it

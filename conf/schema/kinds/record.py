@@ -47,7 +47,7 @@ class BenchDrafter:
     kind: str  # the draft.kind it trains
     draft: tuple[str, ...]  # the overrides that select it ("draft=medusa")
     lr: str  # its learning rate on the bench's recipe
-    version: int | None = None  # the draft.version it trains (None: any)
+    version: int | None = None  # the draft.eagle.version it trains (None: any)
     recipe: tuple[str, ...] = ()  # the rest of its bench recipe, after the learning rate
     # what in-memory training keeps of a cached row: the final state ("last"), every cached
     # layer ("all"), or its config's training layers, a subset of the cache's ("own")
@@ -70,7 +70,7 @@ class BenchDrafter:
         """The ``DraftConfig`` of its kind and version with the schema's defaults (``DraftConfig``'s
         module reads the records, so it is loaded by path, when asked)."""
         DraftConfig = load("draftheads.conf.schema.heads:DraftConfig")
-        return DraftConfig(kind=self.kind, **({} if self.version is None else {"version": self.version}))
+        return DraftConfig.of(kind=self.kind, **({} if self.version is None else {"version": self.version}))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ class DraftKind:
     schema: ClassVar[type]  # its section: a dataclass of the draft.* keys it reads, their defaults
     keys: ClassVar[tuple[str, ...]] = ()  # its section's keys (section_keys(schema)); the others it ignores
     options: ClassVar[str] = ""  # the options that select it: "draft=eagle or draft=eagle3"
-    decoder_layers: ClassVar[bool] = True  # it has decoder layers (draft.num_decoder_layers)
+    decoder_layers: ClassVar[bool] = True  # it has decoder layers (draft.eagle.num_decoder_layers)
     # another kind's key -> this kind's key of the same meaning
     same_meaning: ClassVar[dict[str, str]] = {}
     # its integer keys' least values, and its keys that must not be negative (checked before :meth:`problem`)
@@ -60,7 +60,7 @@ class DraftKind:
         return [num_layers]
 
     def depth_note(self, d: Any) -> str:
-        """Said after a refused ``draft.num_decoder_layers`` (what the engines serve), or ""."""
+        """Said after a refused ``draft.<kind>.num_decoder_layers`` (what the engines serve), or ""."""
         return ""
 
     def topk_labels(self, d: Any) -> str:
@@ -78,18 +78,18 @@ def bounds_problem(section: DraftKind, d: Any) -> str | None:
     (``non_negative``) in ``d``, as one line naming the key, or None."""
     for key, low in section.minimums.items():
         if getattr(d, key) < low:
-            return f"draft.{key}={getattr(d, key)} must be at least {low}"
+            return f"draft.{d.kind}.{key}={getattr(d, key)} must be at least {low}"
     for key in section.non_negative:
         if getattr(d, key) < 0:
-            return f"draft.{key}={getattr(d, key)} must not be negative"
+            return f"draft.{d.kind}.{key}={getattr(d, key)} must not be negative"
     return None
 
 
 def draft_vocab_problem(d: Any) -> str | None:
-    """A ``draft.draft_vocab_size`` below 1 (null: the full target vocabulary), or None."""
+    """A ``draft.<kind>.draft_vocab_size`` below 1 (null: the full target vocabulary), or None."""
     if d.draft_vocab_size is not None and d.draft_vocab_size < 1:
         return (
-            f"draft.draft_vocab_size={d.draft_vocab_size} must be at least 1; "
+            f"draft.{d.kind}.draft_vocab_size={d.draft_vocab_size} must be at least 1; "
             "use null for the full target vocabulary"
         )
     return None
