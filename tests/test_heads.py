@@ -240,7 +240,7 @@ def _read_draft(**overrides):
         (dict(token_loss_weight=-1.0), "draft.token_loss_weight=-1.0 must not be negative"),
         (dict(kind="medusa", num_heads=0), "draft.num_heads=0"),
         (dict(kind="medusa", lm_head="tied"), "draft.lm_head='tied'"),
-        (dict(kind="mtp"), "draft.kind='mtp'"),
+        (dict(kind="nosuch"), "draft.kind='nosuch'"),
         (dict(version=2), "draft.version=2"),
     ],
 )
