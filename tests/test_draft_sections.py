@@ -9,6 +9,7 @@ from draftheads.conf.cli import main, parse
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.flat_keys import nested_draft
 from draftheads.conf.schema.heads import DraftConfig
+from draftheads.conf.schema.kinds import DRAFT_KINDS
 from draftheads.train.checkpoint import config_mismatch
 
 
@@ -42,9 +43,14 @@ def test_a_key_its_section_lacks_and_a_section_no_kind_has_are_refused_before_co
     ):
         parse(["train", "draft=eagle3", "draft.eagle.block_size=4"])
     with pytest.raises(
-        UserError, match=r"^draft.mtp.depth: draft.mtp is not a drafter kind's section; the sections are"
+        UserError,
+        match=r"^draft.nosuch.depth: draft.nosuch is not a drafter kind's section; the sections are",
     ):
-        parse(["train", "draft.mtp.depth=2"])
+        parse(["train", "draft.nosuch.depth=2"])
+    with pytest.raises(
+        UserError, match=r"^draft.dflash.depth=2 is not a key of dflash drafters; drop it \(`draftheads"
+    ):
+        parse(["train", "draft=dflash", "draft.dflash.depth=2"])
 
 
 def test_a_recipes_section_of_another_kind_is_refused_and_dropped_with_null():
@@ -84,19 +90,18 @@ FLAT = {  # a run config's draft as the last release saved it: every kind's keys
 
 def test_a_run_config_saved_flat_reads_in_its_kinds_section():
     nested = nested_draft(FLAT)
+    others = {name: None for name in DRAFT_KINDS if name != "eagle"}
     assert nested == {
         "kind": "eagle",
-        "medusa": None,
+        **others,
         "eagle": {"version": 3, "ttt_steps": 4, "num_decoder_layers": 1},
-        "dflash": None,
-        "peagle": None,
     }
     assert nested_draft(nested) is nested  # already sectioned
 
 
 def test_a_resume_compares_a_flat_saved_config_with_todays_in_the_kinds_section():
-    now = {"kind": "eagle", "medusa": None, "eagle": {"version": 3, "ttt_steps": 4, "num_decoder_layers": 1}}
-    now |= {"dflash": None, "peagle": None}
+    now = {"kind": "eagle", **{name: None for name in DRAFT_KINDS}}
+    now["eagle"] = {"version": 3, "ttt_steps": 4, "num_decoder_layers": 1}
     assert config_mismatch({"draft": FLAT}, {"draft": now}) is None
     changed = {**now, "eagle": {**now["eagle"], "ttt_steps": 7}}
     assert (

@@ -119,8 +119,9 @@ def test_help_lists_the_chosen_kinds_draft_keys_only():
 
 
 # Kind names generic modules may still hold: DFlash's feature_rule value "eagle3" names EAGLE-3's
-# layers, not a kind to test.
-NAMED_ON_PURPOSE = {("conf/schema/heads.py", "eagle3")}
+# layers, and speculators' model type "mtp" (a target's own MTP layer, which draftheads refuses to
+# read) names speculators' layout, not a kind to test.
+NAMED_ON_PURPOSE = {("heads/speculators.py", "mtp")}
 
 
 def own_file(parts: tuple[str, ...], names: set[str]) -> bool:

@@ -248,7 +248,7 @@ def section_fields() -> list[tuple[str, Any, Any]]:
     ]
 
 
-# The drafter's config (Hydra group ``draft/``: medusa, medusa2, eagle, eagle3, dflash, peagle):
+# The drafter's config (Hydra group ``draft/``, a YAML file per group of each kind):
 # ``kind`` and a section per kind (conf/schema/kinds/<kind>.py), of which the chosen kind's is set.
 DraftConfig = make_dataclass("DraftConfig", section_fields(), bases=(DraftMethods,))
 DraftConfig.__module__, DraftConfig.__qualname__ = __name__, "DraftConfig"
@@ -276,14 +276,12 @@ def foreign_key_line(kind: str, section: str, key: str, value: Any, typed: str =
         if owners
         else f"drop it (`draftheads <command> draft={kind} --help` lists the keys draft.kind={kind} reads)"
     )
-    whose = (
-        f"a key of {' and '.join(owners)} drafters"
-        if owners and owners != [kind]
-        else f"not a key of {kind} drafters"
-        if section == kind
-        else "read by no drafter kind"
+    name = f"{typed or f'draft.{section}.{key}'}={value}"
+    if not owners:
+        return f"{name} is not a key of {section} drafters; {fix}"
+    return (
+        f"{name} is a key of {' and '.join(owners)} drafters, and draft.kind={kind} does not read it; {fix}"
     )
-    return f"{typed or f'draft.{section}.{key}'}={value} is {whose}, and draft.kind={kind} does not read it; {fix}"
 
 
 def foreign_section_problem(d: DraftConfig) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.kinds import dflash, eagle, medusa, peagle
+from draftheads.conf.schema.kinds import dflash, eagle, medusa, mtp, peagle
 from draftheads.conf.schema.kinds.dflash import DFlashDraft
 from draftheads.conf.schema.kinds.eagle import EagleDraft
 from draftheads.conf.schema.kinds.medusa import MedusaDraft
@@ -20,7 +20,7 @@ from draftheads.conf.schema.kinds.peagle import PEagleDraft
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord, load
 from draftheads.conf.schema.kinds.section import DraftKind
 
-BUILTIN_KINDS: tuple[KindRecord, ...] = (medusa.KIND, eagle.KIND, dflash.KIND, peagle.KIND)
+BUILTIN_KINDS: tuple[KindRecord, ...] = (medusa.KIND, eagle.KIND, dflash.KIND, peagle.KIND, mtp.KIND)
 
 # kind name -> its config section (the draft.* keys it reads and its checks)
 DRAFT_KINDS: dict[str, DraftKind] = {k.name: k.section for k in BUILTIN_KINDS}
