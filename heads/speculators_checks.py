@@ -11,7 +11,7 @@ import difflib
 from typing import Any
 
 from draftheads.conf.errors import UserError
-from draftheads.conf.schema.kinds.eagle import feature_layers_problem
+from draftheads.conf.schema.layers import layer_ids_problem
 
 DEFAULT_LAYER_TYPE = "qwen3"  # speculators saves the layer config as a diff against this class
 EAGLE_IDS = "eagle_aux_hidden_state_layer_ids"
@@ -61,9 +61,10 @@ def check_eagle_layer_ids(config: dict[str, Any], num_layers: int, where: str) -
         return
     if not isinstance(ids, list):
         raise UserError(f"{where}: {EAGLE_IDS}={ids!r} must be a list of three target layer ids")
-    problem = feature_layers_problem(ids, 3, num_layers)
+    problem = (
+        f"{EAGLE_IDS}={ids}: EAGLE-3 reads 3 target layer(s), this lists {len(ids)}"
+        if len(ids) != 3
+        else layer_ids_problem(ids, num_layers, num_layers, EAGLE_IDS)
+    )
     if problem:
-        raise UserError(
-            f"{where}: {EAGLE_IDS}={ids}: {problem.split(': ', 1)[1]} (the file is damaged, or was "
-            "written for another target)"
-        )
+        raise UserError(f"{where}: {problem} (the file is damaged, or was written for another target)")

@@ -118,10 +118,10 @@ def test_help_lists_the_chosen_kinds_draft_keys_only():
         assert listed == {"kind", *(f"{record.name}.{key}" for key in record.section.keys)}, record.name
 
 
-# Kind names generic modules may still hold: DFlash's feature_rule value "eagle3" names EAGLE-3's
-# layers, and speculators' model type "mtp" (a target's own MTP layer, which draftheads refuses to
-# read) names speculators' layout, not a kind to test.
+# Kind names generic modules may still hold: speculators' model type "mtp" (a target's own MTP
+# layer, which draftheads refuses to read) names speculators' layout, not a kind to test.
 NAMED_ON_PURPOSE = {("heads/speculators.py", "mtp")}
+TUPLE = ("conf", "schema", "kinds", "__init__.py")  # the one list of the kinds imports their records
 
 
 def own_file(parts: tuple[str, ...], names: set[str]) -> bool:
@@ -129,7 +129,31 @@ def own_file(parts: tuple[str, ...], names: set[str]) -> bool:
     if parts[0] == "heads" and len(parts) > 2 and parts[1] in names:
         return True
     per_kind = {("train", "modules"), ("decode", "proposers"), ("conf", "schema", "kinds")}
-    return parts[:-1] in per_kind and parts[-1].removesuffix(".py") in names
+    return parts[:-1] in per_kind and kind_module(parts[-1].removesuffix(".py"), names)
+
+
+def kind_module(stem: str, names: set[str]) -> bool:
+    """A module named for a kind: ``dflash``, or one of its parts, ``dflash_checks``."""
+    return stem in names or stem.split("_")[0] in names
+
+
+def kind_imports(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every import of a kind's own module or folder (``draftheads.heads.eagle``)."""
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        modules = (
+            [n.module or ""]
+            if isinstance(n, ast.ImportFrom)
+            else [a.name for a in n.names]
+            if isinstance(n, ast.Import)
+            else []
+        )
+        found += [
+            (n.lineno, m)
+            for m in modules
+            if m.startswith("draftheads.") and any(kind_module(p, names) for p in m.split(".")[1:])
+        ]
+    return found
 
 
 def kind_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
@@ -168,6 +192,29 @@ def test_no_generic_module_names_a_kind():
                 if (rel, name) not in NAMED_ON_PURPOSE
             ]
     assert not found, "\n".join(found)
+
+
+def test_no_generic_module_imports_a_kinds_module():
+    """Generic code reaches a kind through its record (dotted paths, loaded when asked for): it
+    imports no kind's folder or module; the layers' packages answer a kind's public names lazily."""
+    root = DRAFT_GROUPS.parent.parent
+    names = set(NAMES)
+    found = []
+    for top in ("conf", "heads", "decode", "train", "data", "bench"):
+        for path in sorted((root / top).rglob("*.py")):
+            parts = path.relative_to(root).parts
+            if "lab" in parts or own_file(parts, names):
+                continue
+            found += [
+                f"{'/'.join(parts)}:{line}: {module}"
+                for line, module in kind_imports(path.read_text(), names)
+            ]
+    assert not found, "\n".join(found)
+    from draftheads.heads import EagleDrafter
+    from draftheads.train.modules import Medusa2Objective
+
+    assert EagleDrafter.__module__ == "draftheads.heads.eagle.model"
+    assert Medusa2Objective.__module__ == "draftheads.train.modules.medusa"
 
 
 def test_cfg_job_prints_the_chosen_kinds_draft_keys_only(capsys):

@@ -9,10 +9,10 @@ spreads one target layer per drafter layer) are in its config module
 from __future__ import annotations
 
 
-def layer_ids_problem(layers: list[int], num_layers: int | None, top: int | None, kind: str) -> str | None:
-    """The engines' rule for feature layer ids (``draft.<kind>.feature_layers``): integers,
-    distinct, ascending, from 1, at most ``top``."""
-    key = f"draft.{kind}.feature_layers={list(layers)}"
+def layer_ids_problem(layers: list[int], num_layers: int | None, top: int | None, name: str) -> str | None:
+    """The engines' rule for feature layer ids (``name``: the key or file field that lists them,
+    ``draft.<kind>.feature_layers``): integers, distinct, ascending, from 1, at most ``top``."""
+    key = f"{name}={list(layers)}"
     if any(not isinstance(i, int) or isinstance(i, bool) for i in layers):
         return f"{key}: layer ids are integers"
     if len(set(layers)) != len(layers):

@@ -1,13 +1,18 @@
-"""Drafting methods behind one protocol (base.py): Medusa, EAGLE, DFlash, P-EAGLE, lookup, and a drafter with lookup.
+"""Drafting methods behind one protocol (base.py): each drafter kind's proposer, lookup, and a drafter with lookup.
 
 Each drafter kind's proposer has its own module here, and the kind's record names it
 (``proposer``, a dotted path); :func:`build_proposer` builds the one the drafter's kind names (an
-unknown kind is one clear error, see docs/kinds.md).
+unknown kind is one clear error, see docs/kinds.md). A kind's proposer class is answered from its
+module when first asked for (``from draftheads.decode.proposers import EagleProposer``), so this
+package names no kind.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from draftheads.conf.schema.decode import DecodeConfig
+from draftheads.conf.schema.kinds import kind_export
 from draftheads.decode.proposers.base import (
     Accepted,
     Plan,
@@ -17,20 +22,12 @@ from draftheads.decode.proposers.base import (
     proposer_class,
 )
 from draftheads.decode.proposers.combined import WithLookup
-from draftheads.decode.proposers.dflash import DFlashProposer
-from draftheads.decode.proposers.eagle import EagleProposer
 from draftheads.decode.proposers.lookup import LookupProposer
-from draftheads.decode.proposers.medusa import MedusaProposer
-from draftheads.decode.proposers.peagle import PEagleProposer
 from draftheads.decode.tree import StaticTree
 
 __all__ = [
     "Accepted",
-    "DFlashProposer",
-    "EagleProposer",
     "LookupProposer",
-    "MedusaProposer",
-    "PEagleProposer",
     "Plan",
     "Prefill",
     "Proposer",
@@ -39,6 +36,11 @@ __all__ = [
     "build_proposer",
     "proposer_class",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A kind's proposer class, from the kind's module (``from draftheads.decode.proposers import EagleProposer``)."""
+    return kind_export(__name__, name)
 
 
 def build_proposer(drafter, static: StaticTree | None, cfg: DecodeConfig) -> Proposer:

@@ -1,8 +1,8 @@
 """The module DeepSpeed trains: a drafter plus its objective, ``forward(batch, step) -> (loss, stats)``.
 
-One class per objective family, one file each: :class:`MedusaObjective` and
-:class:`Medusa2Objective` (``medusa``), :class:`EagleObjective` (``eagle``, EAGLE-1 and
-EAGLE-3), :class:`DFlashObjective` (``dflash``), :class:`PEagleObjective` (``peagle``), all on :class:`Objective` (``base``). The frozen
+One module per kind (``<kind>.py``), its objective classes on :class:`Objective` (``base``);
+a kind's classes are answered from its module when first asked for (``from
+draftheads.train.modules import EagleObjective``), so this package names no kind. The frozen
 target is held in a plain dict, outside the module tree, so it never reaches the optimizer, a
 ZeRO partition or a checkpoint. Medusa-2 is the exception: its LoRA-adapted target *is* a
 submodule (the adapters train), and only the adapter parameters require gradients.
@@ -15,19 +15,14 @@ Each kind's record names its class (``objective``, a dotted path), and :func:`ob
 finds it (see docs/kinds.md).
 """
 
-from draftheads.train.modules.base import Objective, chunked_argmax, objective_class
-from draftheads.train.modules.dflash import DFlashObjective
-from draftheads.train.modules.eagle import EagleObjective
-from draftheads.train.modules.medusa import Medusa2Objective, MedusaObjective
-from draftheads.train.modules.peagle import PEagleObjective
+from typing import Any
 
-__all__ = [
-    "DFlashObjective",
-    "EagleObjective",
-    "Medusa2Objective",
-    "MedusaObjective",
-    "Objective",
-    "PEagleObjective",
-    "chunked_argmax",
-    "objective_class",
-]
+from draftheads.conf.schema.kinds import kind_export
+from draftheads.train.modules.base import Objective, chunked_argmax, objective_class
+
+__all__ = ["Objective", "chunked_argmax", "objective_class"]
+
+
+def __getattr__(name: str) -> Any:
+    """A kind's objective class, from the kind's module (``from draftheads.train.modules import EagleObjective``)."""
+    return kind_export(__name__, name)

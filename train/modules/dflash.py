@@ -33,6 +33,12 @@ from draftheads.train.modules.dflash_blocks import (
     sample_anchors,
     token_uniforms,
 )
+from draftheads.train.modules.dflash_checks import (
+    check_anchor_count,
+    check_block_size,
+    check_mask_choice,
+    check_mask_token,
+)
 from draftheads.train.objectives import (
     Stats,
     head_stats,
@@ -41,7 +47,6 @@ from draftheads.train.objectives import (
     sparse_soft_cross_entropy,
     topk_teacher,
 )
-from draftheads.train.rows import check_anchor_count, check_block_size, check_mask_choice, check_mask_token
 from draftheads.train.vocab import set_draft_vocab
 
 if TYPE_CHECKING:

@@ -30,6 +30,7 @@ from draftheads.train.engine import gathered
 from draftheads.train.guards import dflash_topk
 from draftheads.train.modules.base import chunked_argmax
 from draftheads.train.modules.costs import DraftCost
+from draftheads.train.modules.dflash_checks import check_mask_choice, check_mask_token
 from draftheads.train.modules.eagle import EagleObjective, eagle_cost
 from draftheads.train.objectives import (
     Stats,
@@ -40,7 +41,6 @@ from draftheads.train.objectives import (
     sparse_soft_cross_entropy,
     uniform_noise,
 )
-from draftheads.train.rows import check_mask_choice, check_mask_token
 
 Entries = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # anchor, depth, keep: each [B, N]
 

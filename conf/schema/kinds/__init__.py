@@ -9,14 +9,12 @@ the records, so no registry can hold a kind this tuple lacks.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema.kinds import dflash, eagle, medusa, mtp, peagle
-from draftheads.conf.schema.kinds.dflash import DFlashDraft
-from draftheads.conf.schema.kinds.eagle import EagleDraft
-from draftheads.conf.schema.kinds.medusa import MedusaDraft
-from draftheads.conf.schema.kinds.peagle import PEagleDraft
 from draftheads.conf.schema.kinds.record import BenchDrafter, KindRecord, load
 from draftheads.conf.schema.kinds.section import DraftKind
 
@@ -51,6 +49,26 @@ def unknown_kind_problem(name: object) -> str | None:
     return f"draft.kind={name!r} is unknown; use one of {', '.join(DRAFT_KINDS)}"
 
 
+def kind_export(package: str, name: str) -> Any:
+    """``name`` from the kinds' own modules in ``package`` (``draftheads.heads``: each kind's
+    folder; ``draftheads.train.modules``, ``draftheads.decode.proposers``: each kind's module), as
+    the package's ``__getattr__`` answers ``from draftheads.heads import EagleDrafter``: a kind's
+    public names stay importable from its layer's package, which names no kind. A module's public
+    names are its ``__all__``, else the classes it defines. Imports only the modules it looks in."""
+    for record in BUILTIN_KINDS:
+        for path in (record.drafter, record.objective, record.proposer):
+            module_name = path.partition(":")[0]
+            if not module_name.startswith(f"{package}."):
+                continue
+            module = importlib.import_module(f"{package}.{module_name[len(package) + 1 :].split('.')[0]}")
+            public = getattr(module, "__all__", None) or [
+                n for n, v in vars(module).items() if inspect.isclass(v) and v.__module__ == module.__name__
+            ]
+            if name in public:
+                return getattr(module, name)
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+
 def depth_problem(d: Any, num_layers: int) -> str | None:
     """Why the drafter ``d`` (a ``DraftConfig``) of ``draft.<kind>.num_decoder_layers`` decoder layers
     makes no sense for a target of ``num_layers`` layers (it would be deeper, so drafting would
@@ -69,15 +87,12 @@ def depth_problem(d: Any, num_layers: int) -> str | None:
 __all__ = [
     "BUILTIN_KINDS",
     "BenchDrafter",
-    "DFlashDraft",
     "DRAFT_KINDS",
     "DraftKind",
-    "EagleDraft",
     "KindRecord",
-    "MedusaDraft",
-    "PEagleDraft",
     "depth_problem",
     "draft_kind",
+    "kind_export",
     "kind_names",
     "kind_record",
     "load",

@@ -38,7 +38,9 @@ def dflash_layers_problem(layers: list[int], num_layers: int | None = None) -> s
     """
     if not layers:
         return f"draft.dflash.feature_layers={list(layers)}: a DFlash drafter reads at least one target layer"
-    return layer_ids_problem(layers, num_layers, None if num_layers is None else num_layers - 1, "dflash")
+    return layer_ids_problem(
+        layers, num_layers, None if num_layers is None else num_layers - 1, "draft.dflash.feature_layers"
+    )
 
 
 def spread_layers(num_layers: int, depth: int) -> list[int]:

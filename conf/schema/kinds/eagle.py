@@ -33,7 +33,9 @@ def feature_layers_problem(
     count = 3 if version == 3 else 1
     if len(layers) != count:
         return f"{key}: EAGLE-{version} reads {count} target layer(s), this lists {len(layers)}"
-    return layer_ids_problem(layers, num_layers, num_layers if last is None else last, kind)
+    return layer_ids_problem(
+        layers, num_layers, num_layers if last is None else last, f"draft.{kind}.feature_layers"
+    )
 
 
 def default_eagle3_layers(num_layers: int) -> list[int]:
