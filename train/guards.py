@@ -114,15 +114,3 @@ def use_topk(cache: FeatureCache, train: TrainConfig, d: DraftConfig) -> bool:
             f"train.soft_labels=topk is for EAGLE-3 only (draft.kind={d.kind}); use train.soft_labels=full"
         )
     return bool(stored) and labels == "learns" and mode != "full"
-
-
-def dflash_topk(cache: FeatureCache, t: TrainConfig) -> bool:
-    """Whether DFlash learns from the cache's top-k logits (``train.soft_labels`` auto or topk;
-    ``full`` is refused when the config is read), refusing ``topk`` from a cache without them."""
-    stored = int(cache.manifest.get("topk", 0))
-    if t.soft_labels == "topk" and not stored:
-        raise UserError(
-            f"train.soft_labels=topk but feature cache {cache.dir} stores no top-k logits; rebuild "
-            "it with data.features.topk=64, or use train.soft_labels=auto (the data's next tokens)"
-        )
-    return bool(stored)

@@ -15,7 +15,6 @@ from draftheads.conf.schema.train import TrainConfig
 from draftheads.heads.dflash.anchor_prior import set_anchor_prior
 from draftheads.heads.features import target_features
 from draftheads.train.engine import gathered
-from draftheads.train.guards import dflash_topk
 from draftheads.train.modules.base import Objective, chunked_argmax
 from draftheads.train.modules.costs import DraftCost, attention_widths, count, layer_activation
 from draftheads.train.modules.dflash_blocks import (
@@ -34,6 +33,7 @@ from draftheads.train.modules.dflash_blocks import (
     token_uniforms,
 )
 from draftheads.train.modules.dflash_checks import (
+    cached_topk,
     check_anchor_count,
     check_block_size,
     check_mask_choice,
@@ -120,7 +120,7 @@ class DFlashObjective(Objective):
 
     @classmethod
     def reads_topk(cls, cache: Any, t, d) -> bool:
-        return dflash_topk(cache, t)
+        return cached_topk(cache, t)
 
     @classmethod
     def init_head(cls, drafter, tokens: Sequence[dict]) -> dict[str, float]:

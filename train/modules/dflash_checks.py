@@ -1,11 +1,12 @@
 """DFlash's checks of its settings against the training rows and the tokenizer, before anything
-is trained: a mask token the data or text produces, a block or anchor count no answer holds.
+is trained: a mask token the data or text produces, a block or anchor count no answer holds, top-k labels a feature cache lacks.
 P-EAGLE, which masks its deeper positions with a mask token too, uses the mask checks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from draftheads.conf.errors import UserError
 from draftheads.train.vocab import token_occurrences
@@ -64,3 +65,15 @@ def check_anchor_count(anchors: int, rows: Sequence[dict]) -> None:
             f"draft.dflash.anchors_per_row={anchors} is above the most answer tokens of any training row ({most}); "
             f"use at most {most}, or 0 for a block at every answer position"
         )
+
+
+def cached_topk(cache: Any, t: Any) -> bool:
+    """Whether DFlash (and P-EAGLE) learns from the feature cache's top-k logits (``train.soft_labels`` auto or topk;
+    ``full`` is refused when the config is read), refusing ``topk`` from a cache without them."""
+    stored = int(cache.manifest.get("topk", 0))
+    if t.soft_labels == "topk" and not stored:
+        raise UserError(
+            f"train.soft_labels=topk but feature cache {cache.dir} stores no top-k logits; rebuild "
+            "it with data.features.topk=64, or use train.soft_labels=auto (the data's next tokens)"
+        )
+    return bool(stored)

@@ -27,10 +27,9 @@ from draftheads.heads.masks import document_ids
 from draftheads.heads.peagle.from_eagle3 import check_matches, eagle3_checkpoint, start_from_eagle3
 from draftheads.heads.peagle.sampling import DropSampling, conditional_drop, every_depth, group_entries
 from draftheads.train.engine import gathered
-from draftheads.train.guards import dflash_topk
 from draftheads.train.modules.base import chunked_argmax
 from draftheads.train.modules.costs import DraftCost
-from draftheads.train.modules.dflash_checks import check_mask_choice, check_mask_token
+from draftheads.train.modules.dflash_checks import cached_topk, check_mask_choice, check_mask_token
 from draftheads.train.modules.eagle import EagleObjective, eagle_cost
 from draftheads.train.objectives import (
     Stats,
@@ -120,7 +119,7 @@ class PEagleObjective(EagleObjective):
     @classmethod
     def reads_topk(cls, cache: Any, t, d) -> bool:
         """The cache's top-k logits unless ``train.soft_labels=full`` (then projected, as EAGLE-3)."""
-        return t.soft_labels != "full" and dflash_topk(cache, t)
+        return t.soft_labels != "full" and cached_topk(cache, t)
 
     @classmethod
     def init_rest(cls, drafter, d, stage: int) -> None:
