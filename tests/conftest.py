@@ -23,6 +23,13 @@ from draftheads.heads.target.fingerprint import fingerprint  # noqa: E402
 from draftheads.heads.target.load import load_target  # noqa: E402
 from tests.engine_skips import pytest_runtest_makereport  # noqa: E402, F401  (CI: an engine skip fails)
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (stable otherwise): under xdist the quick ones then fill both workers
+    to the end, instead of one worker finishing a long test while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 TINY_KINDS = ["llama", "mistral", "qwen2", "gpt2"]
 _cache: dict[str, tuple] = {}
 

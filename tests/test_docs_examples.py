@@ -16,6 +16,8 @@ from bench.lab.study import STUDY as STUDY_ROWS
 from draftheads.bench.extension import NO_ROWS
 from draftheads.conf.cli import command_help, parse
 from draftheads.conf.commands import COMMANDS
+from draftheads.conf.schema.flat_keys import flat_draft_key
+from draftheads.conf.schema.kinds import DRAFT_KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -84,6 +86,8 @@ def test_documented_command_line_parses_and_composes(where, example):
     study = argv[0] == "study"
     argv = ["bench", *argv[1:]] if study else argv
     assert argv[0] in COMMANDS, f"{where}: unknown command in {example!r}"
+    flat = [a for a in argv if flat_draft_key(a)]
+    assert not flat, f"{where}: {flat} in {example!r} is the flat spelling; write draft.<kind>.<key>"
     if "--help" in argv:
         assert command_help(argv[0])
         return
@@ -113,6 +117,19 @@ def test_the_readme_chain_trains_on_the_features_it_caches():
     assert caches, "the chain caches no features"
     for cache in caches:  # a cache no later step reads is wasted minutes
         assert any(t.features == "offline" and t.feature_cache == cache for t in trains), cache
+
+
+SECTION_KEYS = sorted({key for kind in DRAFT_KINDS.values() for key in kind.keys}, key=len, reverse=True)
+FLAT_KEY = re.compile(r"(?<![\w.])draft\.(" + "|".join(SECTION_KEYS) + r")\b")
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_docs_write_drafter_keys_in_their_kinds_section(path):
+    """``draft.dflash.block_size``, not ``draft.block_size``: the flat spelling appears only where
+    a page says it is the flat spelling."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    flat = [line for line in lines if FLAT_KEY.search(line) and "flat" not in line]
+    assert not flat, flat[:5]
 
 
 WORK_LABELS = re.compile(r"\bsession \d|\bsessions\b|\bissue \d|\bticket|/work/|shared/reference", re.I)

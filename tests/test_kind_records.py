@@ -105,6 +105,18 @@ def test_a_typed_key_of_another_kind_is_refused_whatever_its_value():
     )
 
 
+def test_the_records_overrides_write_keys_in_their_kinds_section():
+    """Every override a record holds (its bench rows, a tiny target's small run) and the study's
+    ablation rows use ``draft.<kind>.<key>``: the flat spelling would print a notice on every run."""
+    from bench.lab.ablation_rows import ABLATIONS
+    from draftheads.conf.schema.flat_keys import flat_draft_key
+
+    overrides = [o for r in BUILTIN_KINDS for b in r.bench for o in (*b.draft, *b.recipe)]
+    overrides += [o for r in BUILTIN_KINDS for small in r.small.values() for o in small]
+    overrides += [o for row in ABLATIONS.values() for o in row]
+    assert overrides and not [o for o in overrides if flat_draft_key(o)]
+
+
 def test_help_lists_the_chosen_kinds_draft_keys_only():
     from draftheads.conf.cli import command_help
 

@@ -223,12 +223,6 @@ class DraftMethods:
             raise AttributeError(f"draft.kind={kind} has no key {name!r}")
         return getattr(section, name)
 
-    def norm_flags(self) -> dict[str, bool]:
-        """EAGLE-3's norm variants, as the drafter's keyword arguments (it refuses them elsewhere)."""
-        return {
-            k: getattr(self, k) for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-        }
-
     def training_layers(self, num_layers: int) -> list[int]:
         """Target hidden states a drafter of this shape trains on: what a feature cache holds.
 

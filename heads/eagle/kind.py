@@ -43,7 +43,7 @@ class EagleKind(DrafterKind):
             draft_vocab_size=d.draft_vocab_size if d.version == 3 else None,
             save_shared=d.save_shared,
             fc_bias=d.fc_bias,
-            **d.norm_flags(),
+            **d.section.norm_flags(),
         )
 
     def num_speculative_tokens(self, conf: dict[str, Any]) -> int:

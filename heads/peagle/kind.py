@@ -44,7 +44,7 @@ class PEagleKind(DrafterKind):
             feature_layers=d.feature_layers,
             draft_vocab_size=d.draft_vocab_size,
             own_embedding=d.own_embedding,
-            **d.norm_flags(),
+            **d.section.norm_flags(),
         )
 
     def num_speculative_tokens(self, conf: dict[str, Any]) -> int:

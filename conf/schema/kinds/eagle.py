@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from draftheads.conf.errors import UserError
@@ -75,9 +75,13 @@ class EagleNorms:
     fc_norm: bool = False
     norm_output: bool = False
 
+    def norm_flags(self) -> dict[str, bool]:
+        """The norm variants, as the drafter's keyword arguments (EAGLE-1 refuses them there)."""
+        return {f.name: getattr(self, f.name) for f in fields(EagleNorms)}
+
 
 @dataclass
-class EagleSection(DecoderLayers, EagleNorms):
+class EagleSection(EagleNorms, DecoderLayers):
     """EAGLE-1's and EAGLE-3's draft.* keys."""
 
     version: int = 1

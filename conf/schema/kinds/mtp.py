@@ -27,9 +27,9 @@ class MTPSection:
 
     # one decoder layer, run recursively for every step (the engines' EAGLE-1 layout holds one)
     num_decoder_layers: int = 1
-    # start the layer as the target's last (conf/draft/mtp.yaml sets it: that is an MTP head;
-    # false, a randomly initialised layer, is an ablation)
-    init_from_target: bool = False
+    # start the layer as the target's last (that is an MTP head; false, a randomly initialised
+    # layer, is an ablation)
+    init_from_target: bool = True
     # K: the steps trained, step k predicting the token k + 1 further ahead than the target does
     num_speculative_steps: int = 3
     # beta of the step weights alpha_k = beta**k / sum_j beta**j (FastMTP's 0.6)

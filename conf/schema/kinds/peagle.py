@@ -17,7 +17,7 @@ MAX_DEPTHS = 32
 
 
 @dataclass
-class PEagleSection(DecoderLayers, EagleNorms):
+class PEagleSection(EagleNorms, DecoderLayers):
     """P-EAGLE's draft.* keys: EAGLE-3's drafter (its norm variants) drafting a group of tokens in one pass."""
 
     # tokens one pass drafts (speculators' num_depths); a decoding tree is at most this deep
