@@ -133,7 +133,6 @@ def test_help_lists_the_chosen_kinds_draft_keys_only():
 # Kind names generic modules may still hold: speculators' model type "mtp" (a target's own MTP
 # layer, which draftheads refuses to read) names speculators' layout, not a kind to test.
 NAMED_ON_PURPOSE = {("heads/speculators.py", "mtp")}
-TUPLE = ("conf", "schema", "kinds", "__init__.py")  # the one list of the kinds imports their records
 
 
 def own_file(parts: tuple[str, ...], names: set[str]) -> bool:
@@ -186,41 +185,40 @@ def kind_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
     ]
 
 
-def test_no_generic_module_names_a_kind():
-    """A kind's name appears in its own files and the tuple, not in generic code (bench/lab, the
+def generic_modules(names: set[str]) -> list[tuple[str, str]]:
+    """(path, source) of every installed module that is no kind's own file (bench/lab, the
     maintainers' study, aside)."""
     root = DRAFT_GROUPS.parent.parent
-    names = set(NAMES) | DRAFT_GROUPS_NAMES
     found = []
     for top in ("conf", "heads", "decode", "train", "data", "bench"):
         for path in sorted((root / top).rglob("*.py")):
             parts = path.relative_to(root).parts
-            if "lab" in parts or own_file(parts, names):
-                continue
-            rel = "/".join(parts)
-            found += [
-                f"{rel}:{line}: {name!r}"
-                for line, name in kind_literals(path.read_text(), names)
-                if (rel, name) not in NAMED_ON_PURPOSE
-            ]
+            if "lab" not in parts and not own_file(parts, names):
+                found.append(("/".join(parts), path.read_text()))
+    return found
+
+
+def test_no_generic_module_names_a_kind():
+    """A kind's name appears in its own files and the tuple, not in generic code."""
+    names = set(NAMES) | DRAFT_GROUPS_NAMES
+    found = [
+        f"{rel}:{line}: {name!r}"
+        for rel, source in generic_modules(names)
+        for line, name in kind_literals(source, names)
+        if (rel, name) not in NAMED_ON_PURPOSE
+    ]
     assert not found, "\n".join(found)
 
 
 def test_no_generic_module_imports_a_kinds_module():
     """Generic code reaches a kind through its record (dotted paths, loaded when asked for): it
     imports no kind's folder or module; the layers' packages answer a kind's public names lazily."""
-    root = DRAFT_GROUPS.parent.parent
     names = set(NAMES)
-    found = []
-    for top in ("conf", "heads", "decode", "train", "data", "bench"):
-        for path in sorted((root / top).rglob("*.py")):
-            parts = path.relative_to(root).parts
-            if "lab" in parts or own_file(parts, names):
-                continue
-            found += [
-                f"{'/'.join(parts)}:{line}: {module}"
-                for line, module in kind_imports(path.read_text(), names)
-            ]
+    found = [
+        f"{rel}:{line}: {module}"
+        for rel, source in generic_modules(names)
+        for line, module in kind_imports(source, names)
+    ]
     assert not found, "\n".join(found)
     from draftheads.heads import EagleDrafter
     from draftheads.train.modules import Medusa2Objective
