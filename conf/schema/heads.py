@@ -282,7 +282,7 @@ def foreign_section_problem(d: DraftConfig) -> str | None:
     """A key of another kind's section set away from its default (a recipe's ``draft.medusa.
     num_layers: 3`` under ``draft=dflash``): this kind would ignore it, so it is refused naming
     the key this kind reads, if one means the same. Keys typed on the command line are refused
-    whatever their value (:func:`typed_keys_problem`)."""
+    whatever their value (``draftheads.conf.commands.draft_keys``)."""
     for record in BUILTIN_KINDS:
         section = getattr(d, record.name)
         if record.name == d.kind or section is None:
