@@ -4,6 +4,7 @@ EAGLE layer initialised from the target's last layer."""
 
 from __future__ import annotations
 
+import datasets
 import pytest
 import torch
 
@@ -135,3 +136,31 @@ def test_init_from_target_starts_the_drafter_layer_as_the_targets_last_layer(tmp
             assert bool((q[:, :H] == 0).all()) == init
         else:
             assert same == init and torch.equal(q, last.self_attn.q_proj.weight) == init
+
+
+def test_top_k_labels_a_drafter_cannot_learn_from_are_refused_in_one_line(tmp_path):
+    """A cache's top-k logits under a drafter that needs the full distribution (EAGLE-1), and
+    ``train.soft_labels=topk`` for one that does not learn from them (Medusa), each stop in one
+    line naming the kind and the setting to use; EAGLE-3 reads them."""
+    from draftheads.conf.errors import UserError
+    from draftheads.conf.schema.heads import DraftConfig
+    from draftheads.conf.schema.train import TrainConfig
+    from draftheads.train.guards import use_topk
+
+    model, tok = get_target("llama")
+    rows = datasets.Dataset.from_dict({"input_ids": [list(range(5, 17))], "loss_mask": [[0] * 4 + [1] * 8]})
+    build_feature_cache(model, tok, rows, tmp_path, [2, 4], dtype="float32", topk=TOPK, show_progress=False)
+    cache = FeatureCache(tmp_path)
+    with pytest.raises(UserError) as e:
+        use_topk(cache, TrainConfig(), DraftConfig.of("eagle", version=1))
+    assert str(e.value) == (
+        f"feature cache {cache.dir} holds top-k logits, but this drafter (draft.kind=eagle) learns the "
+        "full-vocabulary distribution, which top-k would cut; pass train.soft_labels=full (projected "
+        "from the cached states)"
+    )
+    with pytest.raises(
+        UserError, match=r"which this drafter \(draft.kind=medusa\) does not learn from; use "
+    ):
+        use_topk(cache, TrainConfig(soft_labels="topk", features="offline"), DraftConfig.of("medusa"))
+    assert use_topk(cache, TrainConfig(), DraftConfig.of("eagle", version=3))
+    assert not use_topk(cache, TrainConfig(soft_labels="full"), DraftConfig.of("eagle", version=1))

@@ -105,12 +105,13 @@ def use_topk(cache: FeatureCache, train: TrainConfig, d: DraftConfig) -> bool:
         )
     if stored and mode != "full" and labels == "full":
         raise UserError(
-            f"feature cache {cache.dir} holds top-k logits, but draft=eagle (EAGLE-1) learns the "
-            "full-vocabulary distribution; pass train.soft_labels=full (projected from the cached "
-            "states) or use draft=eagle3"
+            f"feature cache {cache.dir} holds top-k logits, but this drafter (draft.kind={d.kind}) learns "
+            "the full-vocabulary distribution, which top-k would cut; pass train.soft_labels=full "
+            "(projected from the cached states)"
         )
     if mode == "topk" and labels != "learns":
         raise UserError(
-            f"train.soft_labels=topk is for EAGLE-3 only (draft.kind={d.kind}); use train.soft_labels=full"
+            f"train.soft_labels=topk trains on cached top-k logits, which this drafter (draft.kind={d.kind}) "
+            "does not learn from; use train.soft_labels=full"
         )
     return bool(stored) and labels == "learns" and mode != "full"
