@@ -99,7 +99,9 @@ def test_topk_cache_trains_eagle3_and_is_refused_where_full_logits_are_needed(tm
         "train.features=offline",
         f"train.feature_cache={feature_cache(tmp_path, rows, 'draft=eagle', topk=16)}",
     )
-    with pytest.raises(UserError, match=r"holds top-k logits, but draft=eagle \(EAGLE-1\).*soft_labels=full"):
+    with pytest.raises(
+        UserError, match=r"holds top-k logits, but this drafter \(draft.kind=eagle\).*soft_labels=full"
+    ):
         train(
             config(tmp_path, "draft=eagle", "train.max_steps=1", *eagle1, name="eagle1"), target=tiny_target()
         )
