@@ -40,7 +40,7 @@ def decoder_linears(target: nn.Module) -> list[str]:
 
 def add_lora(target: nn.Module, cfg: DraftConfig) -> nn.Module:
     """Wrap the (frozen) target in a peft LoRA model; only the adapter weights train.
-    ``draft.medusa.lora_target_modules=[all-linear]`` (the default) adapts :func:`decoder_linears`."""
+    ``draft.<kind>.lora_target_modules=[all-linear]`` (the default) adapts :func:`decoder_linears`."""
     from peft import LoraConfig, get_peft_model
 
     modules = list(cfg.lora_target_modules)
@@ -52,7 +52,7 @@ def add_lora(target: nn.Module, cfg: DraftConfig) -> nn.Module:
     if missing or not modules:
         names = sorted({n.rsplit(".", 1)[-1] for n in decoder_linears(target)})
         raise UserError(
-            f"draft.medusa.lora_target_modules: the target has no module named {missing or modules}; "
+            f"draft.{cfg.kind}.lora_target_modules: the target has no module named {missing or modules}; "
             f"pick from its decoder layers' linear layers ({', '.join(names)}) or use [all-linear]"
         )
     config = LoraConfig(
@@ -70,7 +70,7 @@ def add_lora(target: nn.Module, cfg: DraftConfig) -> nn.Module:
             raise
         raise UserError(
             f"peft adapts this target's fused expert weights ({target.config.model_type}) as parameters, which take "
-            f"no dropout; set draft.medusa.lora_dropout=0 (it is {cfg.lora_dropout})"
+            f"no dropout; set draft.{cfg.kind}.lora_dropout=0 (it is {cfg.lora_dropout})"
         ) from None
 
 
