@@ -409,3 +409,17 @@ def test_drafter_is_a_hub_mixin_whose_hooks_keep_the_draftheads_format(tmp_path,
     assert all(torch.equal(v, back.state_dict()[k]) for k, v in d.state_dict().items())
     card = d.generate_model_card()
     assert "Medusa-1" in str(card) and card.data.library_name == "draftheads"
+
+
+def test_lora_on_modules_the_target_lacks_is_refused_naming_the_key():
+    from draftheads.conf.schema.heads import DraftConfig, TargetConfig
+    from draftheads.heads.target.load import load_target
+    from draftheads.train.adapters import add_lora
+
+    base, _ = load_target(TargetConfig(name_or_path="tiny-llama", tiny="llama"))
+    with pytest.raises(UserError) as e:
+        add_lora(base, DraftConfig.of("medusa", lora=True, lora_target_modules=["q_proj", "nope_proj"]))
+    assert str(e.value).startswith(
+        "draft.medusa.lora_target_modules: the target has no module named ['nope_proj']"
+    )
+    assert "\n" not in str(e.value)
