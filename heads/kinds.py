@@ -106,8 +106,8 @@ class DrafterKind:
         """Why speculators' format cannot hold the drafter, or None when it can."""
         if self.speculators_type is None:
             return (
-                f"speculators has no model type for {self.describe_short(conf)} (it defines eagle3 and "
-                "dflash drafters); export it with format=vllm"
+                f"speculators has no model type for {self.describe_short(conf)} ({speculators_types()}); "
+                "export it with format=vllm"
             )
         return None
 
@@ -187,6 +187,14 @@ class BuiltinKinds(Mapping[str, "DrafterKind"]):
 
 
 KINDS: Mapping[str, DrafterKind] = BuiltinKinds()
+
+
+def speculators_types() -> str:
+    """The speculators model types draftheads writes, as refusals name them: "it defines eagle3,
+    dflash and peagle drafters" (each kind's ``speculators_type``)."""
+    types = [kind.speculators_type for kind in KINDS.values() if kind.speculators_type]
+    listed = ", ".join(types[:-1]) + f" and {types[-1]}" if len(types) > 1 else "".join(types)
+    return f"it defines {listed} drafters"
 
 
 def drafter_kind(name: str, where: str = "drafter kind") -> DrafterKind:

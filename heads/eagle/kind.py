@@ -11,7 +11,7 @@ from draftheads.heads.eagle.engine import EAGLE_FORMATS, EAGLE_RULES
 from draftheads.heads.eagle.export import export_eagle1, export_eagle3
 from draftheads.heads.eagle.model import EagleDrafter
 from draftheads.heads.eagle.speculators import eagle3_engine_config, eagle3_to_speculators
-from draftheads.heads.kinds import DrafterKind, Export
+from draftheads.heads.kinds import DrafterKind, Export, speculators_types
 
 EAGLE_SPECULATIVE_TOKENS = 3  # a chain length the engines serve well; any value works for EAGLE
 
@@ -85,10 +85,7 @@ class EagleKind(DrafterKind):
             if conf["spec"].get("fc_bias", True)
             else "export it with format=vllm or format=sglang"
         )
-        return (
-            "speculators has no model type for an EAGLE-1 drafter (it defines eagle3 and dflash drafters); "
-            + works
-        )
+        return f"speculators has no model type for an EAGLE-1 drafter ({speculators_types()}); " + works
 
     def export(self, drafter, engine: str) -> Export:
         return export_eagle3(drafter, engine) if drafter.version == 3 else export_eagle1(drafter, engine)
