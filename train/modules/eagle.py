@@ -153,11 +153,7 @@ class EagleObjective(Objective):
             counted = torch.ones_like(greedy, dtype=torch.float)
             labels = greedy
         logits = self.drafter.logits(o)
-        if "probs" in teacher:  # cached top-k soft labels
-            ce = sparse_soft_cross_entropy(logits, teacher["ids"][k], teacher["probs"][k])
-        else:
-            ce = soft_cross_entropy(logits, teacher["logits"][k])
-        token = masked_mean(ce, counted)
+        token = masked_mean(teacher_soft_ce(logits, teacher, k), counted)
         loss = self.cfg.token_loss_weight * token
         keep = counted.bool()  # the step's mean is over these rows, so its stats count them only
         st = head_stats(f"step{s}", token, logits[keep], labels[keep], self.topk)
@@ -182,6 +178,14 @@ class EagleObjective(Objective):
             correct.append(pred == shift_left(greedy, s + 1, -1)[:, :R])
             valid.append(label_mask(batch["loss_mask"], s + 2, pos)[:, :R])
         return torch.stack(correct), torch.stack(valid)
+
+
+def teacher_soft_ce(logits: torch.Tensor, teacher: dict, k: torch.Tensor) -> torch.Tensor:
+    """Per row: the soft cross-entropy of ``logits`` against the teacher's distribution at its
+    positions ``k`` (the cached top-k soft labels where the cache has them, else the projected logits)."""
+    if "probs" in teacher:
+        return sparse_soft_cross_entropy(logits, teacher["ids"][k], teacher["probs"][k])
+    return soft_cross_entropy(logits, teacher["logits"][k])
 
 
 def eagle_training(drafter, d: DraftConfig, t: TrainConfig, S: int, element: int, online: bool) -> DraftCost:

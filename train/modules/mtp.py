@@ -17,14 +17,12 @@ import torch
 from draftheads.conf.schema.heads import DraftConfig
 from draftheads.conf.schema.train import TrainConfig
 from draftheads.train.modules.costs import DraftCost
-from draftheads.train.modules.eagle import EagleObjective, eagle_cost
+from draftheads.train.modules.eagle import EagleObjective, eagle_cost, teacher_soft_ce
 from draftheads.train.objectives import (
     Stats,
     head_stats,
     label_mask,
     masked_mean,
-    soft_cross_entropy,
-    sparse_soft_cross_entropy,
 )
 from draftheads.train.unroll import unroll
 
@@ -84,10 +82,7 @@ class MTPObjective(EagleObjective):
         b, t = counted_rows[:, :R].nonzero(as_tuple=True)
         index = teacher["index"][b, t + k + 1]
         logits = self.drafter.logits(out[b, t])
-        if "probs" in teacher:  # cached top-k soft labels
-            ce = sparse_soft_cross_entropy(logits, teacher["ids"][index], teacher["probs"][index])
-        else:
-            ce = soft_cross_entropy(logits, teacher["logits"][index])
+        ce = teacher_soft_ce(logits, teacher, index)
         loss = masked_mean(ce, torch.ones_like(ce))
         return loss, head_stats(f"step{k}", loss, logits, teacher["greedy"][index], self.topk)
 
