@@ -59,7 +59,7 @@ class MainRun(NamedTuple):
     cache: Path  # the teacher-forced cache, or the distilled answers' one without teacher text
     distilled: Path | None  # the distilled answers' cache beside teacher-forced text
     data: MainData | None  # what the streamed main drafters trained on
-    eagle: str | None  # the EAGLE kind among the main drafters
+    lead: str | None  # the main drafter that leads the bench (BenchDrafter.lead), if any
     results: dict[str, Any]
 
 

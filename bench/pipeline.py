@@ -51,7 +51,7 @@ from draftheads.bench.train_stages import stage_train, stage_tree
 from draftheads.bench.workload_stage import stage_workloads
 from draftheads.conf.commands.args import BenchArgs, DemoArgs
 from draftheads.conf.schema import BenchConfig
-from draftheads.conf.schema.bench_drafters import bench_drafter, eagle_drafter, row_base
+from draftheads.conf.schema.bench_drafters import bench_drafter, lead_drafter, row_base
 from draftheads.data.outdir import guard_out_dir
 
 # EAGLE-2's published tree (top-10 expansions, depth 6, 60 nodes, every one verified): the tree
@@ -108,20 +108,20 @@ def pipeline(cfg: BenchArgs | DemoArgs, b: BenchConfig, study: Rows = NO_ROWS) -
     for name in b.eval_sets:
         for drafter, rep in stage_eval(cfg, b, target, tok, trained, name).items():
             results["drafters"][drafter][name] = rep
-    eagle = eagle_drafter(list(b.drafters))
-    if b.published_tree and eagle:
-        row = results["drafters"][TREE_ROW.format(name=eagle)] = {}
+    lead = lead_drafter(list(b.drafters))
+    if b.published_tree and lead:
+        row = results["drafters"][TREE_ROW.format(name=lead)] = {}
         for name in b.eval_sets:
-            reports = stage_eval(cfg, b, target, tok, {eagle: trained[eagle]}, name, PUBLISHED_TREE)
-            if eagle in reports:  # absent when the prompt set is
-                row[name] = reports[eagle]
-    if b.workloads and eagle:
-        results["workloads"] = stage_workloads(cfg, b, target, tok, trained[eagle])
+            reports = stage_eval(cfg, b, target, tok, {lead: trained[lead]}, name, PUBLISHED_TREE)
+            if lead in reports:  # absent when the prompt set is
+                row[name] = reports[lead]
+    if b.workloads and lead:
+        results["workloads"] = stage_workloads(cfg, b, target, tok, trained[lead])
     if b.drafter_only and "heldout" in b.eval_sets:
         results["drafter_only"] = {
             name: stage_alone(cfg, b, target, tok, trained[name]) for name in b.drafters
         }
-    results.update(study.run(MainRun(cfg, b, target, tok, cache, distilled, data, eagle, results)))
+    results.update(study.run(MainRun(cfg, b, target, tok, cache, distilled, data, lead, results)))
     results["stage_minutes"] = stage_minutes(b)
     results["seconds"] = time.perf_counter() - t0
     return results
@@ -157,7 +157,7 @@ def demo(cfg: DemoArgs) -> None:
         self_prompts=0,
         teacher_tokens=0,
         distill_new_tokens=128,
-        drafters=[row_base().name],  # EAGLE-3
+        drafters=[row_base().name],
         eagle_steps=90,
         scaling_tokens=[],
         eval_sets=["heldout"],

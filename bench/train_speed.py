@@ -1,15 +1,15 @@
 """Training throughput on this machine (a benchmark, not a test)::
 
-    draftheads train-speed speed.cache=outputs/bench/teacher draft=eagle3 speed.tokens=8000 speed.steps=8
+    draftheads train-speed speed.cache=outputs/bench/teacher draft=<group> speed.tokens=8000 speed.steps=8
 
-(``speed.pack=false`` pads every micro-batch to its longest row instead of packing it;
-``draft=dflash`` reads EAGLE-3's three input layers of the same cache).
+(``speed.pack=false`` pads every micro-batch to its longest row instead of packing it; a drafter
+that reads fewer layers than the cache holds takes its own of them).
 
 Trains ``speed.steps`` steps of the ``make bench`` recipe for one drafter on the first
 ``speed.tokens`` answer tokens of an offline feature cache (as ``draftheads bench`` does), then
 prints the per-step losses and the mean training tokens/s after the first step (which pays
-one-off costs). For a drafter whose objective counts its FLOPs (DFlash) it also prints the matmul FLOPs per row token of those steps, as
-its objective counts them (``train.modules.dflash_blocks.dflash_train_flops``): they depend on the anchors
+one-off costs). For a drafter whose objective counts its FLOPs (its bench row's ``flops``) it also prints the matmul FLOPs per row
+token of those steps, as its objective counts them: they depend on the anchors
 drawn and on how the micro-batches are laid out, so they are measured, not assumed.
 """
 
@@ -25,7 +25,7 @@ from draftheads.conf.schema.bench_drafters import BENCH_DRAFTERS, bench_drafter,
 
 
 def drafter_name(args: TrainSpeedArgs) -> str:
-    """The bench drafter whose recipe trains ``args.draft`` (``medusa``, ``eagle``, ``eagle3``, ``dflash``)."""
+    """The bench drafter whose recipe trains ``args.draft`` (its kind and version)."""
     d = bench_drafter_for(args.draft)
     if d is None:
         raise UserError(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftheads.conf.commands import COMMANDS, OLD_SPELLINGS, SCHEMA_NAMES, USER_NAMES, Command
+from draftheads.conf.commands import COMMANDS, EXAMPLE_DRAFT, OLD_SPELLINGS, SCHEMA_NAMES, USER_NAMES, Command
 from draftheads.conf.commands.args import ROOT_FIELDS, from_config, own_keys
 from draftheads.conf.commands.compose import (
     GROUPS,
@@ -59,7 +59,7 @@ def usage() -> str:
         lines.append(f"  {'':<12}   e.g. {c.example}")
     lines += [
         "",
-        f"config groups: {', '.join(GROUPS)} (e.g. draft=eagle3 target=tiny-llama)",
+        f"config groups: {', '.join(GROUPS)} (e.g. {EXAMPLE_DRAFT} target=tiny-llama)",
         "`draftheads <command> --help` lists the keys that command reads;",
         "`draftheads <command> --cfg job` prints their resolved values.",
     ]
@@ -89,7 +89,7 @@ def draft_key_lines(d: Any) -> list[str]:
 
 def command_help(name: str, groups: list[str] | None = None) -> str:
     """The command's keys with their default values, group options first; ``draft.*`` lists the
-    chosen kind's keys only (``groups``: group choices typed beside ``--help``, ``draft=eagle3``)."""
+    chosen kind's keys only (``groups``: group choices typed beside ``--help``, ``draft=<group>``)."""
     c = COMMANDS[name]
     cfg = compose(list(groups or []))[0]
     args = from_config(c.args, cfg)

@@ -3,7 +3,7 @@
 A drafter is an ``nn.Module`` that reads some of the frozen target's hidden states and
 proposes future tokens. Training and decoding only rely on this small surface:
 
-* ``kind``: the kind's name (``"medusa"``, ``"eagle"``, ``"dflash"``; see
+* ``kind``: the kind's name (a record's in ``draftheads.conf.schema.kinds.BUILTIN_KINDS``; see
   :mod:`draftheads.heads.kinds`, which holds what each kind is beside its model);
 * ``feature_layers()`` / ``select_features(hidden_states)``: which entries of the target's
   ``output_hidden_states`` tuple the drafter reads (index ``i`` is the input of layer ``i``;

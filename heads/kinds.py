@@ -1,6 +1,7 @@
 """The heads facts of each drafter kind: what each kind of drafter is, beside its model, in one place.
 
-A kind (``medusa``, ``eagle``, ``dflash``) lives in its own folder, ``heads/<kind>/``:
+A kind (one record of ``draftheads.conf.schema.kinds.BUILTIN_KINDS``) lives in its own folder,
+``heads/<kind>/``:
 
 * ``model.py``: the :class:`~draftheads.heads.base.Drafter` subclass (``kind = "<kind>"``);
 * ``convert.py``: converters from the published layouts (``layout -> (kind, spec, tensors)``);
@@ -190,8 +191,8 @@ KINDS: Mapping[str, DrafterKind] = BuiltinKinds()
 
 
 def speculators_types() -> str:
-    """The speculators model types draftheads writes, as refusals name them: "it defines eagle3,
-    dflash and peagle drafters" (each kind's ``speculators_type``)."""
+    """The speculators model types draftheads writes, as refusals name them: "it defines A, B and
+    C drafters" (each kind's ``speculators_type``)."""
     types = [kind.speculators_type for kind in KINDS.values() if kind.speculators_type]
     listed = ", ".join(types[:-1]) + f" and {types[-1]}" if len(types) > 1 else "".join(types)
     return f"it defines {listed} drafters"

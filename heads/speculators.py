@@ -7,31 +7,20 @@ describing its decoder layers, and the type's fields) plus a ``speculators_confi
 ``default_proposal_method`` and the ``verifier`` (``name_or_path``, ``architectures``).
 ``vllm serve DIR`` reads the speculative settings from it, so the directory needs no flags.
 
-=========  ====================================================  ======================================
-type       fields                                                tensors (speculators' model class)
-=========  ====================================================  ======================================
-eagle3     ``draft_vocab_size``, ``target_hidden_size``,         ``fc`` [H,3H] (no bias), ``layers.0.*``
-           ``eagle_aux_hidden_state_layer_ids``,                 with ``layers.0.hidden_norm``, ``norm``,
-           ``norm_before_residual`` (and the norm flags)         ``lm_head`` [Vd,H]; ``d2t``/``t2d`` when
-                                                                 Vd < V
-dflash     ``block_size``, ``mask_token_id``,                    ``layers.{i}.*`` (q/k norms), ``fc``,
-           ``aux_hidden_state_layer_ids``, ``draft_vocab_size``  ``hidden_norm``, ``norm``; ``lm_head``,
-           ``sample_from_anchor``, ``target_hidden_size``        ``d2t``, ``t2d`` only when Vd < V
-=========  ====================================================  ======================================
-
-Layer ids in both types index the target's ``hidden_states`` (id ``i`` is the input of layer
-``i``), as draftheads' ``feature_layers`` do; z-lab's ``target_layer_ids`` are those minus one.
-The embedding (and a full-vocabulary DFlash lm_head) is the verifier's, never stored.
+Each kind that speculators defines writes and reads its type in its own folder
+(``heads/<kind>/speculators.py``: the type's fields and tensors; ``docs/hub.md`` tabulates them).
+Layer ids index the target's ``hidden_states`` (id ``i`` is the input of layer ``i``), as
+draftheads' ``feature_layers`` do. The embedding (and a full-vocabulary lm_head) is the
+verifier's, never stored.
 
 This module translates between that layout and the engine layouts the rest of
 :mod:`draftheads.heads` already writes (:mod:`~draftheads.heads.export`) and reads
 (:mod:`~draftheads.heads.convert.official`), so an import checks every tensor exactly as those paths
 do. Which types draftheads reads is the kinds' to say (``DrafterKind.speculators_type``):
 a kind whose speculators layout is an engine layout's tensors under other names says which
-(``DrafterKind.speculators_engine_layout``: EAGLE-3's and DFlash's), a kind that reads
-speculators' own layout converts it under its type (``peagle``). Types that
-draftheads cannot run (``dflash2``, ``dspark``, ``xpress``, ``mtp``) are refused naming the type
-and why.
+(``DrafterKind.speculators_engine_layout``), a kind that reads speculators' own layout converts
+it under its type. The types draftheads cannot run (:data:`UNMAPPED`) are refused naming the
+type and why.
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ def build_drafter(cfg: Config, target: nn.Module, tokenizer: PreTrainedTokenizer
 
 
 def build_objective(drafter: Drafter, target: nn.Module, d: DraftConfig, topk: int) -> Objective:
-    """The module DeepSpeed trains, as the objective of the kind's record builds it (Medusa-2,
-    ``draft.medusa.lora``, first adds LoRA adapters to the target and marks the drafter as needing them)."""
+    """The module DeepSpeed trains, as the objective of the kind's record builds it (an objective
+    that adapts the target, as LoRA does, puts its adapters on it first and marks the drafter as needing them)."""
     return objective_class(d.kind).build(drafter, target, d, topk)
 
 

@@ -14,7 +14,7 @@ Features:
     * progress bar, ``metrics.jsonl``, wandb (offline without an API key), held-out top-k
       accuracy per head/step (DFlash: per block position) and a simulated acceptance length.
 
-Run it as ``draftheads train draft=eagle3 target=tiny-llama train.max_steps=50`` (under
+Run it as ``draftheads train draft=<group> target=tiny-llama train.max_steps=50`` (under
 ``torchrun --nproc_per_node=2 --no-python draftheads train ...`` for data parallelism). From
 Python: :func:`run` (a typed :class:`Config`) or :func:`train` (with rows of your own).
 

@@ -134,18 +134,18 @@ class Study(Rows):
         return row_overrides(cached_rows(b))
 
     def run(self, main: MainRun) -> dict[str, Any]:
-        cfg, b, target, tok, cache, distilled, data, eagle, results = main
+        cfg, b, target, tok, cache, distilled, data, lead, results = main
         found: dict[str, Any] = {}
         if b.teacher_tokens:
             points = stage_scaling(cfg, b, target, tok, cache)
             # the main drafter is a point of the equal-compute curve (trained on the points' recipe,
             # the row base's) unless distilled data was added
-            main_point = eagle == row_base().name and distilled is None
-            found["scaling"] = points + (scaling.main_point(results, eagle) if main_point else [])
+            main_point = lead == row_base().name and distilled is None
+            found["scaling"] = points + (scaling.main_point(results, lead) if main_point else [])
             found["ablations"] = stage_ablations(cfg, b, target, tok, cache, distilled)
-        elif eagle and b.scaling_tokens:
-            points = scaling.stage_scaling(cfg, b, target, tok, cache, eagle)
-            found["scaling"] = points + scaling.main_point(results, eagle)
+        elif lead and b.scaling_tokens:
+            points = scaling.stage_scaling(cfg, b, target, tok, cache, lead)
+            found["scaling"] = points + scaling.main_point(results, lead)
         if data and b.variants:
             found["variants"] = variants.stage_variants(cfg, b, target, tok, data)
         return found

@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from draftheads.conf.commands import args as a
+from draftheads.conf.schema.bench_drafters import row_base
+
+# The examples train, bench and serve the bench's main drafter: its draft group and its folder.
+EXAMPLE_DRAFT = row_base().draft[0]
+EXAMPLE_FOLDER = row_base().name
 
 
 @dataclass(frozen=True)
@@ -49,13 +54,13 @@ COMMANDS: dict[str, Command] = {
         "draftheads.conf.commands.data:features",
         a.FeaturesArgs,
         "cache the target features a drafter trains on",
-        "draftheads features draft=eagle3",
+        f"draftheads features {EXAMPLE_DRAFT}",
     ),
     "train": Command(
         "draftheads.conf.commands.train:train",
         a.TrainArgs,
         "train a drafter on the frozen target",
-        "draftheads train draft=eagle train.max_steps=500",
+        f"draftheads train {EXAMPLE_DRAFT} train.max_steps=500",
     ),
     "tree": Command(
         "draftheads.conf.commands.decode:tree",
@@ -102,7 +107,7 @@ COMMANDS: dict[str, Command] = {
         a.InfoArgs,
         "print a checkpoint's kind, shapes and target fingerprint; an export, a speculators or z-lab "
         "DFlash directory is imported onto target= first",
-        "draftheads info heads=outputs/train  |  draftheads info heads=exports/dflash-vllm target=smollm2",
+        "draftheads info heads=outputs/train  |  draftheads info heads=outputs/vllm target=smollm2",
     ),
     "demo": Command(
         "draftheads.conf.commands.bench:demo",
@@ -126,13 +131,13 @@ COMMANDS: dict[str, Command] = {
         "draftheads.conf.commands.bench:speed",
         a.SpeedArgs,
         "speculative vs plain greedy tokens/s per batch size",
-        "draftheads speed heads=outputs/bench/eagle3 speed.batch_sizes=[1,4]",
+        f"draftheads speed heads=outputs/bench/{EXAMPLE_FOLDER} speed.batch_sizes=[1,4]",
     ),
     "engine": Command(
         "draftheads.conf.commands.bench:engine",
         a.EngineArgs,
         "vLLM's acceptance beside draftheads' on the same prompts and chain (make engine first)",
-        "draftheads engine heads=outputs/demo/eagle3 engine.prompts=heldout engine.max_prompts=5",
+        f"draftheads engine heads=outputs/demo/{EXAMPLE_FOLDER} engine.prompts=heldout engine.max_prompts=5",
         {
             "decode.tree": "engine runs one chain in both engines; set its length with engine.chain=K (e.g. engine.chain=3)",
             "decode.do_sample": "engine compares greedy decoding in both engines; drop decode.do_sample",
@@ -144,7 +149,7 @@ COMMANDS: dict[str, Command] = {
         "draftheads.conf.commands.bench:train_speed",
         a.TrainSpeedArgs,
         "training tokens/s of the bench recipe on a feature cache",
-        "draftheads train-speed speed.cache=outputs/bench/teacher draft=eagle3",
+        f"draftheads train-speed speed.cache=outputs/bench/teacher {EXAMPLE_DRAFT}",
     ),
     "data-speed": Command(
         "draftheads.conf.commands.bench:data_speed",

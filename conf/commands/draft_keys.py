@@ -2,7 +2,7 @@
 
 Before Hydra composes them: a section that is no kind's, or a key its kind lacks, is refused
 naming the key that kind reads. After: a section of another kind than the chosen one is refused
-whatever its value (``draft=eagle3 draft.dflash.block_size=16``), since the config cannot tell a
+whatever its value (``draft=<group> draft.<other kind>.<key>=...``), since the config cannot tell a
 section typed with its defaults from one left unset. A flat key (``draft.block_size=4``, the last
 release's spelling) is moved into the chosen kind's section with a one-line notice, or refused
 naming the key when that kind does not read it.

@@ -34,21 +34,21 @@ class BenchConfig:
 
     With ``teacher_tokens > 0`` the drafters train on teacher-forced text (``data=teacher``: the
     embedded components, GSM8K and CodeAlpaca when present), labelled by the target's
-    top-``topk`` logits; EAGLE-3 streams that cache from disk. With ``distill_prompts > 0`` as
-    well, the distilled answers get a cache of their own and the main EAGLE-3 drafter trains on
-    both, the distilled part ``distill_repeats`` times (a mixture; Medusa, the scaling points and
-    the ablations stay on the teacher-forced cache). The embedded
+    top-``topk`` logits; the streamed drafters (``BenchDrafter.streamed``) read that cache from
+    disk. With ``distill_prompts > 0`` as well, the distilled answers get a cache of their own and
+    the streamed drafters train on both, the distilled part ``distill_repeats`` times (a mixture;
+    the others, the scaling points and the ablations stay on the teacher-forced cache). The embedded
     components alone hold about 350k answer tokens; 500k needs GSM8K or CodeAlpaca in
     ``shared_data`` (1.47M with both).
 
-    The default trains DFlash (``draft=dflash``) on EAGLE-3's data and passes beside Medusa and
-    EAGLE-3, so that the drafters are reported side by side; ``'bench.drafters=[medusa,eagle3]'``
-    leaves it out where the run must fit in two hours on a slower CPU. ``drafter_only`` measures
+    ``drafters`` defaults to the bench rows their records mark ``default``, trained side by side
+    (the streamed ones on the same data and passes), so that they are reported together; list
+    fewer where the run must fit in two hours on a slower CPU. ``drafter_only`` measures
     each drafter's held-out τ once more with its own tree alone: what the drafter learnt, apart
     from the lookup branch and the planner.
 
-    ``published_tree=true`` adds a row per prompt set: the EAGLE drafter verified with EAGLE-2's
-    published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
+    ``published_tree=true`` adds a row per prompt set: the lead drafter (``BenchDrafter.lead``)
+    verified with EAGLE-2's published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
     lookup branch as configured), the tree EAGLE's τ figures are measured with. On a CPU such a
     step costs several greedy steps, so it measures τ, not a faster setting.
 
@@ -88,7 +88,7 @@ class BenchConfig:
     ablation_tokens: int = 68_000
     ablation_epochs: float = 1.0
     # rows of the same table trained on the main drafters' own data and passes, each measured
-    # drafter only (bench/lab/variants.py): levers at full data, e.g. [dflash 2 layers]
+    # drafter only (bench/lab/variants.py): levers at full data (names of ABLATIONS rows)
     variants: list[str] = field(default_factory=list)
     eval_sets: list[str] = field(default_factory=lambda: ["heldout", "spec_bench", "gsm8k_test"])
     eval_prompts: int = 20
@@ -96,12 +96,12 @@ class BenchConfig:
     eval_new_tokens: int = 128
     # run once, with the first drafter (they do not depend on the drafter)
     baselines: list[str] = field(default_factory=lambda: ["pld"])
-    # also evaluate the EAGLE drafter with EAGLE-2's published tree (60 nodes, no cost-aware pruning)
+    # also evaluate the lead drafter with EAGLE-2's published tree (60 nodes, no cost-aware pruning)
     published_tree: bool = False
     # with heldout in eval_sets: every drafter's held-out τ once more with its own tree alone (no
     # lookup branch, no cost-aware planning), as the ablation rows' "drafter only": what it learnt
     drafter_only: bool = True
-    # the EAGLE drafter beyond batch 1 (batches 1/4/8, the long and copy sets with prompt lookup
+    # the lead drafter beyond batch 1 (batches 1/4/8, the long and copy sets with prompt lookup
     # beside them) and on its first call, as ``draftheads speed speed.workloads=true`` measures
     workloads: bool = True
     docs: str = "docs/benchmarks.md"
@@ -161,7 +161,7 @@ class BenchConfig:
             why = "trains nothing" if not drafters else f"names unknown {bad}" if bad else "names one twice"
             raise UserError(
                 f"bench.drafters={drafters} {why}; list some of {', '.join(BENCH_DRAFTERS)} once each "
-                "(e.g. bench.drafters=[medusa,eagle3])"
+                f"(e.g. bench.drafters=[{','.join(default_drafters()[:2])}])"
             )
         for name in self.eval_sets:
             try:

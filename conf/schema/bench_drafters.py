@@ -1,7 +1,6 @@
 """The drafters ``draftheads bench`` trains, by bench name: the bench rows of the kinds' records.
 
-``bench.drafters`` lists bench names (``medusa``, ``eagle``, ``eagle3``, ``dflash``, ``peagle``),
-each a :class:`BenchDrafter` declared in its kind's record (``conf/schema/kinds/<kind>.py``): the
+``bench.drafters`` lists bench names (``BenchDrafter.name``, the folders and result keys), each a :class:`BenchDrafter` declared in its kind's record (``conf/schema/kinds/<kind>.py``): the
 draft overrides that select it and its recipe, what its training reads from a feature cache, and
 which of the bench's extra stages it gets. The bench's stages ask these facts instead of testing
 names, so a kind gets bench rows by declaring them in its record.
@@ -71,9 +70,9 @@ def row_base() -> BenchDrafter:
     return next(b for b in BENCH_DRAFTERS.values() if b.row_base)
 
 
-def eagle_drafter(names: list[str]) -> str | None:
-    """The first of the bench names ``names`` that can be the EAGLE drafter, or None."""
-    return next((n for n in names if bench_drafter(n).eagle), None)
+def lead_drafter(names: list[str]) -> str | None:
+    """The first of the bench names ``names`` that can lead the bench (``BenchDrafter.lead``), or None."""
+    return next((n for n in names if bench_drafter(n).lead), None)
 
 
 __all__ = [
@@ -81,6 +80,6 @@ __all__ = [
     "BenchDrafter",
     "bench_drafter",
     "bench_drafter_for",
-    "eagle_drafter",
+    "lead_drafter",
     "row_base",
 ]

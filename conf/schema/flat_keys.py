@@ -1,7 +1,7 @@
 """The flat ``draft.*`` spelling, before each kind had a section of its own, read for one more release.
 
-A drafter's keys live in its kind's section: ``draft.dflash.block_size``, ``draft.eagle.ttt_steps``.
-The flat spelling (``draft.block_size=4``) still works on the command line: the override is
+A drafter's keys live in its kind's section: ``draft.<kind>.<key>``.
+The flat spelling (``draft.<key>=value``) still works on the command line: the override is
 moved into the chosen kind's section, and one notice per key names the new spelling. A run
 config saved by the last release (a checkpoint's provenance, ``resolved_config.yaml``) holds the
 flat draft keys too; :func:`nested_draft` reads it in the new shape, so that a resume compares
@@ -16,8 +16,8 @@ from draftheads.conf.schema.kinds import DRAFT_KINDS, draft_kind
 
 
 def flat_draft_key(override: str) -> str | None:
-    """The key of a flat draft override (``draft.block_size=4`` -> ``block_size``), else None:
-    ``draft.kind``, a section's key (``draft.dflash.block_size``) and other groups are not flat."""
+    """The key of a flat draft override (``draft.<key>=value`` -> ``<key>``), else None:
+    ``draft.kind``, a section's key (``draft.<kind>.<key>``) and other groups are not flat."""
     key = override.lstrip("+~").partition("=")[0]
     group, dot, leaf = key.partition(".")
     if group != "draft" or not dot or "." in leaf or leaf == "kind" or leaf in DRAFT_KINDS:
@@ -26,8 +26,8 @@ def flat_draft_key(override: str) -> str | None:
 
 
 def nested_override(override: str, kind: str) -> str:
-    """``override`` with a flat draft key moved into ``kind``'s section (``draft.block_size=4`` ->
-    ``draft.dflash.block_size=4``); any other override as it is."""
+    """``override`` with a flat draft key moved into ``kind``'s section (``draft.<key>=value`` ->
+    ``draft.<kind>.<key>=value``); any other override as it is."""
     leaf = flat_draft_key(override)
     if leaf is None:
         return override

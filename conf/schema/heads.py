@@ -169,9 +169,9 @@ class DraftMethods:
     """What a :data:`DraftConfig` does beside holding its sections: its check when it is read, its
     kind's section, and the facts its kind answers for it.
 
-    A config holds one section, the chosen kind's (``draft.eagle.*`` under ``draft.kind=eagle``);
+    A config holds one section, the chosen kind's (``draft.<kind>.*`` under ``draft.kind=<kind>``);
     the others are None. Code reads the chosen section's keys as the config's own attributes
-    (``d.ttt_steps`` is ``d.eagle.ttt_steps``), so a key of another kind is an AttributeError there
+    (``d.<key>`` is ``d.<kind>.<key>``), so a key of another kind is an AttributeError there
     as it is a refusal on the command line.
     """
 
@@ -198,8 +198,8 @@ class DraftMethods:
 
     @classmethod
     def of(cls, kind: str = BUILTIN_KINDS[0].name, **keys: Any) -> DraftConfig:
-        """The config of ``kind`` with ``keys`` in its section (``DraftConfig.of("eagle",
-        version=3)``); a key the kind does not read is refused in one line, naming the key it reads."""
+        """The config of ``kind`` with ``keys`` in its section (``DraftConfig.of(kind,
+        key=value)``); a key the kind does not read is refused in one line, naming the key it reads."""
         problem = unknown_kind_problem(kind)
         if problem:
             raise UserError(problem)
@@ -279,8 +279,8 @@ def foreign_key_line(kind: str, section: str, key: str, value: Any, typed: str =
 
 
 def foreign_section_problem(d: DraftConfig) -> str | None:
-    """A key of another kind's section set away from its default (a recipe's ``draft.medusa.
-    num_layers: 3`` under ``draft=dflash``): this kind would ignore it, so it is refused naming
+    """A key of another kind's section set away from its default (a recipe's ``draft.<other kind>.<key>`` under
+    ``draft=<group>``): this kind would ignore it, so it is refused naming
     the key this kind reads, if one means the same. Keys typed on the command line are refused
     whatever their value (``draftheads.conf.commands.draft_keys``)."""
     for record in BUILTIN_KINDS:

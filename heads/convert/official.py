@@ -3,31 +3,13 @@
 ``Drafter.from_pretrained(dir_or_hub_id, target=model)`` calls :func:`detect_layout` and, when
 the directory is not a draftheads checkpoint, :func:`convert_official`, which returns the
 drafter's kind, its constructor arguments and its tensors under our names; the drafter
-classes are built by the caller, so this module never imports them. Layouts:
+classes are built by the caller, so this module never imports them.
 
-==============  ===============================================  =====================================
-layout          files                                            keys
-==============  ===============================================  =====================================
-``medusa-v1``   ``medusa_lm_head.safetensors`` or ``.pt``        ``{h}.{l}.linear.{weight,bias}``,
-                                                                 ``{h}.{L}.weight`` (per-head lm_head)
-``medusa-v2``   same                                             ``{h}.{l}.linear.*`` only
-``medusa-2``    full HF checkpoint (``model*.safetensors`` /     ``medusa_head.{h}.…`` beside
-                ``pytorch_model*.bin``)                          ``model.*`` and ``lm_head.weight``
-``eagle-1``     ``pytorch_model.bin`` / ``model.safetensors``    ``fc.*``, ``layers.{i}.*``,
-                                                                 optional ``embed_tokens.weight``
-``eagle-3``     same                                             ``midlayer.*`` (or ``layers.0.*``
-                                                                 with ``hidden_norm``), ``fc`` over
-                                                                 3H, ``norm``, ``lm_head``, ``d2t``
-``dflash``      ``config.json`` naming ``DFlashDraftModel`` (or  ``layers.{i}.*`` (q/k norms), ``fc``
-                with ``dflash_config``) + ``model.safetensors``  over K·H, ``hidden_norm``, ``norm``;
-                                                                 optional ``model.`` prefix, and
-                                                                 ``lm_head`` [Vd,H] + ``d2t`` (vLLM)
-==============  ===============================================  =====================================
-
-Each kind converts in its own folder (:mod:`~draftheads.heads.medusa.convert`,
-:mod:`~draftheads.heads.eagle.convert`, :mod:`~draftheads.heads.dflash.convert`) and lists its
-layouts (``DrafterKind.layouts``); this one picks the converter for the layout, checks the
-tensors against the built drafter, and records where an import came from.
+Each kind lists its published layouts (``DrafterKind.layouts``: a name, how a directory of it is
+recognised) and converts them in its own folder (``heads/<kind>/convert.py``, whose docstring
+gives the files and keys; ``docs/hub.md`` tabulates them all). This module picks the converter
+for the layout, checks the tensors against the built drafter, and records where an import came
+from.
 
 Why the target is required: official files carry no usable fingerprint (Medusa's config even
 gets the head count wrong), so the drafter is built for the target the user loads it with,

@@ -1,31 +1,14 @@
 """What vLLM's and SGLang's drafter loaders read, written out once, and a checker for it.
 
-================  ==================  ==================================  =======================================
-drafter           engine              config                              tensors
-================  ==================  ==================================  =======================================
-EAGLE-1           vLLM ``eagle``      Llama config, ``LlamaForCausalLM``  ``fc.weight`` [H,2H] (no bias),
-                                      (vLLM renames it Eagle…)            ``layers.{i}.*`` (layer 0: no input norm)
-EAGLE-1           SGLang ``EAGLE``    ``LlamaForCausalLMEagle``           ``fc.weight``, ``fc.bias``, ``layers.{i}.*``
-EAGLE-3           both ``eagle3``     ``LlamaForCausalLMEagle3``,         ``fc.weight`` [H,3H], ``midlayer.*`` (q/k/v
-                                      ``draft_vocab_size``, aux layers    over 2H, ``hidden_norm``), ``norm``,
-                                                                          ``lm_head`` [Vd,H], ``d2t``, ``t2d``
-Medusa            vLLM ``medusa``     ``model_type: medusa``,             ``blocks.{i}.layers.{j}.{weight,bias}``,
-                                      ``MedusaModel``                     ``lm_heads.{i}.weight`` [V,H], or one
-                                                                          ``lm_heads.0.weight`` with
-                                                                          ``original_lm_head: true``
-DFlash            vLLM ``dflash``,    Qwen3 config, ``DFlashDraftModel``, ``layers.{i}.*`` (q/k norms), ``fc``
-                  SGLang ``DFLASH``   ``dflash_config.{mask_token_id,     [H,K*H], ``hidden_norm``, ``norm``; no
-                                      target_layer_ids}``, ``block_size``  embedding or lm_head (vLLM, reduced
-                                      ``num_target_layers``               vocabulary: ``lm_head`` [Vd,H], ``d2t``)
-================  ==================  ==================================  =======================================
+Each kind's folder says, in its ``engine.py``, what the engines' loaders of its layouts read: the
+config class and fields, the tensor names and shapes (``docs/hub.md`` tabulates them all).
 
 :data:`FORMATS` holds each loader's config fields, tensor names, shapes and dtypes;
 :data:`RULES` holds the loaders' further rules, each with the engine source file it comes from.
 Both are gathered here from each kind's ``formats`` and ``rules``
 (:mod:`draftheads.heads.kinds`), written in its folder's ``engine.py`` in the terms of
-:mod:`~draftheads.heads.engine.spec`: :mod:`~draftheads.heads.eagle.engine`,
-:mod:`~draftheads.heads.medusa.engine` and :mod:`~draftheads.heads.dflash.engine` (which also
-names the engine commits its rules were read from).
+:mod:`~draftheads.heads.engine.spec`, with the engine source files and commits its rules were
+read from.
 :func:`validate_export` checks a directory against both, strictly: the engines skip unknown keys
 silently (vLLM drops ``fc.bias``), so an extra key is an error here. This is a check of names,
 shapes, dtypes and these rules, not an engine load.

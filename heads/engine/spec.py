@@ -1,7 +1,6 @@
 """The vocabulary of the engine loader specs: tensor and config expectations, loader rules, Llama layers.
 
-The per-drafter modules (:mod:`~draftheads.heads.eagle.engine`, :mod:`~draftheads.heads.medusa.engine`,
-:mod:`~draftheads.heads.dflash.engine`) write what vLLM's and SGLang's loaders read in these
+Each kind's ``heads/<kind>/engine.py`` writes what vLLM's and SGLang's loaders read in these
 terms, and :mod:`draftheads.heads.engine.loaders` checks an export against them. The Llama decoder
 layer's tensors live here because the EAGLE and DFlash drafters both build on it.
 """

@@ -95,7 +95,7 @@ def run(cfg: Config, train: Callable[[Config], Any]) -> None:
     if not cfg.recipe.shape.given:
         raise UserError(
             "train.dry_run=true sizes a real run from recipe.shape, and none is set; pick a recipe "
-            "(recipe=llama3.1-8b-eagle3, see conf/recipe/) or give recipe.shape.* from the target's config.json"
+            "(recipe=NAME, one of conf/recipe/) or give recipe.shape.* from the target's config.json"
         )
     sized = sized_kinds()  # the kinds whose record names a training cost
     if cfg.draft.kind not in sized:

@@ -158,7 +158,7 @@ KIND = KindRecord(
     small={"eagle3": ("draft.eagle.draft_vocab_size=512",)},
     proposer="draftheads.decode.proposers.eagle:EagleProposer",
     bench=(
-        BenchDrafter("eagle", "eagle", ("draft=eagle",), "5e-4", version=1, eagle=True),
+        BenchDrafter("eagle", "eagle", ("draft=eagle",), "5e-4", version=1, lead=True),
         BenchDrafter(
             "eagle3",
             "eagle",
@@ -166,7 +166,7 @@ KIND = KindRecord(
             "1e-3",
             version=3,
             streamed=True,
-            eagle=True,
+            lead=True,
             row_base=True,
             default=True,
         ),

@@ -45,9 +45,9 @@ class BenchDrafter:
 
     name: str  # the bench.drafters entry: its folder under bench.out_dir and its results key
     kind: str  # the draft.kind it trains
-    draft: tuple[str, ...]  # the overrides that select it ("draft=medusa")
+    draft: tuple[str, ...]  # the overrides that select it ("draft=<group>")
     lr: str  # its learning rate on the bench's recipe
-    version: int | None = None  # the draft.eagle.version it trains (None: any)
+    version: int | None = None  # the draft.<kind>.version it trains (None: any)
     recipe: tuple[str, ...] = ()  # the rest of its bench recipe, after the learning rate
     # what in-memory training keeps of a cached row: the final state ("last"), every cached
     # layer ("all"), or its config's training layers, a subset of the cache's ("own")
@@ -57,7 +57,9 @@ class BenchDrafter:
     steps: str = "eagle_steps"  # the BenchConfig field with its training steps in memory
     tokens: str | None = None  # the BenchConfig field capping its answer tokens of teacher-forced data
     tree: bool = False  # a tree stage chooses its static tree from measured head accuracies
-    eagle: bool = False  # it can be the EAGLE drafter: scaling points, workloads, the published tree
+    # it can lead the bench: the first such main drafter gets the scaling points, the workloads
+    # and the published dynamic tree's row
+    lead: bool = False
     row_base: bool = False  # the recipe a study row naming no draft group trains on (one drafter)
     flops: str = ""  # what the FLOPs its objective logs count, said by train-speed ("": none logged)
     default: bool = False  # it is in the bench's default bench.drafters
@@ -79,7 +81,7 @@ class KindRecord:
 
     name: str  # the draft.kind value and the kind a drafter's config.json names
     section: DraftKind  # its config facts: the draft.* keys it reads, their checks
-    groups: tuple[str, ...]  # its YAML groups, conf/draft/<group>.yaml ("draft=eagle3")
+    groups: tuple[str, ...]  # its YAML groups, conf/draft/<group>.yaml (selected as "draft=<group>")
     drafter: str  # dotted path of its heads facts, a DrafterKind subclass (drafter class, layouts, export)
     objective: str  # dotted path of its training objective, an Objective subclass
     proposer: str  # dotted path of its decoding proposer (built with ``for_drafter``)

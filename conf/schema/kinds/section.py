@@ -39,8 +39,8 @@ class DraftKind:
     name: ClassVar[str] = ""
     schema: ClassVar[type]  # its section: a dataclass of the draft.* keys it reads, their defaults
     keys: ClassVar[tuple[str, ...]] = ()  # its section's keys (section_keys(schema)); the others it ignores
-    options: ClassVar[str] = ""  # the options that select it: "draft=eagle or draft=eagle3"
-    decoder_layers: ClassVar[bool] = True  # it has decoder layers (draft.eagle.num_decoder_layers)
+    options: ClassVar[str] = ""  # the options that select it: "draft=<group> or draft=<group>"
+    decoder_layers: ClassVar[bool] = True  # it has decoder layers (draft.<kind>.num_decoder_layers)
     # another kind's key -> this kind's key of the same meaning
     same_meaning: ClassVar[dict[str, str]] = {}
     # its integer keys' least values, and its keys that must not be negative (checked before :meth:`problem`)
