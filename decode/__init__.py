@@ -1,5 +1,5 @@
-"""draftheads.decode: the tree-attention speculative decoder (Medusa, EAGLE and DFlash drafters;
-one proposer per kind, named by its record, see :mod:`draftheads.decode.proposers`)."""
+"""draftheads.decode: the tree-attention speculative decoder (a drafter of any kind, through the
+one proposer its kind's record names, see :mod:`draftheads.decode.proposers`)."""
 
 from draftheads.decode.generator import DecodeStats, SpeculativeGenerator
 

@@ -1,11 +1,11 @@
 """Token trees from one block draft: per-position candidates -> a chain, a static tree or DDTree.
 
-A block drafter (DFlash) gives, in one pass, a draft distribution q_d for each position d = 1..D
+A block drafter gives, in one pass, a draft distribution q_d for each position d = 1..D
 after the root. q_d does not depend on which tokens fill positions 1..d-1 (the block is drafted
 in parallel), so a path x_1..x_d has the score ``Σ_j log q_j(x_j)``: a product of marginals.
 
-* :func:`static_tree`: a choices tree (a chain is one) filled as Medusa's: the node at depth d
-  with rank r takes position d's r-th likeliest token;
+* :func:`static_tree`: a choices tree (a chain is one) filled as heads that index a static tree
+  by depth fill it: the node at depth d with rank r takes position d's r-th likeliest token;
 * :func:`best_first`: DDTree, the ``n`` best-scoring paths over the lattice of each position's
   top-k candidates. The best n nodes of depth d are children of the best n of depth d-1 (a node
   whose parent is beaten n times is beaten n times too: the same token under each better
@@ -24,7 +24,7 @@ from draftheads.decode.tree import StaticTree, ancestor_mask
 
 
 def tree_setup(static: StaticTree | None, cfg, vocab: int) -> tuple[int, int, tuple | None]:
-    """What a one-pass proposer (DFlash, P-EAGLE) builds its trees from: candidates per
+    """What a one-pass proposer (every position drafted in parallel) builds its trees from: candidates per
     position (the static tree's widest level, else ``decode.top_k_draft``, at most the draft
     vocabulary), DDTree's nodes after the root, and the static tree as tensors (parents, depths,
     ranks, ancestors; None without one), so that filling it reads nothing on the host."""

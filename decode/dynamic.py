@@ -1,4 +1,4 @@
-"""EAGLE-2 dynamic trees as pure tensor steps: expand by cumulative log-confidence, then rerank.
+"""Dynamic trees (Li et al., 2024) as pure tensor steps: expand by cumulative log-confidence, then rerank.
 
 Candidates are kept in one flat list per row, level by level, so a parent always has a smaller
 index than its children. Each candidate has a score = Σ log q over its path (the draft's
@@ -77,7 +77,7 @@ def _no_nan(scores: torch.Tensor) -> torch.Tensor:
 
 
 class Expansion:
-    """EAGLE-2's level-by-level state: every candidate so far and the frontier to expand next.
+    """A dynamic tree's level-by-level state: every candidate so far and the frontier to expand next.
 
     Made from the root's draft log-probs ``[B, V]`` and output state ``[B, H]``; each
     :meth:`grow` adds the top-k children of the k frontier nodes from their drafted log-probs and

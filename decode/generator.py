@@ -52,14 +52,15 @@ class SpeculativeGenerator(Streaming, Capturing, Prefilling, Stepping):
     ``generate`` returns what ``target.generate`` returns (prompt + new tokens, right-padded with
     the pad id per row); greedy output is the target's own greedy output, sampling follows the
     target's (temperature, top-k, top-p warped) distribution exactly, except with
-    ``config.typical=True`` (Medusa's typical acceptance, faster, not lossless).
+    ``config.typical=True`` (the typical acceptance of Cai et al., 2024: faster, not lossless).
 
     ``drafter`` is a drafter of any kind (MedusaHeads, EagleDrafter, DFlashDrafter), or None
     for lookup decoding alone (prompt lookup branches, no model). The drafter is moved to the device and dtype of the target's
     lm_head (a sharded target's last device; oneDNN packs none of the layers it offloads). Its
     tree is ``config.tree``: ``auto`` (``tree.json`` beside the heads when the drafter was
-    loaded from a directory that has one, else a default; EAGLE with ``config.dynamic`` builds
-    EAGLE-2 dynamic trees), ``chain``/``chainN``, a JSON choices list, or a tree.json path.
+    loaded from a directory that has one, else a default; with ``config.dynamic``, a drafter that
+    drafts trees as it goes builds its own: dynamic trees (Li et al., 2024) or DDTree),
+    ``chain``/``chainN``, a JSON choices list, or a tree.json path.
     """
 
     def __init__(

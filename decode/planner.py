@@ -10,7 +10,7 @@ keeps, per step, the number of nodes n that maximises expected tokens per second
 (p_b,(i): row b's i-th best node score; a NaN score counts as 0). n = 0 verifies the root
 alone: a plain decoding step.
 
-How deep an EAGLE-2 tree is drafted is decided one step late, so that drafting never waits on a
+How deep a level-by-level tree is drafted is decided one step late, so that drafting never waits on a
 host read: a further draft pass pays for itself when, even if every frontier node's children
 were accepted (their total probability is at most the frontier's), the step's rate would beat
 the best rate available without it. Once a step has read its tree's scores (with every
@@ -87,15 +87,15 @@ class Planner:
         self.drafted = True  # whether this step runs the drafter
         self.probe = False  # this step probes the side that trails at its level
         self.chosen: int | None = None  # nodes chosen for this step's tree, when it was drafted
-        self.depth: int | None = None  # levels an EAGLE-2 tree drafts next (None: its cap)
+        self.depth: int | None = None  # levels a level-by-level tree drafts next (None: its cap)
         self.step_s = 0.0  # this step's drafting and verify forward, measured
 
     def carry(self, last: Planner) -> None:
         """Start from what the same decoder's last call at this call's acceptance setting learned
         (the decoder keeps one per setting: greedy, or sampling at its temperature and warpers), as
         priors that this call's steps soon outweigh: the curve's scale, a draft pass's cost,
-        ``trust`` (kept as about four steps' evidence), every lookup level's duel and the EAGLE-2
-        depth. The probes' waits start over."""
+        ``trust`` (kept as about four steps' evidence), every lookup level's duel and the
+        level-by-level depth. The probes' waits start over."""
         self.scale, self.pass_s, self.depth = last.scale, last.pass_s, last.depth
         weight = min(1.0, 4.0 / max(last.predicted, 1e-6))
         self.predicted, self.accepted, self.trust = (

@@ -2,7 +2,7 @@
 
 One step::
 
-    tree  = proposer.propose(root, pos, plan)           # Medusa, EAGLE, DFlash, lookup, or a mix
+    tree  = proposer.propose(root, pos, plan)           # any drafter kind, lookup, or a mix
     tree  = prune(tree, n*)                             # only the nodes that pay (cost.py);
                                                         # not cost-aware: drop_padding(tree)
     out   = target(tree.tokens, 4-D tree mask, position_ids = pos + depth, cache)
@@ -209,7 +209,7 @@ class Stepping:
 
 def read_scores(tree: Tree, expanded: Expanded | None, planner: Planner) -> tuple[torch.Tensor, torch.Tensor]:
     """The tree's scores (a NaN as 0, as prune ranks it lowest) and valid flags on the host, in one
-    transfer with what an EAGLE-2 expansion drafted, from which the planner sets the next depth."""
+    transfer with what a level-by-level expansion drafted, from which the planner sets the next depth."""
     T = tree.size
     fields = [tree.scores.float(), tree.valid.float()]
     if expanded is not None:

@@ -1,4 +1,4 @@
-"""Token trees as tensors: Medusa choices -> buffers, ancestor masks, accepted paths, tree search.
+"""Token trees as tensors: choices -> buffers, ancestor masks, accepted paths, tree search.
 
 A tree of ``T`` nodes is three integer tensors, node 0 being the root (the last emitted token,
 not yet in the target's KV cache) and every parent listed before its children:
@@ -7,7 +7,7 @@ not yet in the target's KV cache) and every parent listed before its children:
 * ``depths  [.., T]``: 0 for the root; a node at depth d sits at position ``pos(root) + d``;
 * ``ranks   [.., T]``: which top-k candidate of its parent's draft distribution the node takes.
 
-A static tree is given in the Medusa *choices* format: a list of paths of per-depth top-k ranks,
+A static tree is given in the *choices* format of Cai et al., 2024: a list of paths of per-depth top-k ranks,
 ``[[0], [1], [0, 0]]`` = {head0 top-1, head0 top-2, head0 top-1 -> head1 top-1}.
 """
 
@@ -26,7 +26,7 @@ TREE_FILE = "tree.json"
 
 # Per-head per-rank accuracies measured on SmolLM2 (docs: smollm2-measurements, in domain);
 # used to shape a tree when no measured tree.json exists. Rank r of head k is assumed to be
-# right with probability top1[k] * 0.45**r (a rough fit of Medusa's published curves).
+# right with probability top1[k] * 0.45**r (a rough fit of the curves Cai et al., 2024 published).
 PRIOR_TOP1 = [0.41, 0.23, 0.16, 0.12, 0.09, 0.07, 0.05, 0.04]
 
 
@@ -173,7 +173,7 @@ def path_nodes(anc: torch.Tensor, best: torch.Tensor, length: int) -> torch.Tens
     return torch.where(order < T, order, best[:, None])
 
 
-# ---- tree search (Medusa, Appendix C) ---------------------------------------------------------
+# ---- tree search (Cai et al., 2024, Appendix C) ------------------------------------------------
 def prior_accuracies(num_heads: int, topk: int = 10) -> list[list[float]]:
     """Assumed accuracy of rank r of head k when nothing was measured (see PRIOR_TOP1)."""
     top1 = [PRIOR_TOP1[min(k, len(PRIOR_TOP1) - 1)] for k in range(num_heads)]
@@ -198,7 +198,7 @@ def best_tree(acc: list[list[float]], num_nodes: int) -> list[list[int]]:
     """The ``num_nodes``-node tree (root excluded) with the largest expected accepted length.
 
     Expected tokens per step = 1 + Σ_nodes Π acc (a node is on the accepted path with that
-    probability), so the best tree holds the best-scoring paths. Greedy expansion as in Medusa:
+    probability), so the best tree holds the best-scoring paths. Greedy expansion as in Cai et al., 2024:
     add the best path whose parent is already in the tree.
     """
     chosen: list[tuple[int, ...]] = []
@@ -259,16 +259,17 @@ def load_tree_file(path: Path) -> list[list[int]]:
 
 
 def drafter_tree(drafter, cfg, tree_dir: str | None, device: torch.device) -> StaticTree | None:
-    """The static tree a drafter decodes with (None: EAGLE-2 dynamic trees, or DDTree for a
-    DFlash block), from ``decode.tree``: a spec, else a tree.json beside the heads, else a
-    default (Medusa: the best tree of ``total_tokens`` for prior accuracies; EAGLE with
-    ``dynamic`` off: a chain of ``depth``; DFlash with ``dynamic`` off: the block's chain).
+    """The static tree a drafter decodes with (None: a drafter that drafts trees as it goes, with
+    ``dynamic`` on, builds its own: dynamic trees (Li et al., 2024) or DDTree), from
+    ``decode.tree``: a spec, else a tree.json beside the heads, else a default (heads that index
+    a static tree by depth: the best tree of ``total_tokens`` for prior accuracies; any other
+    drafter: a chain of its ``draft_depth``, else of ``decode.depth``).
 
     The drafter says what shapes its trees (``Drafter.tree_width``, ``draft_depth``,
     ``dynamic_trees``); its kind is never tested by name here."""
     drafter_kind(getattr(drafter, "kind", ""))  # a known kind, or one clear error
-    num_heads = drafter.tree_width()  # Medusa: the tree's nodes index its heads
-    block = drafter.draft_depth()  # the most tokens one draft reaches (DFlash: a block's)
+    num_heads = drafter.tree_width()  # heads a static tree's depths index (None: any depth)
+    block = drafter.draft_depth()  # the most tokens one draft reaches (None: no limit)
     choices = parse_tree(cfg.tree, num_heads or block)
     directory = tree_dir or getattr(drafter, "source_dir", None)
     if choices is None and directory is not None:

@@ -9,7 +9,7 @@ deepest accepted node (0 = only the root) and the next token.
 * :func:`greedy_accept`: lossless for greedy decoding.
 * :func:`sample_accept`: lossless for sampling, drawing with one uniform per output position
   (see its proof), so a seed fixes the text whatever the tree.
-* :func:`typical_accept`: Medusa's typical acceptance. NOT lossless: an explicit opt-in.
+* :func:`typical_accept`: typical acceptance (Cai et al., 2024). NOT lossless: an explicit opt-in.
 
 ``valid [B, T]`` (optional) marks padding nodes False: they are never accepted. :func:`warp` is
 the plain batched loop's sampling distribution (temperature, top-k, top-p).
@@ -98,7 +98,7 @@ def typical_accept(
     delta: float = 0.3,
     valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Medusa's typical acceptance (NOT lossless): accept x after parent distribution p when
+    """Typical acceptance (Cai et al., 2024; NOT lossless): accept x after parent distribution p when
     p(x) > min(epsilon, delta * exp(-H(p))); keep the longest such path; sample the bonus with
     the uniform of its depth (``uniforms [B, D + 1]``, as :func:`sample_accept`)."""
     entropy = -(probs * probs.clamp_min(1e-20).log()).sum(-1)  # [B, T]

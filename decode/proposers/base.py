@@ -66,7 +66,7 @@ class Accepted:
 
 @dataclass
 class Expanded:
-    """What a level-by-level (EAGLE-2) expansion drafted, for the planner to judge after the step.
+    """What a level-by-level (dynamic tree) expansion drafted, for the planner to judge after the step.
 
     ``scores [B, C]``: every candidate's path probability, level by level; ``counts[d - 1]``:
     how many of them levels 1..d hold; ``frontiers [B, D, k]``: after each of the ``D`` levels

@@ -3,8 +3,8 @@ plugs into.
 
 A graph is captured after ``WARMUP`` runs on a side stream (so lazy initialisation and the
 allocator's first requests happen outside it), into a memory pool its owner shares among all
-its graphs. :class:`Graphs` replays one graph per shape key for a drafter: the EAGLE tree
-expansion, a block drafter's single pass. Off CUDA (``capture=False``) the same callables run
+its graphs. :class:`Graphs` replays one graph per shape key for a drafter: a level-by-level
+tree expansion, a block drafter's single pass. Off CUDA (``capture=False``) the same callables run
 eagerly, which is how the tests check them on CPU.
 """
 
@@ -40,7 +40,7 @@ def record(device: torch.device, mempool: object, fn: Callable, *args) -> tuple[
 
 class Graphs:
     """Fixed-shape callables replayed as CUDA graphs, one per shape key: the hook a drafter's
-    fixed-shape pass plugs into (the EAGLE tree expansion, a block drafter's single pass).
+    fixed-shape pass plugs into (a level-by-level tree expansion, a block drafter's single pass).
 
     ``run(key, fn, *inputs)`` calls ``fn(*inputs)``. With ``capture``, the first call for a key
     copies the tensor ``inputs`` into static buffers, warms ``fn`` up on a side stream and
