@@ -1,4 +1,4 @@
-"""Choosing a Medusa tree: measured head accuracies, the device's step costs, the best size.
+"""Choosing a static tree for heads: measured head accuracies, the device's step costs, the best size.
 
 ``draftheads tree`` reads this: :func:`select_tree` measures how often each head's rank-r
 token is right on the target's own greedy text, and picks the tree that maximises expected
@@ -20,6 +20,7 @@ from draftheads.decode import backend as backends
 from draftheads.decode.kv import new_cache
 from draftheads.decode.prompting import encode_prompt
 from draftheads.decode.tree import best_tree, expected_tokens
+from draftheads.heads.kinds import drafter_kind
 from draftheads.heads.masks import additive_mask, causal
 
 COST_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -64,8 +65,8 @@ def profile_tree_costs(
     """Measured step costs on this device (median seconds), for choosing a tree size.
 
     Returns ``(verify, draft)``: ``verify[T]`` is one target forward over ``T`` new tokens with
-    ``prefix`` tokens cached; ``draft`` is drafting one Medusa tree (ResBlocks at one position,
-    then every head's logits and top-``topk``).
+    ``prefix`` tokens cached; ``draft`` is drafting one static tree (the heads' hidden states at one
+    position, then every head's logits and top-``topk``).
     """
     p = next(target.parameters())
     dev, dtype = p.device, p.dtype
@@ -144,9 +145,10 @@ def select_tree(
     verification cost curve and picks the size maximising tokens/s.
     """
     if drafter.tree_width() is None:  # only heads that index a static tree have accuracies to measure
+        drafter_is = drafter_kind(drafter.kind).describe_short(drafter.config_dict())
         raise UserError(
-            "draftheads tree builds trees for Medusa heads; EAGLE drafters use EAGLE-2 dynamic trees "
-            "(decode.dynamic=true) or a tree given with decode.tree=[[0],[0,0],...]"
+            f"draftheads tree builds trees for heads that index a static tree by depth, not {drafter_is}; "
+            "decode it with dynamic trees (decode.dynamic=true) or a tree in decode.tree=[[0],[0,0],...]"
         )
     log(f"measuring head accuracies on {len(prompts)} prompts, {dc.tree_new_tokens} greedy tokens each")
     acc = head_accuracies(target, drafter, tok, prompts, dc.tree_new_tokens, dc.tree_topk)

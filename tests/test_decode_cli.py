@@ -101,7 +101,7 @@ def test_command_user_errors(medusa_dir, tmp_path, capsys):
     assert "drafter has 3 heads" in capsys.readouterr().err
     model, tok = get_target("llama")
     EagleDrafter(fingerprint(model, tok), target_config=model.config.to_dict()).save_pretrained(tmp_path)
-    with pytest.raises(UserError, match="Medusa heads"):
+    with pytest.raises(UserError, match="heads that index a static tree by depth, not an EAGLE-1 drafter"):
         from draftheads.conf.cli import parse
         from draftheads.conf.commands.decode import tree
 
