@@ -1,6 +1,6 @@
-"""Medusa-2's LoRA adapters on the target (peft): add them, save them beside the heads, load them.
+"""LoRA adapters on the target (peft), trained with the drafter: add them, save them beside it, load them.
 
-A Medusa-2 drafter is only valid on the target *with* its adapters, so the checkpoint records
+A drafter trained with adapters is only valid on the target *with* them, so the checkpoint records
 ``requires_adapters: true`` and keeps the adapter in ``<checkpoint>/adapter`` (peft's own
 ``adapter_config.json`` + ``adapter_model.safetensors``). :func:`load_adapters` puts them on a
 freshly loaded target through transformers' ``load_adapter``: the model keeps its class, so
@@ -82,11 +82,12 @@ def save_adapters(adapted: nn.Module, checkpoint_dir: str | os.PathLike) -> Path
 
 
 def load_adapters(target: nn.Module, checkpoint_dir: str | os.PathLike) -> nn.Module:
-    """Put a Medusa-2 checkpoint's adapters on ``target`` (in place) and return it."""
+    """Put the adapters of a checkpoint trained with them on ``target`` (in place) and return it."""
     path = Path(checkpoint_dir) / ADAPTER_DIR
     if not (path / "adapter_config.json").is_file():
         raise UserError(
-            f"{checkpoint_dir} has no {ADAPTER_DIR}/adapter_config.json; it is not a Medusa-2 checkpoint"
+            f"{checkpoint_dir} has no {ADAPTER_DIR}/adapter_config.json; "
+            "it was not trained with LoRA adapters on the target"
         )
     target.load_adapter(str(path))
     target.requires_grad_(False)

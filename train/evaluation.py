@@ -1,10 +1,11 @@
 """The held-out evaluation a run logs (``eval/*``): top-1 accuracy per draft step and a
 simulated acceptance length, from the objective's ``chains`` on the held-out rows.
 
-Each objective gives (its class's ``eval_depth`` and ``eval_label`` name the steps), per draft step (Medusa: head; EAGLE: step; DFlash: block position
-k = 1 .. block-1), whether the drafter's top-1 equals the target's greedy token along a top-1
-chain; the accuracies are over every valid position, and tau is a chain's accepted length
-(DFlash: a block's) averaged over the chains that start at a valid position.
+Each objective gives, per draft step (a step, a head or a block position; its class's
+``eval_depth`` and ``eval_label`` name them), whether the drafter's top-1 equals the target's
+greedy token along a top-1 chain; the accuracies are over every valid position, and tau is a
+chain's accepted length (a block drafter's chain is its block) averaged over the chains that
+start at a valid position.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def heldout_metrics(
     d: DraftConfig,
     micro_batch_size: int,
 ) -> dict[str, float]:
-    """Held-out top-1 per head/step (DFlash: per block position k = 1 .. block-1) against the
-    target's greedy tokens, and tau: a top-1 chain's accepted length (DFlash: a block's).
+    """Held-out top-1 per draft step (a step, a head or a block position) against the target's
+    greedy tokens, and tau: a top-1 chain's accepted length (a block drafter's: its block's).
     ``batch`` turns ``micro_batch_size`` rows into a micro-batch on the engine's device."""
     depth = max(type(module).eval_depth(d), 1)
     hits, counts, gains = None, None, []

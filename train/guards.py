@@ -93,8 +93,8 @@ def cast_shared_inputs(target: nn.Module) -> None:
 
 
 def use_topk(cache: FeatureCache, train: TrainConfig, d: DraftConfig) -> bool:
-    """Whether EAGLE's token loss reads the cache's top-k logits (see ``train.soft_labels``);
-    refuses a combination that cannot work, before any training."""
+    """Whether the drafter's token loss reads the cache's top-k logits (its kind's ``topk_labels``;
+    see ``train.soft_labels``); refuses a combination that cannot work, before any training."""
     mode = train.soft_labels
     stored = int(cache.manifest.get("topk", 0))
     labels = draft_kind(d.kind).topk_labels(d)

@@ -2,19 +2,18 @@
 
 Alignment, for a row x_0 .. x_{T-1} with ``loss_mask[t] = 1`` when x_t is an assistant token
 the drafter should learn to predict, and f_t the target's hidden state at t (which the
-target's lm_head turns into its prediction of x_{t+1}):
+target's lm_head turns into its prediction of x_{t+1}), a prediction of x_{t+o} made at row t
+has offset o (:func:`label_mask`, :func:`future_labels`): a head k or a step s that starts from
+f_t predicts x_{t+k+2} or x_{t+s+2}. Each kind's objective module says what each of its
+predictions reads and which token it predicts.
 
-* Medusa head k (0-based) reads f_t and predicts x_{t+k+2}  -> label ``x[t+k+2]``;
-* EAGLE step s at row t reads (f_t, x_{t+1}) at s = 0, then its own previous output with
-  x_{t+s+1}, and predicts f_{t+s+1} and x_{t+s+2}     -> target position ``p = t+s+1``.
-
-Both count a prediction of x_j only where ``loss_mask[j] = 1`` and, in packed rows (which
+The labels count a prediction of x_j only where ``loss_mask[j] = 1`` and, in packed rows (which
 carry ``position_ids``), only when x_j lies in the same document as the position that predicts
 it. Every loss is a mean over the counted positions and is 0 (still attached to the graph) when
 there are none, so a batch without assistant tokens cannot produce a NaN.
 
-DFlash's blocks (anchors, block masks, targets and weights) are DFlash's own, in
-:mod:`draftheads.train.modules.dflash_blocks`.
+A block drafter's blocks (anchors, block masks, targets and weights) are its kind's own, beside
+its objective (``train/modules/<kind>*.py``).
 
 Each function also returns statistics as *sums and counts* (``Stats``) so that they can be
 added over micro-batches and ranks and divided once, exactly.
@@ -51,7 +50,7 @@ def future_labels(
 ) -> torch.Tensor:
     """``labels[b, t] = input_ids[b, t+offset]`` where :func:`label_mask`, else IGNORE.
 
-    Medusa head k uses ``offset = k + 2``.
+    A head k that reads f_t uses ``offset = k + 2``.
     """
     keep = label_mask(loss_mask, offset, position_ids)
     return torch.where(keep, shift_left(input_ids, offset), IGNORE)
@@ -93,7 +92,8 @@ def head_stats(prefix: str, loss: torch.Tensor, logits: torch.Tensor, labels: to
 
 
 def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """Per row: -sum_v softmax(target)_v * log_softmax(logits)_v (EAGLE's token loss)."""
+    """Per row: -sum_v softmax(target)_v * log_softmax(logits)_v: the token loss against the
+    target's full distribution."""
     return -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
 
 
@@ -104,7 +104,8 @@ def topk_teacher(
 
     ``probs`` is the softmax over the top-k entries that the drafter can predict (renormalised
     over them); ``ids`` index the drafter's vocabulary: the draft vocabulary when ``t2d`` (the
-    target -> draft membership mask of EAGLE-3) is given, mapped in order, else the target's.
+    target -> draft membership mask of a reduced draft vocabulary) is given, mapped in order,
+    else the target's.
     Entries outside the draft vocabulary get probability 0 (id 0); a row with none left is all 0.
     """
     ids = topk_ids.long()
@@ -123,25 +124,27 @@ def sparse_soft_cross_entropy(logits: torch.Tensor, ids: torch.Tensor, probs: to
 
 
 def feature_regression(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per row: mean over features of SmoothL1(pred, target) (EAGLE-1's feature loss)."""
+    """Per row: mean over features of SmoothL1(pred, target): the loss of a drafter that
+    predicts the target's next features."""
     return F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1)
 
 
 def kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Per row: KL(teacher || student) = sum_v p_t (log p_t - log p_s) (Medusa-2 self-distillation)."""
+    """Per row: KL(teacher || student) = sum_v p_t (log p_t - log p_s)."""
     log_t = teacher_logits.float().log_softmax(-1)
     return (log_t.exp() * (log_t - student_logits.float().log_softmax(-1))).sum(-1)
 
 
 def uniform_noise(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """x + U(-scale, scale): EAGLE-1's feature augmentation (drawn from the global torch RNG)."""
+    """x + U(-scale, scale): noise on the drafter's input features (drawn from the global torch RNG)."""
     if scale <= 0:
         return x
     return x + (torch.rand_like(x) * 2 - 1) * scale
 
 
 def head_warmup(schedule: str, step: int, steps: int) -> float:
-    """Medusa-2's head-loss factor s(step): sine = sin(pi/2 * min(1, step/steps)), linear, constant."""
+    """The head-loss factor s(step) of heads trained jointly with LoRA adapters on the target:
+    sine = sin(pi/2 * min(1, step/steps)), linear, constant."""
     if schedule == "constant" or steps <= 0:
         return 1.0
     frac = min(1.0, step / steps)

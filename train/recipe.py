@@ -1,18 +1,20 @@
 """``draftheads train``: train a drafter on a frozen target, torchtune-style (setup -> train -> save).
 
 Features:
-    * every mode (Medusa-1, Medusa-2 + LoRA, EAGLE-1, EAGLE-3, DFlash) through one loop on the
-      DeepSpeed engine: one CPU process, or many GPUs/nodes under torchrun;
+    * every drafter kind, each through its own objective (``train/modules/<kind>.py``; one may
+      train LoRA adapters on the target too), in one loop on the DeepSpeed engine: one CPU
+      process, or many GPUs/nodes under torchrun;
     * only trainable parameters reach the optimizer; the target is never saved;
     * online target features every step, or offline from a feature cache read from disk as
-      micro-batches need it (and its top-k logits as EAGLE-3's and DFlash's soft labels; a
-      cache of more layers serves DFlash the ones it reads);
+      micro-batches need it (and its top-k logits as soft labels, for a drafter that learns from
+      them; a cache of more layers serves a drafter the ones it reads);
     * atomic, checksummed checkpoints every ``train.save_every`` steps and on Ctrl-C;
       ``train.resume=auto`` (the default) continues the exact loss trajectory (data order, RNG,
       optimizer and schedule are all restored), past a damaged newest checkpoint;
     * a NaN/inf loss stops the run, naming the last good checkpoint;
     * progress bar, ``metrics.jsonl``, wandb (offline without an API key), held-out top-k
-      accuracy per head/step (DFlash: per block position) and a simulated acceptance length.
+      accuracy per draft step (a step, a head or a block position) and a simulated acceptance
+      length.
 
 Run it as ``draftheads train draft=<group> target=tiny-llama train.max_steps=50`` (under
 ``torchrun --nproc_per_node=2 --no-python draftheads train ...`` for data parallelism). From
@@ -67,7 +69,8 @@ class TrainRecipe:
     ``hooks`` are called as ``hook(recipe)`` after every optimizer step (progress reporting,
     tests that interrupt a run at a given step). ``target`` is ``(model, tokenizer)`` as
     :func:`~draftheads.heads.target.load.load_target` loaded ``cfg.target`` in this process, to
-    train on instead of loading it again (Medusa-2 adds its LoRA adapters to that model in place).
+    train on instead of loading it again (an objective that puts LoRA adapters on the target adds
+    them to that model in place).
     """
 
     def __init__(
@@ -286,7 +289,8 @@ class TrainRecipe:
         }
 
     def export_drafter(self, directory: Path) -> None:
-        """The loadable drafter (and Medusa-2's adapters) into ``directory``; rank 0 writes."""
+        """The loadable drafter (and the target's LoRA adapters, when it trained them) into
+        ``directory``; rank 0 writes."""
         saving.export_drafter(self.drafter, self.module, directory, self.provenance(), self.rank, self.stage)
 
     def save(self) -> Path:

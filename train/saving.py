@@ -1,6 +1,6 @@
-"""What a run writes of its drafter: the loadable drafter (and Medusa-2's adapters) with its
-training provenance, into every checkpoint and into ``train.output_dir`` at the end, and beside
-the final one the resolved config and the model card.
+"""What a run writes of its drafter: the loadable drafter (and the target's LoRA adapters, when
+it trained them) with its training provenance, into every checkpoint and into
+``train.output_dir`` at the end, and beside the final one the resolved config and the model card.
 
 Rank 0 writes; under ZeRO-3 every rank takes part in gathering the partitioned weights whole.
 The provenance records the run config as plain data (:func:`config_dict`), the same dict that a
@@ -34,8 +34,9 @@ def config_dict(cfg: Config) -> dict[str, Any]:
 def export_drafter(
     drafter: Drafter, module: nn.Module, directory: Path, provenance: dict[str, Any], rank: int, stage: int
 ) -> None:
-    """The loadable drafter, with ``provenance``, (and Medusa-2's adapters, from ``module``, the
-    trained objective) into ``directory``; rank 0 writes."""
+    """The loadable drafter, with ``provenance``, (and the target's LoRA adapters when the
+    drafter requires them, from ``module``, the trained objective) into ``directory``; rank 0
+    writes."""
     params = list(module.parameters())
     with gathered(params, stage):
         if rank == 0:

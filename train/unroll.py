@@ -1,11 +1,12 @@
-"""Training-time test: run an EAGLE drafter for several steps on its own outputs, in one pass per step.
+"""Training-time test (Li et al., 2025): run a drafter of decoder layers over the target's
+features for several steps on its own outputs, in one pass per step.
 
 Step 0 sees the target's features. Step s > 0 at row t sees the drafter's own output of step
 s-1 at row t (its guess of f_{t+s}) and the token x_{t+s+1}, exactly what it sees when
 decoding a chain from position t. Attention follows decoding too: row t of step s attends to
 the real-feature keys of rows 0..t (step 0) and to its own keys of steps 1..s at row t, the
-"diagonal append" of EAGLE-3 / SpecForge. The keys of every step stay in one cache, so each
-step costs one drafter forward over the row.
+"diagonal append" of Li et al., 2025 and SpecForge. The keys of every step stay in one cache, so
+each step costs one drafter forward over the row.
 
 Because nothing but row t itself reads row t's keys and outputs of steps s > 0, a row whose
 outputs of steps >= s no loss reads can skip those steps: with ``counted`` (the rows each

@@ -1,5 +1,5 @@
-"""Draft vocabularies (EAGLE-3's and DFlash's reduced ones, from the tokens the drafter will be
-asked to predict) and the check that a DFlash mask token never occurs in the data."""
+"""Draft vocabularies (a drafter's reduced one, from the tokens it will be asked to predict) and
+the count behind the check that a drafter's mask token never occurs in the data."""
 
 from __future__ import annotations
 

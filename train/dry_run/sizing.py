@@ -11,15 +11,16 @@ parameters; ``S`` = ``data.max_length``, ``m`` = ``train.micro_batch_size``; row
   ``(4 + 4 + 4) P`` bytes (``8 P`` in fp32), divided by N from ZeRO-1 on;
 * drafter weights and gradients per rank: ``e P`` each, gradients / N from ZeRO-2, weights / N at ZeRO-3;
 * activations per rank: ``m S`` times the bytes one row token keeps for the backward pass:
-  for each of the drafter's query tokens per row token (EAGLE: ``ttt_steps``; DFlash:
-  ``anchors_per_row x block_size / S``; P-EAGLE: its group's entries kept by conditional drop), ``e (4H + 2A + 2KV + 4I)`` per drafter layer (two norm
-  inputs, the normed input, q, k, v, attention output, the MLP input and its four I-wide
-  tensors) plus ``8 Vd`` for the fp32 logits and their softmax; plus the fused features
-  (``e K H``) and, online, the target's fp32 logits (``4 V``) when EAGLE learns their softmax;
+  for each of the drafter's query tokens per row token (as many as its kind's cost counts: its
+  unrolled steps, its block positions per row token, or its kept group entries),
+  ``e (4H + 2A + 2KV + 4I)`` per drafter layer (two norm inputs, the normed input, q, k, v,
+  attention output, the MLP input and its four I-wide tensors) plus ``8 Vd`` for the fp32 logits
+  and their softmax; plus the fused features (``e K H``) and, online, the target's fp32 logits
+  (``4 V``) when the drafter learns their softmax (the cost's ``target_logits``);
 * target weights per rank: ``e`` times its parameters, divided over ``recipe.devices`` when
   ``target.device_map`` spreads it (one process), whole on every rank otherwise;
 * FLOPs per row token: a matmul of ``W`` weights costs ``2 W`` forward and ``4 W`` backward
-  (``2 W`` when its weight is frozen, as the target's lm_head a DFlash drafter reads), causal
+  (``2 W`` when its weight is frozen, as the target's lm_head that a drafter reads), causal
   attention ``2 S A`` per layer forward; the target's forward is counted when features are online.
 
 Each kind's cost sits in its objective's module and its record names it (the formulae's shared

@@ -26,15 +26,16 @@ from draftheads.conf.schema.train import LoggerConfig
 # the tiny stand-in: the family's own classes at toy widths (the tested families' tiny configs, with
 # their experts and windows; these widths for any other)
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-# rows per embedded component, their length, and DFlash blocks per row in the tiny run
+# rows per embedded component, their length, and a block drafter's anchors (blocks) per row in the tiny run
 TINY_ROWS, TINY_LENGTH, TINY_ANCHORS = 8, 128, 8
 
 
 def tiny_layers(d: DraftConfig) -> tuple[int, list[int] | None]:
     """(layers of the tiny target, the drafter's feature layers on it): the recipe's number of
-    feature layers, as the first ones, and at least 4 layers (EAGLE-3's three distinct ones) and
-    the drafter's depth + 3 (DFlash's spread rule needs them, and no drafter may be deeper than
-    its target), whatever the kind (a kind without decoder layers has neither key)."""
+    feature layers, as the first ones, and at least 4 layers (a default of three distinct feature
+    layers needs them) and the drafter's depth + 3 (a default of one feature layer per drafter
+    layer needs them, and no drafter may be deeper than its target), whatever the kind (a kind
+    without decoder layers has neither key)."""
     feature_layers = getattr(d.section, "feature_layers", None)
     if not feature_layers:
         return max(4, getattr(d.section, "num_decoder_layers", 1) + 3), None

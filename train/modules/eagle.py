@@ -1,6 +1,10 @@
 """The EAGLE objective (EAGLE-1 and EAGLE-3): the drafter unrolled over its test-time-training
 steps, each step's features regressed and tokens distilled from the target's distribution
-(projected once per position, or its cached top-k)."""
+(projected once per position, or its cached top-k).
+
+Step s at row t reads (f_t, x_{t+1}) at s = 0, then its own previous output with x_{t+s+1}, and
+predicts f_{t+s+1} and x_{t+s+2}: its target position is ``p = t+s+1`` (labels of offset s + 2).
+"""
 
 from __future__ import annotations
 

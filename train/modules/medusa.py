@@ -1,6 +1,9 @@
 """The Medusa objectives: Medusa-1's heads on a frozen target, and Medusa-2's heads trained
 jointly with LoRA adapters on the target (self-distilled against the target without them).
 
+Head k (0-based) reads the target's state f_t at row t and predicts x_{t+k+2} (label offset
+k + 2, :func:`~draftheads.train.objectives.future_labels`): the target itself predicts x_{t+1}.
+
 Medusa-2's adapted target *is* a submodule (its adapters train); only the adapter parameters
 require gradients, and the heads learn at ``draft.medusa.head_lr_multiplier`` times their learning rate.
 """
