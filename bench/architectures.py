@@ -4,9 +4,10 @@ For one architecture (``target.tiny=NAME``, :mod:`draftheads.conf.schema.tiny`) 
 config group (``conf/draft/*.yaml``), :func:`run_cell`:
 
 1. trains the drafter 2 steps through the training recipe on synthetic rows;
-2. loads it back and decodes greedily with a chain and with the kind's tree (EAGLE-2 dynamic
-   trees, DDTree for DFlash, Medusa's static tree), each compared token for token with the
-   target's own ``generate``, on prompts that run past the tiny configs' 8-token windows;
+2. loads it back and decodes greedily with a chain and with the kind's tree (dynamic trees (Li et
+   al., 2024), DDTree for a block drafter, a static tree for heads that index one by depth), each
+   compared token for token with the target's own ``generate``, on prompts that run past the tiny
+   configs' 8-token windows;
 3. exports it in every format (vLLM, SGLang, speculators): an export passes the engine's loader
    rules (:func:`~draftheads.heads.export.export_drafter` validates it), a speculators export is
    read back and must draft what the drafter drafts. A format the kind does not have is refused
@@ -166,7 +167,8 @@ _TARGETS: dict[str, tuple] = {}
 
 def tiny_target(arch: str, fresh: bool = False) -> tuple:
     """(model, tokenizer) of ``target.tiny=arch`` as the recipe loads it: shared within the process,
-    or ``fresh``, a copy of its own (for a drafter that changes its target: Medusa-2's adapters)."""
+    or ``fresh``, a copy of its own (for a drafter that changes its target: an objective that puts LoRA
+    adapters on it)."""
     from draftheads.conf.schema.heads import TargetConfig
     from draftheads.heads.target.load import load_target
 
@@ -178,10 +180,11 @@ def tiny_target(arch: str, fresh: bool = False) -> tuple:
 
 
 def adapted(model: torch.nn.Module) -> bool:
-    """Whether peft has put adapter layers into ``model`` (in place, as Medusa-2's training does).
-    Read from the modules, not ``peft_config`` (what :func:`~draftheads.heads.checkpoint.attach_adapters`
-    checks): an injection that peft refuses part-way (fused experts with LoRA dropout) leaves LoRA
-    layers in the model and no ``peft_config``."""
+    """Whether peft has put adapter layers into ``model`` (in place, as an objective that puts LoRA
+    adapters on the target does). Read from the modules, not ``peft_config`` (what
+    :func:`~draftheads.heads.checkpoint.attach_adapters` checks): an injection that peft refuses
+    part-way (fused experts with LoRA dropout) leaves LoRA layers in the model and no
+    ``peft_config``."""
     return any(type(m).__module__.startswith("peft.") for m in model.modules())
 
 
@@ -203,7 +206,7 @@ def run_cell(arch: str, draft: str, work: Path) -> Cell:
         cell.notes["train"] = one_line(e)
         return cell
     finally:
-        if adapted(target):  # Medusa-2 put its adapters on the shared target: load it again next time
+        if adapted(target):  # its objective put adapters on the shared target: load it again next time
             _TARGETS.pop(arch, None)
     if read_config(out / "train").get("requires_adapters"):  # its adapters go onto a target of their own
         target, tok = tiny_target(arch, fresh=True)

@@ -7,11 +7,11 @@
 Prints tokens/s of tokenisation + masking (``prepare_dataset`` on the configured data, the
 embedded set by default) and of feature extraction (``build_feature_cache`` over the first
 ``speed.feature_tokens`` tokens of it), both with the configured target: the last layer, or with
-``speed.topk`` EAGLE-3's training layers and the target's top-k at the answer positions (the
-bench's teacher-forced cache). With
-``speed.distill_prompts``, also new tokens/s of greedy distillation through the decoder's
-batched loop (``decode/batched.py``, what ``draftheads distill`` runs) and through transformers'
-``generate``, and the share of answers the two give identically.
+``speed.topk`` the bench's row base's training layers and the target's top-k at the answer
+positions (the bench's teacher-forced cache). With ``speed.distill_prompts``, also new tokens/s
+of greedy distillation through the decoder's batched loop (``decode/batched.py``, what
+``draftheads distill`` runs) and through transformers' ``generate``, and the share of answers
+the two give identically.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def data_speed(args: DataSpeedArgs) -> None:
     while n < len(ds) and total < o.feature_tokens:
         total += len(ds[n]["input_ids"])
         n += 1
-    # with top-k labels: the bench's row base's layers (EAGLE-3's), as its teacher-forced cache stores them
+    # with top-k labels: the bench's row base's training layers, as its teacher-forced cache stores them
     L = model.config.num_hidden_layers
     layers = row_base().draft_config().training_layers(L) if o.topk else [L]
     with tempfile.TemporaryDirectory() as out:

@@ -3,8 +3,8 @@
 **distill**: the target answers prompts greedily (the embedded train split, plus GSM8K train and
 CodeAlpaca when the optional ``bench.shared_data`` folder exists) and, optionally, prompts it
 wrote itself; ``data.distill`` is resumable row by row. **features**: one offline feature cache
-of the distilled chats holding every layer any drafter reads (EAGLE-3's three plus the final
-state; Medusa reads the final state), so every drafter trains from the same cache.
+of the distilled chats holding every layer any drafter reads (the union of their training layers,
+:func:`~draftheads.bench.teacher_stages.cache_layers`), so every drafter trains from the same cache.
 """
 
 from __future__ import annotations

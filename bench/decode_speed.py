@@ -6,7 +6,7 @@ what a user has without draftheads).
 Reusable from Python (``measure_speed``) and runnable as a short benchmark::
 
     draftheads speed heads=DIR [target=tiny-llama] [speed.batch_sizes=[1,4,8]] [decode.max_new_tokens=64]
-    draftheads speed heads=DIR speed.batch_sizes=[1] speed.dynamic=[[4,4,8],[4,5,12]]  # EAGLE-2 trees
+    draftheads speed heads=DIR speed.batch_sizes=[1] speed.dynamic=[[4,4,8],[4,5,12]]  # dynamic trees
 
 Every method decodes the same chat-templated prompts back to back in one process, batch by
 batch (left-padded), greedy; the table shows every plain loop's tokens/s and says whether the
@@ -158,7 +158,7 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def speed(args: SpeedArgs) -> None:
-    """``draftheads speed``: one table per decode setting (``speed.dynamic`` compares EAGLE-2 trees)."""
+    """``draftheads speed``: one table per decode setting (``speed.dynamic`` compares dynamic trees)."""
     from draftheads.conf.commands.decode import load_decodable
     from draftheads.heads import Drafter
     from draftheads.heads.base import resolve_checkpoint_dir
@@ -215,6 +215,6 @@ def format_curves(target, backend: str, cache_dir: str | None) -> str:
 
 def dynamic_setting(setting: list[int]) -> dict[str, int]:
     """``[K, DEPTH, TOTAL]`` (checked when ``speed.dynamic`` is read) -> the DecodeConfig fields
-    of an EAGLE-2 dynamic tree."""
+    of a dynamic tree (Li et al., 2024)."""
     k, depth, total = setting
     return {"top_k_draft": k, "depth": depth, "total_tokens": total}

@@ -60,7 +60,7 @@ def heldout_stage(cfg, b: BenchConfig, target, tok, heads: Path, name: str, deco
 
 
 def main_data(b: BenchConfig, teacher: Path, distilled: Path | None) -> MainData:
-    """What the streamed main drafters (EAGLE-3, DFlash) train on with teacher-forced data: the
+    """What the streamed main drafters (``BenchDrafter.streamed``) train on with teacher-forced data: the
     teacher cache for ``bench.scaling_compute`` answer-token passes over it, read through a view
     that adds the distilled answers when there are any (the same passes over the view)."""
     tokens = json.loads((teacher / ".done").read_text())["answer_tokens"]

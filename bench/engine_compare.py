@@ -88,8 +88,8 @@ def formats_for(drafter, asked: str | None) -> tuple[list[str], str | None]:
 
 
 def chain_for(drafter, asked: int | None) -> int:
-    """Drafted tokens per step: ``engine.chain``, else the model card's. EAGLE drafts any chain;
-    other kinds are served with exactly their own count, so another is refused."""
+    """Drafted tokens per step: ``engine.chain``, else the model card's. A kind that drafts any chain
+    (``any_chain``) takes any count; other kinds are served with exactly their own, so another is refused."""
     from draftheads.heads.card import num_speculative_tokens
     from draftheads.heads.kinds import drafter_kind
 

@@ -9,20 +9,22 @@ of its own (:mod:`~draftheads.bench.data_stages` 1–2, :mod:`~draftheads.bench.
    train and CodeAlpaca when the optional ``bench.shared_data`` folder exists) and, optionally, prompts it wrote
    itself; ``data.distill`` is resumable row by row.
 2. **features**: one offline feature cache of the distilled chats holding every layer any
-   drafter reads (EAGLE-3's three plus the final state; Medusa reads the final state).
-3. **train**: each drafter in ``bench.drafters`` on the cached features (DFlash on the same
-   data and passes as EAGLE-3, reading three of the cache's layers).
-4. **tree**: the Medusa tree is chosen from measured head accuracies (``draftheads tree``).
+   drafter reads (the union of their training layers).
+3. **train**: each drafter in ``bench.drafters`` on the cached features (the streamed drafters,
+   ``BenchDrafter.streamed``, on the same data and passes, each reading the cache's layers it
+   trains on).
+4. **tree**: a drafter whose tree stage picks a static tree (``BenchDrafter.tree``) gets the one
+   chosen from its measured head accuracies (``draftheads tree``).
 5. **eval**: every drafter on every prompt set (held-out, Spec-Bench, GSM8K test) against
    plain greedy ``generate`` and prompt lookup decoding, all in one loop per set: the greedy
    runs are decoded once per turn for every drafter, and every ratio comes from one run. With
    ``bench.drafter_only`` every drafter's held-out τ is measured once more with its own tree
    alone (no lookup branch, no cost-aware planning): the drafter's own progress
-   (:mod:`~draftheads.bench.drafter_only`). With ``bench.workloads`` the EAGLE drafter is also
+   (:mod:`~draftheads.bench.drafter_only`). With ``bench.workloads`` the lead drafter is also
    measured beyond batch 1, on the long and copy sets and on its first call
    (:mod:`~draftheads.bench.workload_stage`).
 6. **study** (a maintainer's, from a checkout: ``python -m bench.lab.study``): τ on held-out
-   prompts against training tokens for the EAGLE drafter, the ablation rows at equal data, and
+   prompts against training tokens for the lead drafter, the ablation rows at equal data, and
    ``bench.variants``: rows trained on the main data and passes, each measured drafter only. The
    installed bench refuses them (:mod:`~draftheads.bench.extension`).
 
@@ -54,8 +56,9 @@ from draftheads.conf.schema import BenchConfig
 from draftheads.conf.schema.bench_drafters import bench_drafter, lead_drafter, row_base
 from draftheads.data.outdir import guard_out_dir
 
-# EAGLE-2's published tree (top-10 expansions, depth 6, 60 nodes, every one verified): the tree
-# EAGLE's τ figures are measured with; ``bench.published_tree`` adds the EAGLE drafter under it
+# the published dynamic tree of Li et al. (2024) (top-10 expansions, depth 6, 60 nodes, every one
+# verified): the tree their τ figures are measured with; ``bench.published_tree`` adds the lead
+# drafter under it, in a row named as the results and docs tables already name it
 PUBLISHED_TREE = {"dynamic": True, "top_k_draft": 10, "depth": 6, "total_tokens": 60, "cost_aware": False}
 TREE_ROW = "{name} (EAGLE-2 tree)"
 

@@ -10,6 +10,7 @@ from draftheads.bench.workload_stage import workload_figures, workload_lines
 from draftheads.conf.commands.checks import writable_file
 from draftheads.conf.errors import UserError
 from draftheads.conf.schema import BenchConfig
+from draftheads.conf.schema.bench_drafters import row_base
 from draftheads.data.outdir import read_json
 
 
@@ -237,7 +238,7 @@ def training_lines(results: dict[str, Any]) -> list[str]:
         text.append(
             f"Self-distilled answers beside it: {mix.get('rows')} rows, {mix['distilled_tokens']} answer "
             f"tokens, {mix['distill_repeats']} pass{'es' if mix['distill_repeats'] != 1 else ''} each per pass "
-            "over the teacher-forced text, in the main EAGLE-3 drafter's data only."
+            "over the teacher-forced text, in the streamed main drafters' data only."
         )
     return lines + (["", " ".join(text)] if text else [])
 
@@ -260,9 +261,9 @@ def study_lines(results: dict[str, Any], b: BenchConfig) -> list[str]:
             "",
             "### τ against training data: the recorded run",
             "",
-            "EAGLE-3 on the first N distinct teacher-forced answer tokens, every point at the same compute "
-            "(answer tokens × epochs), τ on the held-out prompts. Plot: "
-            f"`{Path(b.out_dir) / 'scaling.png'}`.",
+            f"The row base's recipe ({row_base().name}) on the first N distinct teacher-forced answer "
+            "tokens, every point at the same compute (answer tokens × epochs), τ on the held-out prompts. "
+            f"Plot: `{Path(b.out_dir) / 'scaling.png'}`.",
             "",
             *table(["answer tokens", "epochs", "steps", "training minutes", "τ"], rows),
         ]

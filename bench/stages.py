@@ -108,8 +108,9 @@ def load_rows(
 ) -> list[dict]:
     """Rows for ``train(rows=...)``: features sliced to what the drafter reads, in fp32.
 
-    ``which``: ``last`` (Medusa: the final state) or ``all`` (EAGLE-3: three layers + final);
-    ``layers`` picks some of the cache's layers first (DFlash: EAGLE-3's three, not the final).
+    ``which``: ``last`` (the final state, for a drafter that reads only the final state) or ``all``
+    (every layer of the cache, the final state included); ``layers`` picks some of the cache's
+    layers first (a drafter's own training layers, which need not include the final state).
     ``max_tokens`` keeps a fixed random subset of rows up to that many answer tokens.
     """
     from draftheads.data.cache.read import FeatureCache

@@ -1,5 +1,5 @@
 """The bench's teacher-forced stages: one feature cache of text the target did not write, and
-the main EAGLE-3 (and DFlash) drafter trained on it from the disk.
+the streamed main drafters (``BenchDrafter.streamed``) trained on it from the disk.
 
 Every stage is a folder under ``bench.out_dir`` marked done when finished; training runs save
 checkpoints, so a rerun skips finished stages and continues an interrupted one. The cache records
@@ -131,7 +131,7 @@ def write_answer_tokens(cache: Path, loss: list[int]) -> None:
 
 
 def mixture(b: BenchConfig, teacher: Path, distilled: Path) -> tuple[Path, dict]:
-    """The main EAGLE-3 drafter's data when distillation is on: the teacher-forced cache, then the
+    """The streamed main drafters' data when distillation is on: the teacher-forced cache, then the
     self-distilled cache ``bench.distill_repeats`` times, as one view (nothing is copied).
     Returns the view and what it holds."""
     from draftheads.data.cache.manifest import read_manifest
@@ -158,7 +158,7 @@ def recipe(name: str, out: Path, extra: list[str], save_every: int) -> list[str]
 def train_on(cfg: BenchArgs, b: BenchConfig, target, cache: Path, out: Path, tokens: int, epochs: float,
              extra: list[str] = (), note: dict | None = None) -> dict:  # fmt: skip
     """One cached training run on the answer tokens of ``cache`` (streamed from disk by a drafter
-    that can, see :func:`row_drafter`; else what it reads in memory: Medusa's final states),
+    that can, see :func:`row_drafter`; else what it reads, ``BenchDrafter.reads``, in memory),
     ``epochs`` passes; returns its ``.done`` record (with ``note`` added to it)."""
     from draftheads.bench.stages import (
         compose,

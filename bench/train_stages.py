@@ -1,9 +1,10 @@
-"""Stages 3 and 4 of the bench: a drafter trained on cached rows, and the Medusa tree chosen for it.
+"""Stages 3 and 4 of the bench: a drafter trained on cached rows, and the static tree chosen for it.
 
 Each drafter in ``bench.drafters`` is trained on the cached features with the bench's recipe for
-its kind (:func:`stage_train`, also the trainer of the scaling points); a Medusa drafter then
-gets the tree ``draftheads tree`` would choose, from its measured head accuracies and this
-device's verification costs (:func:`stage_tree`). Both are skipped when their output is there.
+its kind (:func:`stage_train`, also the trainer of the scaling points); a drafter whose tree
+stage picks a static tree (``BenchDrafter.tree``) then gets the tree ``draftheads tree`` would
+choose, from its measured head accuracies and this device's verification costs
+(:func:`stage_tree`). Both are skipped when their output is there.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def stage_train(cfg: BenchArgs, b: BenchConfig, kind: str, rows: list[dict], ste
 
 
 def stage_tree(cfg: BenchArgs, target: PreTrainedModel, tok: PreTrainedTokenizerBase, heads: Path) -> None:
-    """Choose the Medusa tree from measured head accuracies and this device's costs (tree.json)."""
+    """Choose the static tree of heads that index one by depth from measured head accuracies and this
+    device's costs (tree.json)."""
     from draftheads.data.prompts import load_prompts
     from draftheads.decode.tree import TREE_FILE
     from draftheads.decode.tree_select import select_tree
@@ -65,7 +67,7 @@ def stage_tree(cfg: BenchArgs, target: PreTrainedModel, tok: PreTrainedTokenizer
 
     if (heads / TREE_FILE).is_file():
         return
-    log("tree: measuring Medusa head accuracies and the verification cost curve")
+    log("tree: measuring head accuracies and the verification cost curve")
     dc = replace(cfg.decode, tree_size=0, tree_max_size=16)
     prompts = [r.turns[0] for r in load_prompts("heldout", max_prompts=dc.tree_prompts, tokenizer=tok)]
     drafter = Drafter.from_pretrained(heads, target=target, tokenizer=tok, map_location=target.device)

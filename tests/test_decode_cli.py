@@ -87,7 +87,7 @@ def test_heads_none_is_lookup_decoding_in_generate_and_eval(tmp_path, capsys):
     rep = json.loads((out / "report.json").read_text())
     assert rep["drafter"] == "lookup" and rep["greedy_identical"] == 1.0 and rep["speedup_vs_stock"] > 0
     assert main(["tree", "target=tiny-llama", "heads=none"]) == 1
-    assert "needs heads=DIR of Medusa heads" in capsys.readouterr().err
+    assert "pass heads=DIR of such heads, not none" in capsys.readouterr().err
 
 
 def test_command_user_errors(medusa_dir, tmp_path, capsys):

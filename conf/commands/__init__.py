@@ -65,7 +65,7 @@ COMMANDS: dict[str, Command] = {
     "tree": Command(
         "draftheads.conf.commands.decode:tree",
         a.TreeArgs,
-        "pick the best Medusa tree from measured head accuracies",
+        "pick the best static tree for heads that index one by depth, from measured head accuracies",
         "draftheads tree heads=outputs/train",
         {
             "data": "tree measures on held-out prompts; set how many with decode.tree_prompts={value}",
@@ -105,8 +105,8 @@ COMMANDS: dict[str, Command] = {
     "info": Command(
         "draftheads.conf.commands.heads:info",
         a.InfoArgs,
-        "print a checkpoint's kind, shapes and target fingerprint; an export, a speculators or z-lab "
-        "DFlash directory is imported onto target= first",
+        "print a checkpoint's kind, shapes and target fingerprint; an export, a speculators or a z-lab "
+        "directory is imported onto target= first",
         "draftheads info heads=outputs/train  |  draftheads info heads=outputs/vllm target=smollm2",
     ),
     "demo": Command(

@@ -77,7 +77,8 @@ class TrainArgs:
 
 @dataclass
 class TreeArgs:
-    """``draftheads tree``: measure Medusa heads on held-out prompts, save the best tree."""
+    """``draftheads tree``: measure heads that index a static tree by depth on held-out prompts, save the
+    best tree."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -193,14 +194,15 @@ class DemoArgs:
 
 @dataclass
 class DecodeSpeedOptions:
-    """``speed.*`` of ``draftheads speed``: batch sizes, prompt count, EAGLE-2 settings to compare.
+    """``speed.*`` of ``draftheads speed``: batch sizes, prompt count, dynamic-tree settings to compare.
 
     A batch holds at most ``prompts`` prompts, so every batch size is at most ``prompts``.
     """
 
     batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8])
     prompts: int = 8
-    # EAGLE-2 tree settings [top_k_draft, depth, total_tokens], one table each; empty: decode.* as set
+    # dynamic-tree settings (Li et al., 2024) [top_k_draft, depth, total_tokens], one table each; empty:
+    # decode.* as set
     dynamic: list[list[int]] = field(default_factory=list)
     # also print the verify-cost curve (1..64 new tokens) of eager and of decode.backend
     curve: bool = False
@@ -301,7 +303,7 @@ class TrainSpeedArgs:
 @dataclass
 class DataSpeedOptions:
     """``speed.*`` of ``draftheads data-speed``: how many tokens to extract features for, and how
-    (``topk > 0``: EAGLE-3's training layers and the target's top-k logits, as the bench's
+    (``topk > 0``: the bench's row base's training layers and the target's top-k logits, as the bench's
     teacher-forced cache; else the last layer alone); with ``distill_prompts > 0``, greedy
     distillation of that many training prompts (batches of ``distill_batch_size``,
     ``distill_new_tokens`` new tokens) by the decoder's batched loop and by transformers'

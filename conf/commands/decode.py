@@ -29,7 +29,8 @@ def load(heads: str | None, revision: str | None, target_cfg, command: str):
     if heads == "none":
         if command == "tree":
             raise UserError(
-                "draftheads tree builds a Medusa tree and needs heads=DIR of Medusa heads, not none"
+                "draftheads tree measures heads that index a static tree by depth; "
+                "pass heads=DIR of such heads, not none"
             )
         target, tok = load_decodable(target_cfg)
         return target, tok, None, None

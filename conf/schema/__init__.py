@@ -48,9 +48,10 @@ class BenchConfig:
     from the lookup branch and the planner.
 
     ``published_tree=true`` adds a row per prompt set: the lead drafter (``BenchDrafter.lead``)
-    verified with EAGLE-2's published tree (top-10 expansions, depth 6, 60 nodes, every one verified, the decoder's
-    lookup branch as configured), the tree EAGLE's τ figures are measured with. On a CPU such a
-    step costs several greedy steps, so it measures τ, not a faster setting.
+    verified with the published dynamic tree of Li et al. (2024) (top-10 expansions, depth 6, 60
+    nodes, every one verified, the decoder's lookup branch as configured), the tree their τ figures
+    are measured with. On a CPU such a step costs several greedy steps, so it measures τ, not a
+    faster setting.
 
     ``scaling_tokens``, ``ablations`` and ``variants`` are the maintainers' study, run from a
     checkout with ``python -m bench.lab.study`` (the installed bench refuses them): each point or
@@ -96,7 +97,8 @@ class BenchConfig:
     eval_new_tokens: int = 128
     # run once, with the first drafter (they do not depend on the drafter)
     baselines: list[str] = field(default_factory=lambda: ["pld"])
-    # also evaluate the lead drafter with EAGLE-2's published tree (60 nodes, no cost-aware pruning)
+    # also evaluate the lead drafter with the published dynamic tree (Li et al., 2024; 60 nodes, no
+    # cost-aware pruning)
     published_tree: bool = False
     # with heldout in eval_sets: every drafter's held-out τ once more with its own tree alone (no
     # lookup branch, no cost-aware planning), as the ablation rows' "drafter only": what it learnt

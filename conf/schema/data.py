@@ -140,7 +140,8 @@ def valid_url(url: str) -> bool:
 class FeaturesConfig:
     """``draftheads features``: the offline feature cache (see ``data/cache/build.py``).
 
-    ``layers`` defaults to what ``draft`` reads (the last hidden state, or EAGLE-3's three).
+    ``layers`` defaults to what ``draft`` trains on (``DraftConfig.training_layers``: the last hidden
+    state, or a drafter's input layers and, where it learns from it, the final state).
     ``topk>0`` also stores the target's top-k logits; ``target_next`` its argmax next token.
     """
 

@@ -119,15 +119,15 @@ class DecodeConfig:
 
     ``do_sample``, ``temperature``, ``top_p``, ``top_k`` left unset (None) follow the target's
     generation config, as ``target.generate`` does (transformers' defaults: greedy, top-k 50).
-    ``tree``: ``auto`` (``tree.json`` beside the heads if present; else EAGLE-2 dynamic trees for
-    EAGLE and DDTree for DFlash when ``dynamic``, or a default tree of ``total_tokens`` for
-    Medusa), ``chain``/``chainN`` (for DFlash ``chain`` is the whole block), a JSON choices list
-    such as ``[[0],[1],[0,0]]``, or a path to a tree.json.
-    EAGLE-2 dynamic trees: expand ``top_k_draft`` nodes per level for ``depth`` levels (with
-    ``cost_aware``, fewer when the last ones did not pay), then keep the ``total_tokens`` (root
-    included) most confident. DDTree (one DFlash block pass): the ``total_tokens`` - 1
-    likeliest paths over each block position's ``top_k_draft`` candidates, as deep as the block. ``typical`` opts into Medusa's typical acceptance: faster under
-    sampling, NOT lossless.
+    ``tree``: ``auto`` (``tree.json`` beside the heads if present; else, when ``dynamic``, dynamic
+    trees (Li et al., 2024), or DDTree for a block drafter; for heads that index a static tree by
+    depth, a default tree of ``total_tokens``), ``chain``/``chainN`` (for a block drafter ``chain``
+    is the whole block), a JSON choices list such as ``[[0],[1],[0,0]]``, or a path to a tree.json.
+    Dynamic trees (Li et al., 2024): expand ``top_k_draft`` nodes per level for ``depth`` levels
+    (with ``cost_aware``, fewer when the last ones did not pay), then keep the ``total_tokens``
+    (root included) most confident. DDTree (one pass of a block drafter): the ``total_tokens`` - 1
+    likeliest paths over each block position's ``top_k_draft`` candidates, as deep as the block.
+    ``typical`` opts into typical acceptance (Cai et al., 2024): faster under sampling, NOT lossless.
 
     ``backend``: how the target's and the drafter's linear layers run: ``auto`` (on a float32 CPU
     with oneDNN, ``eager`` or ``onednn``, whichever was measured faster for the target and for the

@@ -226,9 +226,10 @@ class DraftMethods:
     def training_layers(self, num_layers: int) -> list[int]:
         """Target hidden states a drafter of this shape trains on: what a feature cache holds.
 
-        Medusa reads the final state. EAGLE reads its input layers plus the final state, which
-        is its regression and distillation target (see ``Drafter.training_layers``). The kind's
-        config facts say (``conf/schema/kinds/<kind>.py``).
+        The final state alone by default; a drafter of decoder layers over the target's features
+        reads its input layers, plus the final state where that is its regression and distillation
+        target (see ``Drafter.training_layers``). The kind's config facts say
+        (``conf/schema/kinds/<kind>.py``).
         """
         return draft_kind(self.kind).training_layers(self, num_layers)
 

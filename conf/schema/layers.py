@@ -1,7 +1,7 @@
 """The engines' rule for the target layers a drafter reads (``draft.<kind>.feature_layers``): ids index
 the target's ``hidden_states`` (the input of layer i) as everywhere in draftheads.
 
-Each kind's own layer facts (EAGLE-3's three default layers, the reference DFlash rule that
+Each kind's own layer facts (its default layers, or a rule such as z-lab's reference one that
 spreads one target layer per drafter layer) are in its config module
 (``conf/schema/kinds/<kind>.py``).
 """

@@ -43,7 +43,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     lr_schedule: str = "cosine"
     warmup_steps: int = 0
-    # warm-up as a share of the run's optimizer steps (the reference DFlash recipe: 0.04); the
+    # warm-up as a share of the run's optimizer steps (z-lab's reference recipe: 0.04); the
     # longer of this and warmup_steps applies
     warmup_ratio: float = 0.0
     # Optimizer steps. With ``epochs`` set, max_steps is derived from the data size instead.
@@ -70,10 +70,11 @@ class TrainConfig:
     # online: run the target every step; offline: read data.FeatureCache at feature_cache.
     features: str = "online"
     feature_cache: str | None = None
-    # EAGLE's token loss against the target's distribution: full (project the cached final
-    # state through the whole vocabulary), topk (the feature cache's top-k logits, EAGLE-3
-    # and DFlash only), or auto (topk when the cache holds them and the drafter is EAGLE-3 or
-    # DFlash, else full; DFlash without them learns the data's next tokens).
+    # a drafter's token loss against the target's distribution: full (project the cached final
+    # state through the whole vocabulary), topk (the feature cache's top-k logits, for a drafter
+    # that learns from them), or auto (topk when the cache holds them and the drafter learns from
+    # them, else full; a drafter that does not read the final state learns the data's next tokens
+    # without them).
     soft_labels: str = "auto"
     # Rows that carry cached features go end to end into one row per micro-batch (per-row
     # positions and attention), so no step computes on padding; the loss is the padded one's.

@@ -15,16 +15,16 @@ from typing import Any, ClassVar
 
 @dataclass
 class DecoderLayers:
-    """The ``draft.*`` keys of a drafter built of decoder layers over target features (EAGLE,
-    DFlash, P-EAGLE); each of those kinds' sections extends it."""
+    """The ``draft.*`` keys of a drafter built of decoder layers over target features; the section
+    of every kind that builds one extends it."""
 
     num_decoder_layers: int = 1
     # the target layers the drafter reads (ids index the target's hidden_states; null: the kind's rule)
     feature_layers: list[int] | None = None
     # the draft head's vocabulary: the target's lm_head rows of the most frequent answer tokens (null: all)
     draft_vocab_size: int | None = None
-    # start the decoder layer(s) as the target's last layer(s); EAGLE-3's widened q/k/v hold the
-    # target's weights in the feature half and zeros in the embedding half
+    # start the decoder layer(s) as the target's last layer(s); q/k/v widened to read the embedding
+    # beside the features hold the target's weights in the feature half and zeros in the embedding half
     init_from_target: bool = False
 
 
