@@ -19,8 +19,8 @@ and never unpickles anything.
 ``Drafter`` is a ``huggingface_hub.PyTorchModelHubMixin``: the mixin's ``save_pretrained`` /
 ``from_pretrained`` / ``push_to_hub`` entry points are kept, with their work done here, because
 a drafter's checkpoint is more than its ``__init__`` arguments: loading needs the target (the
-fingerprint check, official layouts, Medusa-2 adapters), files land atomically, and the model
-card is the one of :mod:`draftheads.heads.card`.
+fingerprint check, official layouts, the target's LoRA adapters for heads trained with them), files
+land atomically, and the model card is the one of :mod:`draftheads.heads.card`.
 """
 
 from __future__ import annotations
@@ -138,14 +138,15 @@ class Drafter(
         return self._shared[name]
 
     # ---- decoding facts (what shapes the draft trees) ------------------------------------
-    dynamic_trees: ClassVar[bool] = True  # drafts trees as it goes (EAGLE-2, DDTree); else static only
+    # drafts trees as it goes (dynamic trees, Li et al., 2024; DDTree); else static only
+    dynamic_trees: ClassVar[bool] = True
 
     def tree_width(self) -> int | None:
-        """Heads a static tree's depths index (Medusa: its heads), or None: any depth."""
+        """Heads a static tree's depths index (one head drafts each depth), or None: any depth."""
         return None
 
     def draft_depth(self) -> int | None:
-        """The most tokens one draft reaches (DFlash: a block's ``block_size - 1``), or None: no limit."""
+        """The most tokens one draft reaches (a block drafter's block minus its root), or None: no limit."""
         return None
 
     def depth_limit(self) -> str:
@@ -221,10 +222,11 @@ class Drafter(
     ) -> Drafter:
         """Load a drafter strictly; with ``target``, check the fingerprint and attach it.
 
-        The one loader every command uses. An official Medusa/EAGLE/DFlash layout is converted for
-        ``target``. Medusa-2 heads get their LoRA adapters put on ``target`` (in place) when it
-        has none, so the returned drafter decodes with the adapted target. Weights with NaN or
-        infinity, or for another target (shape, architecture, weights, tokenizer), are refused.
+        The one loader every command uses. A kind's official layout (``DrafterKind.layouts``) is
+        converted for ``target``. Heads trained with LoRA adapters on the target get those adapters
+        put on ``target`` (in place) when it has none, so the returned drafter decodes with the
+        adapted target. Weights with NaN or infinity, or for another target (shape, architecture,
+        weights, tokenizer), are refused.
         """
         directory = resolve_checkpoint_dir(path_or_repo, revision)
         official = detect_layout(directory)

@@ -9,8 +9,8 @@ huggingface_hub's ``ModelCard``/``ModelCardData``:
 * ``library_name: draftheads`` and tags (``speculative-decoding``, the kind and the kind's own);
 * the training data and config (the checkpoint's provenance);
 * τ and speedup from an eval report dict, and held-out training metrics, when given;
-* usage snippets for draftheads, vLLM and SGLang, with ``num_speculative_tokens`` equal to
-  the head count for Medusa and to ``block_size - 1`` for DFlash.
+* usage snippets for draftheads, vLLM and SGLang, with the ``num_speculative_tokens`` the
+  drafter's kind is served with (:func:`num_speculative_tokens`).
 
 What differs per kind (tags, the one-line description, the engines and methods that serve it)
 is asked from the kind's heads facts (:mod:`draftheads.heads.kinds`).
@@ -35,24 +35,18 @@ def natural_key(name: str) -> list:
 
 
 def num_speculative_tokens(conf: dict[str, Any]) -> int:
-    """``num_speculative_tokens`` for serving the drafter with config ``conf``, as its kind says.
-
-    Medusa: exactly the head count. vLLM copies the value into the number of heads it builds
-    (``num_lookahead_tokens``) and drops unknown keys, so a smaller value serves fewer heads and
-    a larger one builds heads with no weights. DFlash: the trained block minus its root,
-    ``block_size - 1`` (vLLM runs ``1 + num_speculative_tokens`` block positions per step).
-    EAGLE drafts autoregressively: any chain length.
-    """
+    """``num_speculative_tokens`` for serving the drafter with config ``conf``, as its kind says
+    (``DrafterKind.num_speculative_tokens``, whose docstring in the kind's folder says why)."""
     return kind_of(conf).num_speculative_tokens(conf)
 
 
 def serve_command(engine: str, method: str, target: str, draft: str, k: int, flags: str = "") -> str:
     """The command that serves ``target`` with the exported ``draft`` (also in docs/hub.md).
 
-    ``k`` is :func:`num_speculative_tokens`; ``flags`` the format's ``serve_flags``, ``{block}``
-    there the ``k`` drafted tokens and the root (DFlash: its attention backend in vLLM, its
-    block in SGLang). SGLang's three EAGLE tuning flags are left to its auto choice (set all
-    three or none).
+    ``k`` is :func:`num_speculative_tokens`; ``flags`` the format's ``serve_flags`` (what the engine
+    needs beside the drafter, such as an attention backend or a block size), ``{block}`` there the
+    ``k`` drafted tokens and the root. SGLang's three tuning flags of its tree-drafting methods
+    (steps, top-k, draft tokens) are left to its auto choice (it takes all three or none).
     """
     extra = f" {flags.format(block=k + 1)}" if flags else ""
     if engine == "vllm":
@@ -109,7 +103,7 @@ def metrics_section(metrics: dict[str, Any] | None) -> str:
     return (
         "## Held-out metrics (last training evaluation)\n\n"
         "Accuracies compare the drafter's top-1/top-k with the target's greedy token; `tau` is the\n"
-        "simulated acceptance length of a top-1 chain (for DFlash, of a drafted block): tokens per\n"
+        "simulated acceptance length of a top-1 chain (for a block drafter, of a drafted block): tokens per\n"
         "target forward, teacher-forced on the held-out rows; exact when those rows are the target's\n"
         "own greedy text.\n\n"
         "| metric | value |\n|---|---|\n" + "\n".join(rows) + "\n\n"
@@ -141,7 +135,7 @@ def results_section(report: dict[str, Any] | None) -> str:
 def usage_section(conf: dict[str, Any], repo_id: str) -> str:
     """Snippets for draftheads, vLLM and SGLang (the engines need ``draftheads export`` first)."""
     target = conf["target"]["name"]
-    # Medusa-2: from_pretrained puts the checkpoint's LoRA adapters on the target itself.
+    # heads trained with LoRA adapters on the target: from_pretrained puts them on the target itself
     load = f'drafter = Drafter.from_pretrained("{repo_id}", target=target, tokenizer=tok)'
     py = f"""```python
 from draftheads.decode import SpeculativeGenerator
@@ -181,8 +175,8 @@ out = SpeculativeGenerator(target, drafter).generate(ids, max_new_tokens=128)
 
 
 def export_target(conf: dict[str, Any]) -> str:
-    """The ``target=`` overrides an export of ``conf`` needs (it writes the target's lm_head, or its
-    rows, for shared-lm_head Medusa heads and reduced-vocabulary DFlash drafters), else ""."""
+    """The ``target=`` overrides an export of ``conf`` needs (it writes some of the target's weights,
+    such as its lm_head or rows of it: ``DrafterKind.export_needs_target``), else ""."""
     needs = kind_of(conf).export_needs_target(conf)
     return f" target=hf target.name_or_path={conf['target']['name']}" if needs else ""
 

@@ -1,9 +1,10 @@
 """The files of a draftheads checkpoint: names, reading, checking and atomic writing.
 
 A checkpoint directory holds ``config.json`` (kind, format version, shape spec, target
-fingerprint, provenance), ``model.safetensors`` and, for Medusa-2, the target's LoRA adapters
-in ``adapter/``. Nothing here builds a drafter (see :mod:`draftheads.heads.base`), so every
-module of ``heads/`` can read checkpoints without importing the drafter classes.
+fingerprint, provenance), ``model.safetensors`` and, for heads trained with LoRA adapters on the
+target, those adapters in ``adapter/``. Nothing here builds a drafter (see
+:mod:`draftheads.heads.base`), so every module of ``heads/`` can read checkpoints without importing
+the drafter classes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from draftheads.heads.target.fingerprint import TargetFingerprint
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-ADAPTER_DIR = "adapter"  # Medusa-2: peft's adapter_config.json + adapter_model.safetensors
+ADAPTER_DIR = "adapter"  # LoRA adapters on the target: peft's adapter_config.json + adapter_model.safetensors
 # Files whose presence marks a directory as holding a drafter (ours or an official layout).
 CHECKPOINT_FILES = (
     CONFIG_NAME,
@@ -86,9 +87,10 @@ def read_config(directory: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(cfg, dict) or "kind" not in cfg or "spec" not in cfg:
         raise UserError(
-            f"{path} is not a draftheads drafter config (no 'kind'/'spec'), and no official Medusa, EAGLE, "
-            "DFlash or speculators weights lie beside it; give a folder `draftheads train` wrote, or a "
-            "published drafter's folder with its weights (loaded with target=...)"
+            f"{path} is not a draftheads drafter config (no 'kind'/'spec'), and no published drafter's "
+            "weights (a kind's official layout or a speculators export) lie beside it; give a folder "
+            "`draftheads train` wrote, or a published drafter's folder with its weights (loaded with "
+            "target=...)"
         )
     if int(cfg.get("format_version", 0)) > FORMAT_VERSION:
         raise UserError(
@@ -140,7 +142,7 @@ def check_state(own: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], 
 
 
 def attach_adapters(target: Any, directory: Path) -> Any:
-    """Put the Medusa-2 LoRA adapters saved in ``directory/adapter`` on ``target``, in place.
+    """Put the LoRA adapters saved in ``directory/adapter`` on ``target``, in place.
 
     transformers' ``load_adapter`` keeps the target's class, so fingerprints and the decoder
     work unchanged. A target that already carries adapters (peft) is left as it is.
@@ -150,7 +152,7 @@ def attach_adapters(target: Any, directory: Path) -> Any:
     path = directory / ADAPTER_DIR
     if not (path / "adapter_config.json").is_file():
         raise UserError(
-            f"{directory} holds Medusa-2 heads trained with LoRA adapters on the target, but its "
+            f"{directory} holds heads trained with LoRA adapters on the target, but its "
             f"{ADAPTER_DIR}/adapter_config.json is missing; re-save or re-download the whole checkpoint"
         )
     target.load_adapter(str(path))

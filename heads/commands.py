@@ -1,9 +1,9 @@
 """``draftheads info``: what a checkpoint holds.
 
 A draftheads checkpoint is read without its target. An engine's or a reference trainer's layout
-(a vLLM, SGLang or speculators export, a z-lab DFlash or an official EAGLE/Medusa directory) says
-its shapes only against a target, so it is imported onto ``target=`` (the default target unless
-named) exactly as ``Drafter.from_pretrained`` would, and reported as the drafter it becomes.
+(a vLLM, SGLang or speculators export, or a directory in a kind's official layout) says its shapes
+only against a target, so it is imported onto ``target=`` (the default target unless named)
+exactly as ``Drafter.from_pretrained`` would, and reported as the drafter it becomes.
 """
 
 from __future__ import annotations

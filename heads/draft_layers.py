@@ -1,10 +1,10 @@
 """The shape of a drafter's own decoder layers, read from any target's config.
 
 The engines serve a drafter's layers as one architecture whatever the target: vLLM, SGLang and
-speculators build EAGLE drafters from Llama layers (for Qwen3, Llama-4, GPT-OSS, DeepSeek, ...),
-and DFlash drafters from Qwen3-style ones. Only the target's hidden states, embedding and head
-enter a drafter. So the drafter's layers take their sizes from the target's config, as
-speculators derives them, and nothing else of it:
+speculators build a kind's drafter from one layer class (Llama layers, or Qwen3-style ones; the
+kind's model says which) for every target (Qwen3, Llama-4, GPT-OSS, DeepSeek, ...). Only the
+target's hidden states, embedding and head enter a drafter. So the drafter's layers take their
+sizes from the target's config, as speculators derives them, and nothing else of it:
 
 * hidden size, vocabulary, query and key/value heads and head size; a head size whose heads do
   not tile the hidden size (DeepSeek-V3's MLA rope part, ``head_dim`` of a latent attention) is
@@ -148,7 +148,7 @@ OWN_KEYS = (
 
 
 def own_sizes(config: dict[str, Any]) -> dict[str, Any]:
-    """A published drafter's own layer sizes and rope (an official EAGLE config, a speculators
+    """A published drafter's own layer sizes and rope (its official config, a speculators
     ``transformer_layer_config``), as :func:`llama_layers` takes them in ``given``."""
     out = {k: config[k] for k in OWN_KEYS if config.get(k) is not None}
     if any(config.get(k) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta")):

@@ -8,17 +8,11 @@ What each engine's loader reads, and the rules it imposes, are in :mod:`drafthea
 :data:`~draftheads.heads.engine.loaders.RULES`, each rule with the engine file it comes from). Every
 export is validated against them before it is reported done.
 
-EAGLE-3 auxiliary layers: our ``feature_layers`` index HF ``hidden_states`` (the *input* of
-layer i). vLLM's top-level ``eagle_aux_hidden_state_layer_ids`` uses the same convention;
-SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids`` names layer *outputs* (it captures
-``id + 1``), so it is written as ``i - 1``.
-
-DFlash: z-lab's layout, which both engines load as ``DFlashDraftModel`` (a Qwen3 config with
-``dflash_config.mask_token_id``, ``dflash_config.target_layer_ids`` = our ``feature_layers - 1``,
-since both engines read them as layer outputs, ``block_size`` and ``num_target_layers``; our
-tensor names without a ``model.`` prefix, and neither the embedding nor the lm_head). A reduced
-draft vocabulary is written as vLLM reads it (``draft_vocab_size``, ``lm_head`` [Vd, H] from the
-target's rows, ``d2t``); SGLang cannot read one, so that export is refused.
+Each kind writes its engine layouts in its own folder (``heads/<kind>/export.py``, whose docstring
+gives the config, the tensor names and how the target layer ids map to each engine's convention:
+our ``feature_layers`` index HF ``hidden_states``, the *input* of layer i, where an engine may
+name layer *outputs*); this module asks the kind (``DrafterKind.export``, ``to_speculators``) and
+writes the files.
 
 The output directory must be new, empty, or a previous export (it holds ``export.json``);
 a directory holding a drafter checkpoint, such as the drafter's own, is refused before anything
@@ -123,7 +117,8 @@ def export_drafter(
 ) -> Path:
     """Write ``drafter`` for ``engine`` into ``out`` (config.json + model.safetensors) and validate it.
 
-    Shared-lm_head Medusa heads must be attached to their target (its lm_head is written).
+    A drafter whose export writes some of the target's weights (``DrafterKind.export_needs_target``)
+    must be attached to its target.
     ``source`` (the drafter's directory) is never written to. ``verifier`` (speculators only) is
     the local folder of the target the export is served with, recorded instead of its Hub name;
     ``tokens`` (speculators only) the chain it proposes, instead of the model card's.
@@ -156,12 +151,12 @@ def export_drafter(
 def export_speculators(
     drafter: Drafter, verifier: str | None = None, tokens: int | None = None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """EAGLE-3 and DFlash in speculators' layout, from their vLLM layout (same checks, same weights).
+    """The drafter in speculators' layout, as its kind writes it (``DrafterKind.to_speculators``).
 
     The verifier is the drafter's target; the default proposal is the greedy chain of ``tokens``
-    drafts, else the one the model card names (``block_size - 1`` tokens for DFlash).
-    Speculators has no EAGLE-1 or Medusa type. ``verifier`` (a local copy of the target, checked
-    to be it) replaces the target's name.
+    drafts, else the one the model card names (:func:`~draftheads.heads.card.num_speculative_tokens`).
+    A drafter speculators has no type for is refused (``DrafterKind.speculators_refusal``).
+    ``verifier`` (a local copy of the target, checked to be it) replaces the target's name.
     """
     kind, conf = drafter_kind(drafter.kind), {"kind": drafter.kind, "spec": drafter.spec()}
     refusal = kind.speculators_refusal(conf)
@@ -176,8 +171,7 @@ def export_speculators(
 
 def needs_target(directory: Path) -> bool:
     """Official layouts (imported for a target), and drafters whose export writes some of the
-    target's weights (``DrafterKind.export_needs_target``: shared-lm_head Medusa heads,
-    reduced-vocabulary DFlash drafters)."""
+    target's weights (``DrafterKind.export_needs_target``: say its lm_head, or rows of it)."""
     if detect_layout(directory) is not None:
         return True
     conf = read_config(directory)
@@ -231,8 +225,9 @@ def export(cfg) -> Path:
         return out
     fmt = validate_export(out, engine, drafter.target_fingerprint.num_layers)
     if drafter.requires_adapters:
+        short = drafter_kind(drafter.kind).describe_short({"kind": drafter.kind, "spec": drafter.spec()})
         print(
-            "note: these Medusa-2 heads were trained with LoRA adapters on the target; serve them with the "
+            f"note: this drafter ({short}) was trained with LoRA adapters on the target; serve it with the "
             "target with those adapters merged (peft merge_and_unload), never with the plain target"
         )
     print(f"exported {drafter.kind} drafter to {out} ({engine} {fmt.method}); serve it with:")

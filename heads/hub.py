@@ -27,6 +27,7 @@ from draftheads.heads.checkpoint import (
     load_checkpoint,
     read_config,
 )
+from draftheads.heads.kinds import drafter_kind
 
 CARD_NAME = "README.md"
 REPORT_NAME = "report.json"
@@ -75,8 +76,9 @@ def find_report(
 
 
 def files_to_push(heads_dir: Path) -> dict[str, Path]:
-    """What a published drafter holds: weights and config, Medusa-2 LoRA adapters, the measured
-    decoding tree and the resolved training config when present; never optimizer checkpoints."""
+    """What a published drafter holds: weights and config, the target's LoRA adapters (``adapter/``),
+    the measured decoding tree and the resolved training config when present; never optimizer
+    checkpoints."""
     files = {CONFIG_NAME: heads_dir / CONFIG_NAME, WEIGHTS_NAME: heads_dir / WEIGHTS_NAME}
     for name in OPTIONAL_FILES:
         if (heads_dir / name).is_file():
@@ -119,8 +121,10 @@ def push_folder(
     conf = read_config(heads_dir)
     load_checkpoint(heads_dir)  # config and weights agree, all finite: never publish a damaged one
     if conf.get("requires_adapters") and not (heads_dir / ADAPTER_DIR).is_dir():
+        short = drafter_kind(conf["kind"]).describe_short(conf)
         raise UserError(
-            f"{heads_dir}: Medusa-2 heads need their {ADAPTER_DIR}/ (LoRA adapters); it is missing"
+            f"{heads_dir} ({short}, trained with LoRA adapters on the target) needs its {ADAPTER_DIR}/ "
+            "(the adapters), which is missing; push the whole folder `draftheads train` wrote"
         )
     report_path = find_report(heads_dir, report, search)
     card = model_card(conf, repo_id, read_report(report_path) if report_path else None)

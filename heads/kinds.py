@@ -64,7 +64,7 @@ class DrafterKind:
     # (engine, method) -> what that engine's loader reads; the loaders' further rules
     formats: ClassVar[dict[tuple[str, str], EngineFormat]] = {}
     rules: ClassVar[tuple[Rule, ...]] = ()
-    # the engines serve it with any number of drafted tokens a step (EAGLE's chain), not only its own
+    # the engines serve it with any number of drafted tokens a step (it drafts a chain), not only its own
     any_chain: ClassVar[bool] = False
     # the speculators_model_type this kind is written as (None: speculators has none)
     speculators_type: ClassVar[str | None] = None
@@ -72,7 +72,7 @@ class DrafterKind:
     # holds under other names, read through that layout's converter (None: the kind converts
     # speculators' own layout, listed in ``layouts`` under ``speculators_type``)
     speculators_engine_layout: ClassVar[str | None] = None
-    # "EAGLE-{version}", "DFlash (block {block_size})": the kind as one phrase, from DraftConfig fields
+    # the kind as one phrase, a format string over DraftConfig fields (e.g. "<Name> ({num_heads} heads)")
     title: ClassVar[str] = ""
     # the files or tensors that mark its published layouts, named when a folder holds no known layout
     layout_hint: ClassVar[str] = ""

@@ -1,9 +1,9 @@
 """Drafter layers started as the target's own (``draft.<kind>.init_from_target``).
 
 A drafter decoder layer that shares the target's layout (names and shapes of its q/k/v/o,
-MLP and norms) can start from a trained target layer instead of random weights: EAGLE's and
-DFlash's layers copy the target's last ones. Parameters the target has no counterpart for (DFlash's
-q/k norms) keep their initialisation.
+MLP and norms) can start from a trained target layer instead of random weights: a kind whose
+drafter has such layers copies the target's last ones (its ``init_from_target``). Parameters the
+target has no counterpart for (say q/k norms a Llama target lacks) keep their initialisation.
 """
 
 from __future__ import annotations

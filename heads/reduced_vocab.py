@@ -1,4 +1,4 @@
-"""A reduced draft vocabulary: the EAGLE-3 / SpecForge / vLLM ``d2t``/``t2d`` convention.
+"""A reduced draft vocabulary: the ``d2t``/``t2d`` convention of Li et al. (2025), SpecForge and vLLM.
 
 A drafter that predicts over ``Vd`` of the target's ``V`` token ids keeps two buffers::
 
@@ -7,9 +7,10 @@ A drafter that predicts over ``Vd`` of the target's ``V`` token ids keeps two bu
 
 The draft ids are the target ids sorted, so ``d2t`` is non-decreasing and ``0`` everywhere for
 the full vocabulary (then the map is the identity). The head over the reduced vocabulary is the
-target's lm_head rows of those ids: EAGLE-3 starts its own trained head there, DFlash computes
-with them frozen. Both drafters mix :class:`ReducedVocab` in, so the buffers keep their names
-(``d2t``, ``t2d``) at the top of the state dict, as every engine and reference checkpoint has them.
+target's lm_head rows of those ids: a drafter either starts its own trained head there or computes
+with them frozen (its kind's model says which). Such drafters mix :class:`ReducedVocab` in, so
+the buffers keep their names (``d2t``, ``t2d``) at the top of the state dict, as every engine and
+reference checkpoint has them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""vLLM's ``speculators`` format: EAGLE-3 and DFlash drafters written and read as its model classes do.
+"""vLLM's ``speculators`` format: drafters of the kinds that speculators defines, as its classes hold them.
 
 A speculators directory is ``config.json`` + ``model.safetensors``. The config is the drafter
 model's own (``speculators_model_type``, ``architectures``, a ``transformer_layer_config``

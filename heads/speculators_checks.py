@@ -62,7 +62,7 @@ def check_eagle_layer_ids(config: dict[str, Any], num_layers: int, where: str) -
     if not isinstance(ids, list):
         raise UserError(f"{where}: {EAGLE_IDS}={ids!r} must be a list of three target layer ids")
     problem = (
-        f"{EAGLE_IDS}={ids}: EAGLE-3 reads 3 target layer(s), this lists {len(ids)}"
+        f"{EAGLE_IDS}={ids}: the drafter reads 3 target layers, this lists {len(ids)}"
         if len(ids) != 3
         else layer_ids_problem(ids, num_layers, num_layers, EAGLE_IDS)
     )

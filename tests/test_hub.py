@@ -199,7 +199,7 @@ def test_push_uploads_adapters_tree_and_the_latest_eval_report(hub, tmp_path, ti
     d = trained("medusa", model, fp)
     d.requires_adapters = True  # a Medusa-2 checkpoint: heads + the target's LoRA adapters
     heads = d.save_pretrained(tmp_path / "heads")
-    with pytest.raises(UserError, match="need their adapter/"):
+    with pytest.raises(UserError, match="needs its adapter/"):
         push_folder(heads, "org/m2")
     (heads / "adapter").mkdir()
     (heads / "adapter" / "adapter_config.json").write_text("{}")

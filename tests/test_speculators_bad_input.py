@@ -42,7 +42,7 @@ CASES = [
     (
         "eagle3",
         lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2]),
-        "eagle_aux_hidden_state_layer_ids=[1, 2]: EAGLE-3 reads 3 target layer(s)",
+        "eagle_aux_hidden_state_layer_ids=[1, 2]: the drafter reads 3 target layers",
     ),
     ("eagle3", lambda c: c.update(eagle_aux_hidden_state_layer_ids="1,2,3"), "eagle_aux_hidden_state_layer_ids='1,2,3'"),
     (

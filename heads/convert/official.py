@@ -1,4 +1,4 @@
-"""Import official Medusa, EAGLE and DFlash checkpoints: detect the layout, map the keys, load strictly.
+"""Import a kind's official checkpoints: detect the layout, map the keys, load strictly.
 
 ``Drafter.from_pretrained(dir_or_hub_id, target=model)`` calls :func:`detect_layout` and, when
 the directory is not a draftheads checkpoint, :func:`convert_official`, which returns the
@@ -11,11 +11,11 @@ gives the files and keys; ``docs/hub.md`` tabulates them all). This module picks
 for the layout, checks the tensors against the built drafter, and records where an import came
 from.
 
-Why the target is required: official files carry no usable fingerprint (Medusa's config even
-gets the head count wrong), so the drafter is built for the target the user loads it with,
-every tensor's shape is checked against that target, and the fingerprint is taken from it.
-Medusa head and layer counts come from the keys, never from the config. Pickles are read
-with ``torch.load(weights_only=True)`` only.
+Why the target is required: official files carry no usable fingerprint (a published config may
+even get the drafter's own shape wrong; a kind's converter then reads it from the keys), so the
+drafter is built for the target the user loads it with, every tensor's shape is checked against
+that target, and the fingerprint is taken from it. Pickles are read with
+``torch.load(weights_only=True)`` only.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """An imported checkpoint's copies of the target's own tensors must be the target's.
 
-Official EAGLE and DFlash files may carry the embedding, or an lm_head, that the drafter
-shares with its target. draftheads shares the target's own tensors and drops the copies, but
-first compares them: a copy that differs means the drafter was trained for another model.
+A kind's official files may carry the embedding, or an lm_head, that the drafter shares with its
+target (the kind's converter calls these checks). draftheads shares the target's own tensors and
+drops the copies, but first compares them: a copy that differs means the drafter was trained for
+another model.
 """
 
 from __future__ import annotations

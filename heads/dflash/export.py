@@ -2,9 +2,9 @@
 
 A Qwen3 config with ``dflash_config.mask_token_id`` and ``dflash_config.target_layer_ids`` (our
 ``feature_layers - 1``: both engines read layer outputs), ``block_size`` and ``num_target_layers``;
-our tensor names, and neither the embedding nor the lm_head. A reduced draft vocabulary is written
-as vLLM reads it (``draft_vocab_size``, ``lm_head`` [Vd, H] from the target's rows, ``d2t``); SGLang
-cannot read one, so that export is refused (:func:`sglang_refusal`).
+our tensor names without a ``model.`` prefix, and neither the embedding nor the lm_head. A reduced
+draft vocabulary is written as vLLM reads it (``draft_vocab_size``, ``lm_head`` [Vd, H] from the
+target's rows, ``d2t``); SGLang cannot read one, so that export is refused (:func:`sglang_refusal`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 What each engine's loader reads is in :mod:`draftheads.heads.eagle.engine`. EAGLE-3 auxiliary
 layers: vLLM's ``eagle_aux_hidden_state_layer_ids`` index HF ``hidden_states`` as our
-``feature_layers`` do; SGLang's ``eagle_config`` names layer outputs, so it is written as ``i - 1``.
+``feature_layers`` do; SGLang's ``eagle_config`` names layer outputs (it captures ``id + 1``), so it
+is written as ``i - 1``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each kind's ``heads/<kind>/engine.py`` writes what vLLM's and SGLang's loaders read in these
 terms, and :mod:`draftheads.heads.engine.loaders` checks an export against them. The Llama decoder
-layer's tensors live here because the EAGLE and DFlash drafters both build on it.
+layer's tensors live here because the drafters of more than one kind build on it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class EngineFormat:
     tensors: Callable[[dict[str, Any]], dict[str, TensorRule]]
     forbidden_config: tuple[str, ...] = ()
     # flags the engine's serve command needs beside the drafter, ``{block}`` the drafted tokens
-    # plus the root (e.g. DFlash's attention backend in vLLM, its block size in SGLang)
+    # plus the root (e.g. a block drafter's attention backend in vLLM, its block size in SGLang)
     serve_flags: str = ""
 
 

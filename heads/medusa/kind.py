@@ -34,7 +34,9 @@ class MedusaKind(DrafterKind):
         return MedusaHeads(fp, num_heads=d.num_heads, num_layers=d.num_layers, lm_head=d.lm_head)
 
     def num_speculative_tokens(self, conf: dict[str, Any]) -> int:
-        """Exactly the head count: vLLM builds that many heads (a larger value builds heads with no weights)."""
+        """Exactly the head count. vLLM copies the value into the number of heads it builds
+        (``num_lookahead_tokens``) and drops unknown keys, so a smaller value serves fewer heads and
+        a larger one builds heads with no weights."""
         return int(conf["spec"]["num_heads"])
 
     def tags(self, conf: dict[str, Any]) -> list[str]:

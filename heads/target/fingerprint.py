@@ -117,7 +117,8 @@ def weight_sample(model: nn.Module) -> tuple[float, ...]:
 
     Cheap (no pass over the weights) and stable across float32/bfloat16/float16 loads of the
     same checkpoint; different weights (another seed, another model of the same shape) differ.
-    LoRA adapter weights are skipped, so a Medusa-2 target with its adapters matches its base.
+    LoRA adapter weights are skipped, so a target carrying the adapters its heads were trained with
+    matches its base.
     A last layer that accelerate offloaded is brought in for the read, so a sharded target has
     the fingerprint of the whole one. Empty when a tensor is not materialised (an empty model,
     ZeRO-3 partition).
