@@ -230,7 +230,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     # EAGLE-2's published tree: one more row per prompt set, every one of its nodes verified and
     # the output still the target's greedy one; the default rows are read from their cache
     wide = study(cfg, replace(b, published_tree=True))
-    row = wide["drafters"]["eagle3 (EAGLE-2 tree)"]["heldout"]
+    row = wide["drafters"]["eagle3 (published 60-node tree)"]["heldout"]
     default = wide["drafters"]["eagle3"]["heldout"]
     assert row["greedy_identical"] == 1.0 and default == again["drafters"]["eagle3"]["heldout"]
     # unpruned: wider than the default's 8 nodes and 6-token chain, though short of 60 on average,
@@ -246,7 +246,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_skips_them(tmp_path, tiny_llama, 
     }
     assert wide["stage_minutes"] == again["stage_minutes"]  # an opt-in row: not a stage of the default run
     write_docs(wide, b, docs)
-    assert "| eagle3 (EAGLE-2 tree) | heldout |" in docs.read_text()
+    assert "| eagle3 (published 60-node tree) | heldout |" in docs.read_text()
 
 
 def toy_report(tau: float, pld: bool, **more) -> dict:

@@ -174,11 +174,13 @@ def kind_imports(source: str, names: set[str]) -> list[tuple[int, str]]:
 
 
 def kind_words(source: str, names: set[str]) -> list[tuple[int, str]]:
-    """(line, name) of every kind or group name written as a word anywhere in ``source``: code,
-    strings, comments and docstrings alike, as ``grep -w`` finds them (``draft.<name>.key`` holds
-    the word, ``<name>_steps`` does not)."""
-    word = re.compile(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b")
-    return [(i, m.group(1)) for i, line in enumerate(source.splitlines(), 1) for m in word.finditer(line)]
+    """(line, name) of every kind or group name written as a word anywhere in ``source``, in any
+    letter case: code, strings, comments and docstrings alike, as ``grep -iw`` finds them
+    (``draft.<name>.key`` and ``EAGLE-3`` hold the word, ``<name>_steps`` and ``EagleDrafter`` do not)."""
+    word = re.compile(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b", re.IGNORECASE)
+    return [
+        (i, m.group(1).lower()) for i, line in enumerate(source.splitlines(), 1) for m in word.finditer(line)
+    ]
 
 
 def generic_modules(names: set[str]) -> list[tuple[str, str]]:
