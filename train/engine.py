@@ -12,13 +12,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
-import io
 import os
 import socket
-import sys
-import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -34,41 +30,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# DeepSpeed compiles its CPU all-reduce op once (about 40 s on 2 cores) under a lock file; a build
-# interrupted there leaves the lock, and torch then waits on it forever, silently
-SHM_OP = "deepspeed_shm_comm"
-STALE_LOCK_S = 600.0
-
-
-def clear_stale_build_lock(name: str = SHM_OP, stale_s: float = STALE_LOCK_S) -> Path | None:
-    """Remove the op build's lock file when it is older than any build takes (an interrupted
-    build's), saying so in one line; returns the path removed, or None."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return None
-    if age < stale_s:
-        return None
-    lock.unlink(missing_ok=True)
-    print(
-        f"note: removed {lock}, left {age / 60:.0f} min ago by an interrupted build of DeepSpeed's {name} op; "
-        "building it again",
-        file=sys.stderr,
-    )
-    return lock
-
-
-def shm_op_left_out(single: bool) -> contextlib.AbstractContextManager:
-    """Where DeepSpeed's CPU backend starts: for a single process (``single``), without its
-    shared-memory all-reduce op, which only reduces across ranks on one machine and costs a 40 s
-    build where it was never built (``make demo`` and ``make bench`` train in one process);
-    processes of a multi-process run load it as DeepSpeed does."""
+def shm_op_left_out() -> contextlib.AbstractContextManager:
+    """Where DeepSpeed's CPU backend starts: without its shared-memory all-reduce op. DeepSpeed
+    builds that C++ op (about 40 s on 2 cores, once per environment) when a process group starts,
+    but only its tensor-parallel inference layers call it (``inference_all_reduce``); data-parallel
+    training reduces through ``torch.distributed`` (gloo) whether the op is there or not, so no
+    run of draftheads, single- or multi-process, pays for the build."""
     # by its module path: ``deepspeed.comm``'s attribute ``torch`` is torch itself
     ds_torch = importlib.import_module("deepspeed.comm.torch")
-    if not single or torch.cuda.is_available() or not hasattr(ds_torch, "build_shm_op"):
+    if torch.cuda.is_available() or not hasattr(ds_torch, "build_shm_op"):
         return contextlib.nullcontext()
     return mock.patch.object(ds_torch, "build_shm_op", lambda: None)
 
@@ -85,12 +55,7 @@ def init_distributed() -> tuple[int, int]:
     if not dist.is_initialized():
         import deepspeed
 
-        single = int(os.environ.get("WORLD_SIZE", "1")) == 1
-        if not torch.cuda.is_available() and not single:
-            clear_stale_build_lock()
-        # DeepSpeed prints "... op built successfully" on stdout each time it loads the CPU op,
-        # even from the copy `make shm-op` built: a run's output would read as a 40 s build
-        with contextlib.redirect_stdout(io.StringIO()), shm_op_left_out(single):
+        with shm_op_left_out():
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(close_distributed)
     return dist.get_rank(), dist.get_world_size()
