@@ -107,7 +107,6 @@ def test_a_target_whose_features_it_cannot_read_is_refused_in_one_line(tmp_path,
     assert "\n" not in str(err.value) and not (tmp_path / "far" / "model.safetensors").exists()
 
 
-@pytest.mark.xdist_group("recipes")  # the worker that runs the recipes' dry runs (one DeepSpeed op build)
 def test_the_dry_run_sizes_a_peagle_recipe_from_the_kind_registry():
     """Llama-3.1-8B's EAGLE-3 recipe with draft=peagle: the drafter is EAGLE-3's plus the mask
     feature (3H) and the mask token's row (H), and its queries are the kept group entries."""
