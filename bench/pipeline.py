@@ -45,7 +45,8 @@ from draftheads.bench.data_stages import stage_distill, stage_features
 from draftheads.bench.drafter_only import main_data, stage_alone
 from draftheads.bench.eval_stage import stage_eval
 from draftheads.bench.extension import NO_ROWS, MainRun, Rows
-from draftheads.bench.report import check_docs, scaling_plot, summary_lines, write_docs
+from draftheads.bench.figures import check_docs
+from draftheads.bench.report import scaling_plot, summary_lines, write_docs
 from draftheads.bench.stage_times import stage_minutes
 from draftheads.bench.stages import drafter_rows, log
 from draftheads.bench.teacher_stages import cache_layers, stage_teacher, train_on

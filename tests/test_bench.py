@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 
 from bench.lab.study import run as study  # the pipeline with the maintainers' study rows
+from draftheads.bench.figures import figures
 from draftheads.bench.pipeline import pipeline
-from draftheads.bench.report import BEGIN, END, figures, replace_section, summary_lines, write_docs
+from draftheads.bench.report import BEGIN, END, replace_section, summary_lines, write_docs
 from draftheads.bench.stages import load_rows
 from draftheads.conf.cli import main, parse
 from draftheads.conf.errors import UserError

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from draftheads.bench.report import write_figures
+from draftheads.bench.figures import write_figures
 from draftheads.conf.cli import main
 from draftheads.decode import backend as backends
 from draftheads.heads import EagleDrafter, fingerprint
