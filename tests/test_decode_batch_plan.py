@@ -13,15 +13,8 @@ from draftheads.decode.cost import CostCurve
 from draftheads.decode.planner import MAX_WAIT, Planner
 from draftheads.heads import fingerprint
 from tests.conftest import get_target
-from tests.test_decode import (
-    PROMPTS,
-    SMALL,
-    assert_trigram_frequencies,
-    check_rows,
-    coarse_curves,
-    drafter,
-    small_vocab_target,
-)
+from tests.test_decode import PROMPTS, check_rows, coarse_curves, drafter
+from tests.test_decode_sampling import SMALL, assert_trigram_frequencies, small_vocab_target
 
 ROWS = [*PROMPTS[:3], "a b c d a b c d a b c d a b c"]  # the last one gives lookup something
 

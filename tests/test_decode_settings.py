@@ -18,7 +18,8 @@ from draftheads.decode.processing import Processing, resolve
 from draftheads.decode.select import from_rows
 from draftheads.heads import fingerprint
 from tests.conftest import get_target
-from tests.test_decode import PROMPTS, batch, coarse_curves, drafter, small_vocab_target
+from tests.test_decode import PROMPTS, batch, coarse_curves, drafter
+from tests.test_decode_sampling import small_vocab_target
 
 
 # ---- positions ------------------------------------------------------------------------------------

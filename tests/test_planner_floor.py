@@ -20,7 +20,8 @@ from draftheads.decode.cost import CostCurve
 from draftheads.decode.proposers.combined import WithLookup
 from draftheads.decode.stats import DecodeStats
 from draftheads.decode.tree import Tree
-from tests.test_decode import assert_trigram_frequencies, drafter
+from tests.test_decode import drafter
+from tests.test_decode_sampling import assert_trigram_frequencies
 
 PASS_S, VERIFY_S = 5.0, 1.0  # a drafter pass costs five verify forwards
 
@@ -194,7 +195,7 @@ def test_the_fallback_under_sampling_keeps_the_exact_distribution(monkeypatch):
     target's warped conditionals."""
     from draftheads.decode.verify import warp
     from draftheads.heads import fingerprint
-    from tests.test_decode import SMALL, small_vocab_target
+    from tests.test_decode_sampling import SMALL, small_vocab_target
 
     model = small_vocab_target()
     V, N = 6, 4000
