@@ -140,3 +140,13 @@ def test_docs_speak_of_the_project_only(path):
     """No work-period labels, ticket numbers or paths outside the repository."""
     hits = [line for line in path.read_text(encoding="utf-8").splitlines() if WORK_LABELS.search(line)]
     assert not hits, hits[:5]
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_commands_help_example_parses(name):
+    """The example ``draftheads --help`` shows for each command composes as typed (its draft group
+    and folders are taken from the kinds' records, so a renamed group shows here)."""
+    for example in COMMANDS[name].example.split("  |  "):
+        argv = list(command_line(example))
+        assert argv[0] == name and not [a for a in argv if flat_draft_key(a)], example
+        assert isinstance(parse(argv).args, COMMANDS[name].args), example
