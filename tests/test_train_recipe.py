@@ -127,6 +127,21 @@ def test_each_mode_trains_a_few_steps(tmp_path, rows, overrides):
         assert "step1/acc_top1" in "".join(read_metrics(out)[-1])
 
 
+def test_an_offloaded_optimizer_trains_the_drafter_the_in_memory_one_does(tmp_path, rows):
+    """``deepspeed=zero2_offload`` steps the same AdamW on the CPU's copy of the optimizer state:
+    the run trains (DeepSpeed would refuse our optimizer there unless told it may) and ends on the
+    drafter ``deepspeed=zero2`` trains, loss for loss."""
+    common = ("draft=eagle", "train.lr=3e-3", "train.max_steps=4", "train.eval_every=0")
+    runs = {
+        ds: train(config(tmp_path, *common, f"deepspeed={ds}", name=ds), rows, target=tiny_target())
+        for ds in ("zero2", "zero2_offload")
+    }
+    assert losses(runs["zero2_offload"]) == pytest.approx(losses(runs["zero2"]), rel=1e-5)
+    a, b = (load_file(out / "model.safetensors") for out in runs.values())
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert len(losses(runs["zero2"])) == 4
+
+
 def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path, rows):
     common = ("draft=eagle", "train.max_steps=6", "train.lr=3e-3", "train.eval_every=0")
     straight = losses(train(config(tmp_path, *common, name="straight"), rows, target=tiny_target()))

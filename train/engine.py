@@ -83,8 +83,14 @@ def device_for_rank() -> torch.device:
 
 
 def deepspeed_config(ds: dict[str, Any], train: TrainConfig) -> dict[str, Any]:
-    """The deepspeed group plus what the recipe derives from ``train.*``."""
+    """The deepspeed group plus what the recipe derives from ``train.*``.
+
+    The optimizer is always torch's AdamW over the trainable groups (:func:`build_engine`), with
+    ZeRO-Offload too: DeepSpeed otherwise refuses a client optimizer when the optimizer state is
+    offloaded, asking for its own CPU Adam, a C++ op it builds at first use (about 30 s on 2
+    cores). The offloaded state steps on the CPU with the same AdamW math as in memory."""
     return {
+        "zero_force_ds_cpu_optimizer": False,
         **ds,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.grad_accum,
