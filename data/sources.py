@@ -44,6 +44,11 @@ class SourceSpec:
     heldout_fraction: float = 0.0
 
     @property
+    def key(self) -> str:
+        """How the user names this source's path: ``data.path``, or its mixture component's."""
+        return "data.path" if self.weight is None else f"data.mixture[{self.name}].path"
+
+    @property
     def embedded(self) -> bool:
         return self.path == "embedded" or self.path.startswith("embedded:")
 
@@ -123,10 +128,10 @@ def raw_rows(spec: SourceSpec) -> Iterator[tuple[str, dict | RowError]]:
     p = Path(spec.path).expanduser()
     if p.is_file():
         if is_empty_file(p):
-            raise UserError(f"data.path={spec.path} is empty; give a file with at least one row")
+            raise UserError(f"{spec.key}={spec.path} is empty; give a file with at least one row")
         if p.suffix not in LOCAL_SUFFIXES:
             raise UserError(
-                f"data.path={spec.path}: unsupported file type {p.suffix!r}; use .jsonl, .json, .parquet or .arrow"
+                f"{spec.key}={spec.path}: unsupported file type {p.suffix!r}; use .jsonl, .json, .parquet or .arrow"
             )
         return read_jsonl(p) if p.suffix == ".jsonl" else read_with_datasets(str(p), spec.split)
     if p.is_dir():
@@ -135,12 +140,12 @@ def raw_rows(spec: SourceSpec) -> Iterator[tuple[str, dict | RowError]]:
             (row for f in files for row in read_jsonl(f)) if files else read_with_datasets(str(p), spec.split)
         )
     if spec.path.startswith((".", "/", "~")) or p.suffix in LOCAL_SUFFIXES:
-        raise UserError(f"data.path={spec.path} does not exist; check the path")
+        raise UserError(f"{spec.key}={spec.path} does not exist; check the path")
     if not is_hub_id(spec.path):
         near = difflib.get_close_matches(spec.path, ["embedded", *(f"embedded:{c}" for c in COMPONENTS)], n=1)
         raise UserError(
-            f"data.path={spec.path} is not a file or folder here, nor a dataset id ORG/NAME"
-            + (f"; did you mean data.path={near[0]}?" if near else "; check the path")
+            f"{spec.key}={spec.path} is not a file or folder here, nor a dataset id ORG/NAME"
+            + (f"; did you mean {spec.key}={near[0]}?" if near else "; check the path")
         )
     return read_with_datasets(spec.path, spec.split)
 

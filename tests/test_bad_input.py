@@ -383,6 +383,19 @@ def test_a_typo_in_data_path_is_refused_without_a_hub_lookup(tmp_path, tokenizer
     assert calls == []
 
 
+def test_a_missing_mixture_component_is_named_by_its_component(tmp_path, tokenizer, monkeypatch):
+    """A required component's bad path names the component it belongs to, not data.path; the
+    broad preset's GSM8K and CodeAlpaca are optional: absent from data.data_dir, left out, said."""
+    monkeypatch.chdir(tmp_path)
+    mixture = [{"name": "mine", "path": "./mine.jsonl"}, {"name": "stdlib", "path": "embedded:stdlib"}]
+    with pytest.raises(UserError, match=r"^data.mixture\[mine\].path=./mine.jsonl does not exist"):
+        prepare_dataset(DataConfig(mixture=mixture), tokenizer)
+    cfg, _ = compose(["data=broad", f"data.data_dir={tmp_path / 'none'}", "data.max_rows=20"])
+    _, report = prepare_dataset(cfg.data, tokenizer, "train")
+    assert [m.split()[0] for m in report.missing] == ["gsm8k", "codealpaca"]
+    assert {s.name for s in report.sources} == {"humaneval", "pydoc", "stdlib"}
+
+
 def documented_command_lines(doc: Path) -> list[list[str]]:
     """``draftheads <command> key=value ...`` lines of a doc's code blocks and inline code, as argv."""
     import shlex
