@@ -160,6 +160,9 @@ REFUSED = [
     (["train", "draft=dflash", "draft.dflash.qk_gain=nan"], "draft.dflash.qk_gain=nan is not a finite number"),
     (["train", "draft=eagle", "draft.eagle.feature_noise=nan"], "draft.eagle.feature_noise=nan is not a finite number"),
     (["train", "train.betas=[0.9,nan]"], "train.betas[1]=nan is not a finite number"),
+    # the deepspeed group is DeepSpeed's own config: a key its file lacks is added with +
+    (["train", "deepspeed=zero3", "deepspeed.zero_optimization.offload_optimizer.device=cpu"],
+     "add a DeepSpeed key with +deepspeed.zero_optimization.offload_optimizer.device=cpu"),
     # another kind's keys are not read, so they are refused naming the key this kind reads
     (["train", "draft=dflash", "draft.medusa.num_layers=3"], "draft.kind=dflash does not read it; use draft.dflash.num_decoder_layers=3"),
     (["train", "draft=medusa", "draft.eagle.num_decoder_layers=2"], "draft.kind=medusa does not read it; use draft.medusa.num_layers=2"),

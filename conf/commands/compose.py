@@ -49,7 +49,7 @@ def compose_checked(overrides: list[str]):
     except UserError:
         raise
     except Exception as e:  # Hydra/OmegaConf errors: reduce them to one line
-        raise UserError(config_error_line(e)) from None
+        raise UserError(config_error_line(e, overrides=overrides)) from None
     finally:
         GlobalHydra.instance().clear()
 
@@ -112,15 +112,19 @@ def missing_option_line(msg: str) -> str | None:
     return f"{group}={name} is not a {group} option; use one of {'|'.join(group_options(group))}"
 
 
-def config_error_line(e: BaseException, prefix: str = "") -> str:
+def config_error_line(e: BaseException, prefix: str = "", overrides: list[str] = ()) -> str:
     """One line from a Hydra/OmegaConf composition error, naming the key as the user typed it
-    (``prefix`` is the options group of a command's own keys, e.g. ``speed.``)."""
+    (``prefix`` is the options group of a command's own keys, e.g. ``speed.``; ``overrides``, the
+    command line's, give the whole override that reached the missing key)."""
     err = e
     while err.__cause__ is not None and not getattr(err, "full_key", None):
         err = err.__cause__
     msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     key = f"{prefix}{err.full_key}" if getattr(err, "full_key", None) else None
     if "not in" in msg or "Key '" in msg and "not" in msg:
+        if key and key.startswith("deepspeed."):  # the group is DeepSpeed's own config: any key may be added
+            typed = next((o for o in overrides if o.startswith((f"{key}=", f"{key}."))), f"{key}=VALUE")
+            return f"{key} is not in the deepspeed group's file; add a DeepSpeed key with +{typed}"
         return f"unknown config key {key or msg}: {msg}; run `draftheads <command> --help` to see its keys"
     if "Could not find" in msg or "Could not load" in msg:
         return missing_option_line(msg) or f"{msg}; check the group option name"
