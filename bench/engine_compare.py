@@ -77,7 +77,7 @@ def formats_for(drafter, asked: str | None) -> tuple[list[str], str | None]:
     both where the drafter has a speculators form. Asking for a form it lacks is refused."""
     from draftheads.heads.kinds import drafter_kind
 
-    refusal = drafter_kind(drafter.kind).speculators_refusal({"kind": drafter.kind, "spec": drafter.spec()})
+    refusal = drafter_kind(drafter.kind).speculators_refusal(drafter.kind_config())
     if asked == "speculators" and refusal:
         raise UserError(f"engine.format=speculators: {refusal}")
     if asked:
@@ -93,7 +93,7 @@ def chain_for(drafter, asked: int | None) -> int:
     from draftheads.heads.card import num_speculative_tokens
     from draftheads.heads.kinds import drafter_kind
 
-    own = num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
+    own = num_speculative_tokens(drafter.kind_config())
     if asked is None or asked == own:
         return own
     if not drafter_kind(drafter.kind).any_chain:

@@ -145,7 +145,7 @@ def select_tree(
     verification cost curve and picks the size maximising tokens/s.
     """
     if drafter.tree_width() is None:  # only heads that index a static tree have accuracies to measure
-        drafter_is = drafter_kind(drafter.kind).describe_short(drafter.config_dict())
+        drafter_is = drafter_kind(drafter.kind).describe_short(drafter.kind_config())
         raise UserError(
             f"draftheads tree builds trees for heads that index a static tree by depth, not {drafter_is}; "
             "decode it with dynamic trees (decode.dynamic=true) or a tree in decode.tree=[[0],[0,0],...]"

@@ -158,12 +158,16 @@ class Drafter(
         return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
 
     # ---- checkpoint ------------------------------------------------------------------
+    def kind_config(self) -> dict[str, Any]:
+        """The part of :meth:`config_dict` a kind's facts read (``DrafterKind`` methods take it):
+        the kind and the shape spec."""
+        return {"kind": self.kind, "spec": self.spec()}
+
     def config_dict(self) -> dict[str, Any]:
         return {
             "draftheads_version": package_version(),
             "format_version": FORMAT_VERSION,
-            "kind": self.kind,
-            "spec": self.spec(),
+            **self.kind_config(),
             "target": self.target_fingerprint.to_dict(),
             "requires_adapters": self.requires_adapters,
             "provenance": self.provenance,

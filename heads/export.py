@@ -158,7 +158,7 @@ def export_speculators(
     A drafter speculators has no type for is refused (``DrafterKind.speculators_refusal``).
     ``verifier`` (a local copy of the target, checked to be it) replaces the target's name.
     """
-    kind, conf = drafter_kind(drafter.kind), {"kind": drafter.kind, "spec": drafter.spec()}
+    kind, conf = drafter_kind(drafter.kind), drafter.kind_config()
     refusal = kind.speculators_refusal(conf)
     if refusal:
         raise UserError(refusal)
@@ -225,7 +225,7 @@ def export(cfg) -> Path:
         return out
     fmt = validate_export(out, engine, drafter.target_fingerprint.num_layers)
     if drafter.requires_adapters:
-        short = drafter_kind(drafter.kind).describe_short({"kind": drafter.kind, "spec": drafter.spec()})
+        short = drafter_kind(drafter.kind).describe_short(drafter.kind_config())
         print(
             f"note: this drafter ({short}) was trained with LoRA adapters on the target; serve it with the "
             "target with those adapters merged (peft merge_and_unload), never with the plain target"
@@ -249,7 +249,7 @@ def serve_line(
     target_name = verifier or drafter.target_fingerprint.name
     if drafter.requires_adapters:
         target_name = "MERGED_TARGET"
-    k = tokens or num_speculative_tokens({"kind": drafter.kind, "spec": drafter.spec()})
+    k = tokens or num_speculative_tokens(drafter.kind_config())
     return serve_command(engine, fmt.method, target_name, str(out), k, fmt.serve_flags)
 
 

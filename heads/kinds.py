@@ -132,7 +132,7 @@ class DrafterKind:
 
     def to_speculators(self, drafter: Drafter, section: dict[str, Any]) -> Export:
         """The drafter in speculators' layout, ``section`` its ``speculators_config``."""
-        raise UserError(self.speculators_refusal({"kind": self.name, "spec": drafter.spec()}) or "")
+        raise UserError(self.speculators_refusal(drafter.kind_config()) or "")
 
     # ---- import ----------------------------------------------------------------------------
     def detect_files(self, directory: Path, config: dict[str, Any]) -> Any | None:

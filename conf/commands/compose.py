@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 
 from draftheads.conf.errors import UserError
@@ -112,7 +113,7 @@ def missing_option_line(msg: str) -> str | None:
     return f"{group}={name} is not a {group} option; use one of {'|'.join(group_options(group))}"
 
 
-def config_error_line(e: BaseException, prefix: str = "", overrides: list[str] = ()) -> str:
+def config_error_line(e: BaseException, prefix: str = "", overrides: Sequence[str] = ()) -> str:
     """One line from a Hydra/OmegaConf composition error, naming the key as the user typed it
     (``prefix`` is the options group of a command's own keys, e.g. ``speed.``; ``overrides``, the
     command line's, give the whole override that reached the missing key)."""
